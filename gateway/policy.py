@@ -1,0 +1,507 @@
+"""The policy: one YAML file naming every input attribute, its role and its protection.
+
+Parsed strictly: unknown keys, duplicate keys, wrong types and impossible settings are errors
+that name the key and the fix. A policy has a stable version (a hash of its canonical form)
+stamped on every output record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.errors import PolicyError
+
+
+class Role(StrEnum):
+    IDENTIFIER = "identifier"
+    QUASI_IDENTIFIER = "quasi_identifier"
+    SENSITIVE = "sensitive"
+    OTHER = "other"  # carried through unchanged (wave number, timestamps)
+
+
+class AttrType(StrEnum):
+    NUMERIC = "numeric"
+    CATEGORICAL = "categorical"
+
+
+class Method(StrEnum):
+    DROP = "drop"
+    KEEP = "keep"
+    MICROAGGREGATION = "microaggregation"
+    NOISE = "noise"
+    TOP_BOTTOM_CODE = "top_bottom_code"
+    GENERALIZE = "generalize"
+    RANDOMIZED_RESPONSE = "randomized_response"
+
+
+class RRMode(StrEnum):
+    UNIFORM = "uniform"
+    FINE_GRAIN = "fine_grain"
+    MATRIX = "matrix"
+
+
+class MissingHandling(StrEnum):
+    KEEP = "keep"  # published as missing, not perturbed
+    CATEGORY = "category"  # an extra category, perturbed like the others
+
+
+class MicroaggAlgorithm(StrEnum):
+    MDAV = "mdav"
+    RANKING = "ranking"  # univariate individual ranking
+
+
+class HoldTimeout(StrEnum):
+    SUPPRESS = "suppress"
+    HOLD = "hold"
+
+
+class Pseudonym(StrEnum):
+    DROP = "drop"
+    HMAC = "hmac"
+
+
+class ExtraFields(StrEnum):
+    ERROR = "error"
+    IGNORE = "ignore"
+
+
+class ConsistencyMode(StrEnum):
+    STICKY = "sticky"
+    NONE = "none"  # fresh randomness per release: only for demonstrating the averaging attack
+
+
+MISSING_LABEL = "<missing>"
+
+_ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
+    (Role.IDENTIFIER, AttrType.NUMERIC): frozenset({Method.DROP}),
+    (Role.IDENTIFIER, AttrType.CATEGORICAL): frozenset({Method.DROP}),
+    (Role.QUASI_IDENTIFIER, AttrType.NUMERIC): frozenset(
+        {Method.MICROAGGREGATION, Method.NOISE, Method.TOP_BOTTOM_CODE, Method.KEEP}
+    ),
+    (Role.QUASI_IDENTIFIER, AttrType.CATEGORICAL): frozenset({Method.KEEP, Method.GENERALIZE}),
+    (Role.SENSITIVE, AttrType.NUMERIC): frozenset(
+        {Method.NOISE, Method.TOP_BOTTOM_CODE, Method.KEEP}
+    ),
+    (Role.SENSITIVE, AttrType.CATEGORICAL): frozenset(
+        {Method.RANDOMIZED_RESPONSE, Method.KEEP, Method.GENERALIZE}
+    ),
+    (Role.OTHER, AttrType.NUMERIC): frozenset({Method.KEEP, Method.DROP}),
+    (Role.OTHER, AttrType.CATEGORICAL): frozenset({Method.KEEP, Method.DROP}),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, use_enum_values=False)
+
+
+def _check_probability(name: str, value: float | None) -> None:
+    if value is not None and not (0.0 <= value <= 1.0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
+
+
+class RRSpec(_Strict):
+    """Randomized response. Give exactly one strength: retention, epsilon, gamma or rho1+rho2."""
+
+    mode: RRMode
+    retention: float | None = None
+    epsilon: float | None = None
+    gamma: float | None = None
+    rho1: float | None = None
+    rho2: float | None = None
+    weights: dict[str, float] | None = None  # fine_grain: value weights; None = equal weights
+    matrix: list[list[float]] | None = None  # mode matrix: P[j][i] = Pr(publish j | true i)
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        _check_probability("rr.retention", self.retention)
+        _check_probability("rr.rho1", self.rho1)
+        _check_probability("rr.rho2", self.rho2)
+        if (self.rho1 is None) != (self.rho2 is None):
+            raise ValueError("rr.rho1 and rr.rho2 go together: give both or neither")
+        if (
+            self.rho1 is not None
+            and self.rho2 is not None
+            and not 0.0 < self.rho1 < self.rho2 < 1.0
+        ):
+            raise ValueError(
+                f"rr needs 0 < rho1 < rho2 < 1, got rho1={self.rho1}, rho2={self.rho2}; "
+                "rho1 is the prior bound, rho2 the larger posterior bound"
+            )
+        if self.epsilon is not None and not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError(f"rr.epsilon must be > 0 and finite, got {self.epsilon}")
+        if self.gamma is not None and not (self.gamma > 1 and math.isfinite(self.gamma)):
+            raise ValueError(f"rr.gamma must be > 1 and finite, got {self.gamma}")
+        strengths = [
+            n
+            for n, v in (
+                ("retention", self.retention),
+                ("epsilon", self.epsilon),
+                ("gamma", self.gamma),
+                ("rho1/rho2", self.rho1),
+            )
+            if v is not None
+        ]
+        if self.mode is RRMode.MATRIX:
+            if self.matrix is None:
+                raise ValueError("rr.mode matrix needs rr.matrix (a list of rows P[j][i])")
+            if strengths or self.weights is not None:
+                raise ValueError(
+                    "rr.mode matrix takes only rr.matrix; remove retention/epsilon/gamma/"
+                    "rho1/rho2/weights"
+                )
+        else:
+            if self.matrix is not None:
+                raise ValueError(f"rr.matrix is only for mode matrix, not mode {self.mode.value}")
+            if len(strengths) != 1:
+                raise ValueError(
+                    f"rr.mode {self.mode.value} needs exactly one of retention, epsilon, gamma "
+                    f"or rho1+rho2; got {strengths or 'none'}"
+                )
+            if self.mode is RRMode.FINE_GRAIN and self.retention is not None:
+                raise ValueError(
+                    "rr.mode fine_grain solves for per-value retention: give epsilon, gamma "
+                    "or rho1+rho2 instead of retention"
+                )
+            if self.mode is RRMode.UNIFORM and self.weights is not None:
+                raise ValueError("rr.weights only applies to mode fine_grain")
+        if self.weights is not None:
+            for cat, w in self.weights.items():
+                if not (w >= 0 and math.isfinite(w)):
+                    raise ValueError(f"rr.weights[{cat!r}] must be ≥ 0 and finite, got {w}")
+        return self
+
+
+class NoiseSpec(_Strict):
+    """Uncorrelated additive Gaussian noise with variance ratio·var(attribute)."""
+
+    ratio: float
+
+    @field_validator("ratio")
+    @classmethod
+    def _ratio(cls, v: float) -> float:
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"noise.ratio must be > 0 (e.g. 0.1), got {v}")
+        return v
+
+
+class CodingSpec(_Strict):
+    """Top/bottom coding: values above top become top, values below bottom become bottom."""
+
+    top: float | None = None
+    bottom: float | None = None
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        if self.top is None and self.bottom is None:
+            raise ValueError("coding needs top, bottom or both")
+        if self.top is not None and self.bottom is not None and self.bottom >= self.top:
+            raise ValueError(f"coding.bottom must be < coding.top, got {self.bottom} ≥ {self.top}")
+        return self
+
+
+class HierarchySpec(_Strict):
+    """A user-given generalization hierarchy: levels[i] maps a level-i value to its parent."""
+
+    levels: list[dict[str, str]] = Field(min_length=1)
+    level: int = 1
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        if not 1 <= self.level <= len(self.levels):
+            raise ValueError(
+                f"hierarchy.level must be between 1 and {len(self.levels)} (the number of "
+                f"levels given), got {self.level}"
+            )
+        for i in range(1, len(self.levels)):
+            missing = sorted(set(self.levels[i - 1].values()) - set(self.levels[i]))
+            if missing:
+                raise ValueError(
+                    f"hierarchy.levels[{i}] must map every value produced by level {i}; "
+                    f"{len(missing)} value(s) lack a parent"
+                )
+        return self
+
+
+class Attribute(_Strict):
+    role: Role
+    type: AttrType
+    method: Method
+    categories: list[str] | None = None
+    missing: MissingHandling = MissingHandling.KEEP
+    required: bool = True
+    range: tuple[float, float] | None = None
+    rr: RRSpec | None = None
+    noise: NoiseSpec | None = None
+    coding: CodingSpec | None = None
+    hierarchy: HierarchySpec | None = None
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        allowed = _ALLOWED_METHODS[(self.role, self.type)]
+        if self.method not in allowed:
+            raise ValueError(
+                f"method {self.method.value} does not apply to a {self.type.value} "
+                f"{self.role.value}; use one of {sorted(m.value for m in allowed)}"
+            )
+        needs = {
+            Method.RANDOMIZED_RESPONSE: "rr",
+            Method.NOISE: "noise",
+            Method.TOP_BOTTOM_CODE: "coding",
+            Method.GENERALIZE: "hierarchy",
+        }
+        for method, key in needs.items():
+            given = getattr(self, key) is not None
+            if self.method is method and not given:
+                raise ValueError(f"method {method.value} needs the '{key}' settings")
+            if self.method is not method and given:
+                raise ValueError(f"'{key}' settings only apply to method {method.value}")
+        if self.categories is not None:
+            if len(self.categories) < 2:
+                raise ValueError("categories must list at least 2 values")
+            if len(set(self.categories)) != len(self.categories):
+                raise ValueError("categories lists a value twice; list each value once")
+            if self.type is AttrType.NUMERIC:
+                raise ValueError("categories only apply to categorical attributes")
+        if self.method is Method.RANDOMIZED_RESPONSE:
+            if self.categories is None:
+                raise ValueError(
+                    "randomized_response needs 'categories': the full domain must be public "
+                    "so the matrix P can be published"
+                )
+            assert self.rr is not None
+            m = len(self.domain)
+            if self.rr.matrix is not None:
+                rows = self.rr.matrix
+                if len(rows) != m or any(len(r) != m for r in rows):
+                    raise ValueError(
+                        f"rr.matrix must be {m}×{m} (one row and column per category"
+                        f"{', including the missing category' if self.missing_is_category else ''})"
+                    )
+            if self.rr.weights is not None:
+                unknown = sorted(set(self.rr.weights) - set(self.domain))
+                if unknown:
+                    raise ValueError(f"rr.weights names values not in categories: {unknown}")
+        if self.range is not None:
+            lo, hi = self.range
+            if self.type is not AttrType.NUMERIC:
+                raise ValueError("range only applies to numeric attributes")
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"range must be [low, high] with low < high, got [{lo}, {hi}]")
+        if self.hierarchy is not None and self.categories is not None:
+            unmapped = sorted(set(self.categories) - set(self.hierarchy.levels[0]))
+            if unmapped:
+                raise ValueError(
+                    f"hierarchy.levels[0] must map every category; missing {len(unmapped)}"
+                )
+        return self
+
+    @property
+    def missing_is_category(self) -> bool:
+        return self.missing is MissingHandling.CATEGORY
+
+    @property
+    def domain(self) -> list[str]:
+        """Categories in published order; the missing label comes last if it is a category."""
+        cats = list(self.categories or [])
+        if self.missing_is_category:
+            cats.append(MISSING_LABEL)
+        return cats
+
+
+class InputSpec(_Strict):
+    topic: str = "survey.responses"
+    respondent_id: str | None = None
+    key_field: str | None = None  # re-key through a repartition topic when input has no key
+    extra_fields: ExtraFields = ExtraFields.ERROR
+    missing_tokens: list[str] = Field(default_factory=lambda: ["?", ""])
+
+
+class OutputSpec(_Strict):
+    topic: str = "survey.protected"
+    dlq_topic: str | None = None
+    meta_topic: str | None = None
+    pseudonym: Pseudonym = Pseudonym.DROP
+
+
+class WindowSpec(_Strict):
+    max_records: int = 5000
+    max_seconds: float = 5.0
+    max_hold_seconds: float = 60.0
+    on_hold_timeout: HoldTimeout = HoldTimeout.SUPPRESS
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        if self.max_records < 1:
+            raise ValueError(f"window.max_records must be ≥ 1, got {self.max_records}")
+        if not self.max_seconds > 0:
+            raise ValueError(f"window.max_seconds must be > 0, got {self.max_seconds}")
+        if self.max_hold_seconds < 0:
+            raise ValueError(f"window.max_hold_seconds must be ≥ 0, got {self.max_hold_seconds}")
+        return self
+
+
+class MicroaggSpec(_Strict):
+    k: int = 5
+    algorithm: MicroaggAlgorithm = MicroaggAlgorithm.MDAV
+    standardize: bool = True
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"k must be ≥ 2, got {v}; a group of one record discloses it")
+        return v
+
+
+class ConsistencySpec(_Strict):
+    mode: ConsistencyMode = ConsistencyMode.STICKY
+
+
+class RiskSpec(_Strict):
+    interval_pct: float = 10.0  # p% of n around each rank for interval disclosure
+    max_dld: float = 0.5  # alert threshold on record-linkage risk (share 0..1)
+    max_interval_disclosure: float = 0.9
+    sample_every: int = 1  # compute risk on every n-th window
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        if not 0 < self.interval_pct <= 100:
+            raise ValueError(f"risk.interval_pct must be in (0, 100], got {self.interval_pct}")
+        _check_probability("risk.max_dld", self.max_dld)
+        _check_probability("risk.max_interval_disclosure", self.max_interval_disclosure)
+        if self.sample_every < 1:
+            raise ValueError(f"risk.sample_every must be ≥ 1, got {self.sample_every}")
+        return self
+
+
+class Policy(_Strict):
+    name: str = "privgw"
+    input: InputSpec = Field(default_factory=InputSpec)
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    window: WindowSpec = Field(default_factory=WindowSpec)
+    microaggregation: MicroaggSpec = Field(default_factory=MicroaggSpec)
+    consistency: ConsistencySpec = Field(default_factory=ConsistencySpec)
+    risk: RiskSpec = Field(default_factory=RiskSpec)
+    attributes: Annotated[dict[str, Attribute], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        rid = self.input.respondent_id
+        if rid is not None and rid in self.attributes:
+            raise ValueError(
+                f"input.respondent_id '{rid}' must not also be listed under attributes; "
+                "output.pseudonym decides what is published for it"
+            )
+        if self.output.pseudonym is Pseudonym.HMAC and rid is None:
+            raise ValueError("output.pseudonym hmac needs input.respondent_id")
+        return self
+
+    # -- derived views ---------------------------------------------------------------
+    def by_method(self, method: Method) -> list[str]:
+        return [n for n, a in self.attributes.items() if a.method is method]
+
+    @property
+    def microaggregated(self) -> list[str]:
+        return self.by_method(Method.MICROAGGREGATION)
+
+    @property
+    def randomized(self) -> list[str]:
+        return self.by_method(Method.RANDOMIZED_RESPONSE)
+
+    @property
+    def dlq_topic(self) -> str:
+        return self.output.dlq_topic or f"{self.input.topic}.dlq"
+
+    @property
+    def meta_topic(self) -> str:
+        return self.output.meta_topic or f"{self.output.topic}.meta"
+
+    @property
+    def version(self) -> str:
+        """Stable hash of the canonical form: same meaning, same version, whatever the layout."""
+        canonical = orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise PolicyError(
+                f"policy line {key_node.start_mark.line + 1}: key '{key}' is given twice; "
+                "name each attribute and setting once"
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif not item.startswith("function-"):
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "policy"
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors(include_url=False, include_input=False):
+        loc = _format_loc(tuple(e["loc"]))
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or fix its spelling (see docs/policy.md)"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"{loc}: {msg}")
+    return "invalid policy:\n  " + "\n  ".join(lines)
+
+
+def parse_policy(data: object) -> Policy:
+    if not isinstance(data, dict):
+        raise PolicyError("invalid policy: the top level must be a mapping of settings")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as err:
+        raise PolicyError(_format_validation_error(err)) from None
+
+
+def policy_from_yaml(text: str) -> Policy:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PolicyError(
+            f"policy is not valid YAML{where}: {getattr(err, 'problem', err)}"
+        ) from None
+    return parse_policy(data)
+
+
+def load_policy(path: str | Path) -> Policy:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError(f"policy file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise PolicyError(f"cannot read policy file {p}: {err.__class__.__name__}") from None
+    return policy_from_yaml(text)

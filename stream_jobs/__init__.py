@@ -1,0 +1,1 @@
+"""Kafka wiring for privgw: worker, windows, codecs, DLQ, metadata, simulator, embedded broker."""
