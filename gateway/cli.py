@@ -1,0 +1,359 @@
+"""``privgw``: the command line. File commands live here; the Kafka commands (run, demo,
+simulate) plug in through the ``privgw.commands`` entry point so the engine never imports them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from gateway import workflows
+from gateway.errors import PrivgwError
+from gateway.policy import load_policy
+
+log = logging.getLogger("privgw")
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(
+        orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
+    )
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def _add(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_,
+        description=help_,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+# -- commands ------------------------------------------------------------------------------
+def cmd_protect(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    summary = workflows.protect_file(args.input, policy, args.output, seed=args.seed)
+    print(
+        f"protected {summary['published']} of {summary['records']} records -> {args.output} "
+        f"(policy {summary['policy_version']}; {summary['groups']} groups, smallest "
+        f"{summary['min_group_size']}; {summary['suppressed']} suppressed)"
+    )
+    for name, value in summary["measures"].items():
+        print(f"  {name}: {_fmt(value)}")
+    for name, value in summary["retention"].items():
+        print(f"  retention {name}: {_fmt(value)}")
+    print(f"  metadata for analysts: {summary['meta']}")
+    return 0
+
+
+def cmd_microaggregate(args: argparse.Namespace) -> int:
+    cols = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    s = workflows.microaggregate_file(
+        args.input,
+        args.output,
+        k=args.k,
+        columns=cols,
+        algorithm=args.algorithm,
+        standardize=not args.no_standardize,
+    )
+    print(
+        f"microaggregated {s['records']} records on {', '.join(s['columns'])} with k={args.k}: "
+        f"{s['groups']} groups of {s['min_group_size']}..{s['max_group_size']}, "
+        f"100·SSE/SST = {s['sse_sst_pct']:.2f} -> {args.output}"
+    )
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy) if args.policy else None
+    result = workflows.evaluate_files(args.original, args.protected, policy, p_pct=args.p)
+    if args.json:
+        _print_json(result)
+        return 0
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for k2, v2 in value.items():
+                print(f"  {k2}: {_fmt(v2)}")
+        else:
+            print(f"{key}: {_fmt(value)}")
+    return 0
+
+
+def cmd_ru_map(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    try:
+        ks = [int(k) for k in args.k.split(",")]
+    except ValueError:
+        raise PrivgwError(
+            f"--k must be a comma-separated list of integers, got '{args.k}'"
+        ) from None
+    rows = workflows.ru_map(args.input, policy, ks)
+    print(f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'DLD':>8} {'ID':>8} {'DR':>8} {'score':>8}")
+    for r in rows:
+        print(
+            f"{int(r['k']):>4} {r['il']:>13.3f} {r['il1s']:>8.4f} {r['dld']:>8.4f} "
+            f"{r['interval_disclosure']:>8.4f} {r['dr']:>8.4f} {r['score']:>8.4f}"
+        )
+    workflows.plot_ru_map(rows, args.output)
+    print(f"R-U map -> {args.output}")
+    return 0
+
+
+def cmd_check_policy(args: argparse.Namespace) -> int:
+    report = workflows.policy_report(load_policy(args.policy))
+    if args.json:
+        _print_json(report)
+        return 0
+    print(f"policy {report['policy']} version {report['version']}")
+    print(f"k = {report['k']} for quasi-identifiers {', '.join(report['quasi_identifiers'])}")
+    print(f"consistency: {report['consistency']}")
+    for name, entry in report["attributes"].items():
+        print(f"\n{name}: {entry['role']} {entry['type']}, {entry['method']}")
+        if "gamma" in entry:
+            print(f"  gamma = {entry['gamma']:.4f}, epsilon = ln gamma = {entry['epsilon']:.4f}")
+            print(
+                "  retention: "
+                + ", ".join(
+                    f"{c}={p:.3f}"
+                    for c, p in zip(entry["categories"], entry["retention"], strict=True)
+                )
+            )
+            print(
+                "  largest rho2 guaranteed: "
+                + ", ".join(f"rho1={r1} -> {r2:.3f}" for r1, r2 in entry["rho2_for_rho1"].items())
+            )
+            print("  P[j][i] = Pr(publish j | true i):")
+            for c, row in zip(entry["categories"], entry["matrix"], strict=True):
+                print(f"    {c[:18]:>18} " + " ".join(f"{v:.3f}" for v in row))
+            if "note" in entry:
+                print(f"  note: {entry['note']}")
+        elif "k" in entry:
+            print(f"  k = {entry['k']} ({entry['algorithm']})")
+        elif "noise_variance_ratio" in entry:
+            print(f"  noise variance = {entry['noise_variance_ratio']} × attribute variance")
+    return 0
+
+
+def cmd_reconstruct(args: argparse.Namespace) -> int:
+    if args.bootstrap:
+        if not args.topic:
+            raise PrivgwError("--bootstrap needs --topic (the protected topic)")
+        reader = _entry_point("privgw.readers", "kafka")
+        meta, rows = reader(args.bootstrap, args.topic)
+        result = workflows.reconstruct_rows(rows, workflows.mechanisms_from_meta(meta))
+    else:
+        if not args.protected or not args.policy:
+            raise PrivgwError("give PROTECTED --policy P, or --bootstrap B --topic T")
+        result = workflows.reconstruct_file(args.protected, load_policy(args.policy))
+    if args.json:
+        _print_json(result)
+        return 0
+    for name, est in result.items():
+        print(f"{name} (n = {est['n']}):")
+        print(
+            f"  {'category':>20} {'observed':>9} {'inversion':>10} {'±se':>7} {'EM':>8} {'±se':>7}"
+        )
+        for i, c in enumerate(est["categories"]):
+            print(
+                f"  {c[:20]:>20} {est['observed'][i]:>9.4f} {est['inversion'][i]:>10.4f} "
+                f"{est['inversion_se'][i]:>7.4f} {est['em'][i]:>8.4f} {est['em_se'][i]:>7.4f}"
+            )
+    return 0
+
+
+def cmd_attack(args: argparse.Namespace) -> int:
+    if args.bootstrap:
+        reader = _entry_point("privgw.readers", "kafka")
+        meta, history = reader(args.bootstrap, args.topic)
+    else:
+        if not args.history:
+            raise PrivgwError("give the history as JSONL files, or --bootstrap B --topic T")
+        history = workflows.read_jsonl_rows(args.history)
+        meta = {}
+    truth = workflows.read_jsonl_rows([args.truth])
+    qi = [c for c in (args.qi or "").split(",") if c] or list(meta.get("microaggregated", []))
+    k = args.k or int(meta.get("k", 0)) or 2
+    ts = [int(t) for t in args.t.split(",")]
+    result = workflows.attack_history(
+        history, truth, attribute=args.attribute, qi_columns=qi, k=k, ts=ts
+    )
+    if args.json:
+        _print_json(result)
+        return 0
+    print(f"{result['releases']} releases, {result['records']} records")
+    for p in result.get("averaging", []):
+        lo, hi = p["ci95"]
+        print(
+            f"averaging T={p['T']:>4}: accuracy {p['accuracy']:.4f} "
+            f"(95% CI {lo:.4f}..{hi:.4f}, {p['respondents']} respondents)"
+        )
+    if "intersection" in result:
+        i = result["intersection"]
+        print(
+            f"intersection: {i['below_k']} of {i['respondents']} respondents with a candidate "
+            f"set below k={i['k']}; smallest sets {i['smallest_candidate_sets']}"
+        )
+    return 0
+
+
+def _entry_point(group: str, name: str) -> Any:
+    for ep in importlib.metadata.entry_points(group=group):
+        if ep.name == name:
+            return ep.load()
+    raise PrivgwError(f"'{name}' support is not installed (pip install privgw with its extras)")
+
+
+# -- parser --------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="privgw",
+        description="privgw: a privacy gateway for incremental publication of survey microdata.",
+        epilog="example:\n  privgw demo\n  privgw protect ../shared/data/adult.csv "
+        "--policy deploy/policies/adult.yaml -o out/adult.csv",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = _add(
+        sub,
+        "protect",
+        "protect a CSV/JSONL file with a policy",
+        "privgw protect adult.csv --policy adult.yaml -o adult.protected.csv --seed 1",
+    )
+    p.add_argument("input", help="input file (.csv or .jsonl)")
+    p.add_argument("--policy", required=True, help="policy YAML")
+    p.add_argument("-o", "--output", required=True, help="output file (.csv or .jsonl)")
+    p.add_argument("--seed", type=int, default=None, help="seed for a reproducible run")
+    p.set_defaults(func=cmd_protect)
+
+    p = _add(
+        sub,
+        "microaggregate",
+        "MDAV microaggregation of numeric columns (sdcMicro's microaggregation() equivalent)",
+        "privgw microaggregate census.csv --k 3 -o census.k3.csv",
+    )
+    p.add_argument("input")
+    p.add_argument("--k", type=int, required=True, help="minimum group size (≥ 2)")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--columns", help="comma-separated columns (default: all numeric)")
+    p.add_argument("--algorithm", choices=["mdav", "ranking"], default="mdav")
+    p.add_argument("--no-standardize", action="store_true", help="distances on raw values")
+    p.set_defaults(func=cmd_microaggregate)
+
+    p = _add(
+        sub,
+        "evaluate",
+        "information loss and disclosure risk of a protected file",
+        "privgw evaluate census.csv census.k3.csv --json",
+    )
+    p.add_argument("original")
+    p.add_argument("protected")
+    p.add_argument("--policy", help="policy (selects attributes, adds RR retention)")
+    p.add_argument("--p", type=float, default=None, help="interval disclosure p%% (default 10)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = _add(
+        sub,
+        "ru-map",
+        "R-U map: information loss vs disclosure risk per k",
+        "privgw ru-map adult.csv --policy deploy/policies/adult.yaml --k 2,3,4,5,6,8,10 -o ru.png",
+    )
+    p.add_argument("input")
+    p.add_argument("--policy", required=True)
+    p.add_argument("--k", default="2,3,4,5,6,8,10", help="comma-separated k values")
+    p.add_argument("-o", "--output", required=True, help="PNG picture")
+    p.set_defaults(func=cmd_ru_map)
+
+    p = _add(
+        sub,
+        "check-policy",
+        "validate a policy and print what it guarantees",
+        "privgw check-policy deploy/policies/adult.yaml",
+    )
+    p.add_argument("policy")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_check_policy)
+
+    p = _add(
+        sub,
+        "reconstruct",
+        "estimate the true distributions of randomized attributes",
+        "privgw reconstruct adult.protected.csv --policy deploy/policies/adult.yaml\n"
+        "  privgw reconstruct --bootstrap 127.0.0.1:9092 --topic survey.protected",
+    )
+    p.add_argument("protected", nargs="?", help="protected file (reads PROTECTED.meta.json too)")
+    p.add_argument("--policy")
+    p.add_argument("--bootstrap", help="read the protected topic and its .meta topic instead")
+    p.add_argument("--topic", help="protected topic (with --bootstrap)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_reconstruct)
+
+    p = _add(
+        sub,
+        "attack",
+        "simulate the averaging and intersection adversaries on a history",
+        "privgw attack out/*.jsonl --truth truth.jsonl --attribute occupation --t 1,5,20",
+    )
+    p.add_argument("history", nargs="*", help="published records (JSONL/CSV with record_id, wave)")
+    p.add_argument("--truth", required=True, help="JSONL: record_id, respondent_id, true values")
+    p.add_argument("--attribute", help="randomized attribute for the averaging adversary")
+    p.add_argument("--qi", help="published quasi-identifier columns (default: from metadata)")
+    p.add_argument("--k", type=int, help="k (default: from metadata)")
+    p.add_argument("--t", default="1,5,20,100", help="numbers of releases T")
+    p.add_argument("--bootstrap", help="read the history from a protected topic instead")
+    p.add_argument("--topic")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_attack)
+
+    for ep in importlib.metadata.entry_points(group="privgw.commands"):
+        try:
+            ep.load()(sub)
+        except ImportError as err:  # an optional part is not installed: the file commands work
+            log.debug("commands %s unavailable: %s", ep.name, err.__class__.__name__)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except PrivgwError as err:
+        print(f"privgw: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        if args.debug:
+            raise
+        # no message text: it could carry a value from the data
+        print(
+            f"privgw: internal error ({err.__class__.__name__}); rerun with --debug for the "
+            "traceback",
+            file=sys.stderr,
+        )
+        return 70

@@ -1,0 +1,662 @@
+"""Window protection: the one entry point the stream worker and the file workflow share.
+
+``Engine.protect_window`` takes a batch of validated records (new ones plus those held from
+earlier windows) and returns the protected records, the records still held, and a report.
+With a keyring and a state store it is *sticky* (DESIGN.md §5): a respondent's published
+values are drawn once per (respondent, attribute, true value) from keyed randomness, stored as
+digests + published values, and republished unchanged; quasi-identifiers that did not change
+keep their stored centroid, and only new or changed ones are microaggregated, among
+themselves, once at least k of them are waiting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+
+from gateway import masking, quality
+from gateway.errors import PolicyError
+from gateway.keyed import KeyedSource, Keyring
+from gateway.microaggregation import microaggregate
+from gateway.policy import (
+    MISSING_LABEL,
+    ConsistencyMode,
+    HoldTimeout,
+    Method,
+    Policy,
+    Pseudonym,
+    Role,
+)
+from gateway.randomized_response import RRMechanism, from_spec
+from gateway.randomness import SeededSource, UniformSource, normals_from_uniforms
+from gateway.state_api import StateStore
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a record came from; gives the deterministic record id."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int = -1
+
+    @property
+    def record_id(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class ValidRecord:
+    """A decoded, validated input record (values typed per the policy; missing = None)."""
+
+    respondent_id: str | None
+    values: Mapping[str, object]
+    source: SourceRef | None
+    arrived_at: float  # monotonic seconds when the worker first saw it (hold timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedRecord:
+    record_id: str
+    key: bytes | None
+    value: bytes  # orjson JSON; deterministic for a given input, state and policy
+    source: SourceRef | None
+    suppressed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WindowReport:
+    window_id: str
+    records_in: int
+    published: int
+    held: int
+    suppressed: int
+    min_group_size: int | None
+    groups: int
+    sticky_hits: int
+    deferred_moves: int = 0  # changed QIs kept in their group so it stays ≥ k live members
+    risk_sampled: bool = False
+    measures: Mapping[str, float] = field(default_factory=dict)
+    retention: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    published: Sequence[PublishedRecord]
+    held: Sequence[ValidRecord]
+    report: WindowReport
+    rows: Sequence[dict[str, Any]] = ()  # the published values, decoded (file workflow)
+
+
+_QI_DIGEST_ATTR = "\x00quasi-identifiers"
+_GROUP_KEY_PREFIX = b"group:"  # registry entries; respondent keys are 32-byte digests
+
+
+def _group_key(group_id: str) -> bytes:
+    return _GROUP_KEY_PREFIX + group_id.encode()
+
+
+@dataclass(slots=True)
+class _StateView:
+    """The window's decoded respondent states and which of them the window changed."""
+
+    states: dict[bytes, dict[str, Any]]
+    sticky: bool
+    touched: set[bytes] = field(default_factory=set)
+    # group id -> live members (respondents currently published with its centroid)
+    live: dict[str, int] = field(default_factory=dict)
+    live_touched: set[str] = field(default_factory=set)
+
+    def leave(self, group_id: str) -> None:
+        self.live[group_id] = self.live.get(group_id, 0) - 1
+        self.live_touched.add(group_id)
+
+    def join(self, group_id: str) -> None:
+        self.live[group_id] = self.live.get(group_id, 0) + 1
+        self.live_touched.add(group_id)
+
+
+@dataclass(slots=True)
+class _QIDecision:
+    """Per record index: published numeric QI values, QI digest, group id; and the window's
+    held and suppressed records, new groups (id, distinct members), sticky hits, measures."""
+
+    values: dict[str, dict[int, Any]] = field(default_factory=dict)
+    digests: dict[int, str] = field(default_factory=dict)
+    current_digest: dict[int, str] = field(default_factory=dict)  # when a move was deferred
+    group_of: dict[int, str] = field(default_factory=dict)
+    held: list[int] = field(default_factory=list)
+    suppressed: list[int] = field(default_factory=list)
+    groups: list[tuple[str, int]] = field(default_factory=list)
+    hits: int = 0
+    deferred: int = 0
+    measures: dict[str, float] = field(default_factory=dict)
+
+
+def _mechanism_version(mech: RRMechanism) -> str:
+    return hashlib.sha256(orjson.dumps(mech.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()[
+        :12
+    ]
+
+
+def _value_text(value: object) -> str:
+    """Canonical text of a true value for digests (ints and floats of equal value agree)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class Engine:
+    """Protects windows of records according to a policy.
+
+    Without a keyring the engine is stateless and draws from ``randomness`` (seeded runs on
+    files). With a keyring it draws from keyed randomness; with a store it is also sticky.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        keyring: Keyring | None = None,
+        store: StateStore | None = None,
+        randomness: UniformSource | None = None,
+        consistency_override: bool = False,
+        frequencies: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        if policy.consistency.mode is ConsistencyMode.NONE and not consistency_override:
+            raise PolicyError(
+                "consistency.mode none gives every release fresh randomness, which an "
+                "averaging adversary defeats; it needs the explicit --allow-inconsistent flag"
+            )
+        if store is not None and keyring is None:
+            raise PolicyError(
+                "a state store needs a keyring: set PRIVGW_SECRET or PRIVGW_SECRET_FILE"
+            )
+        if policy.output.pseudonym is Pseudonym.HMAC and keyring is None:
+            raise PolicyError("output.pseudonym hmac needs a secret: set PRIVGW_SECRET")
+        self.policy = policy
+        self.version = policy.version
+        self._keyring = keyring
+        self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
+        self._store = store if self._consistent else None
+        if randomness is not None:
+            self._rand: UniformSource = randomness
+        elif keyring is not None and self._consistent:
+            self._rand = KeyedSource(keyring)
+        else:
+            self._rand = SeededSource()
+        freqs = frequencies or {}
+        self.mechanisms: dict[str, RRMechanism] = {
+            a: from_spec(policy.attributes[a], freqs.get(a)) for a in policy.randomized
+        }
+        self._mech_versions = {a: _mechanism_version(m) for a, m in self.mechanisms.items()}
+        self._codes = {
+            a: {c: i for i, c in enumerate(m.categories)} for a, m in self.mechanisms.items()
+        }
+        self._qi_numeric = policy.microaggregated
+        self._qi_all = [n for n, a in policy.attributes.items() if a.role is Role.QUASI_IDENTIFIER]
+        self._published_attrs = [
+            n for n, a in policy.attributes.items() if a.method is not Method.DROP
+        ]
+        self._windows = 0
+
+    # ------------------------------------------------------------------ metadata
+    def metadata(self) -> dict[str, object]:
+        """Everything an analyst needs to reconstruct statistics (the meta topic's value)."""
+        p = self.policy
+        return {
+            "policy_version": self.version,
+            "policy_name": p.name,
+            "k": p.microaggregation.k,
+            "microaggregation": p.microaggregation.algorithm.value,
+            "quasi_identifiers": self._qi_all,
+            "microaggregated": self._qi_numeric,
+            "methods": {n: a.method.value for n, a in p.attributes.items()},
+            "consistency": p.consistency.mode.value,
+            "randomized_response": {
+                a: {**m.to_dict(), "matrix_version": self._mech_versions[a]}
+                for a, m in self.mechanisms.items()
+            },
+            "noise": {n: a.noise.ratio for n, a in p.attributes.items() if a.noise is not None},
+        }
+
+    # ------------------------------------------------------------------ the window
+    def protect_window(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> WindowResult:
+        policy = self.policy
+        self._windows += 1
+        window_id = hashlib.sha256(
+            "|".join(
+                r.source.record_id if r.source else str(i) for i, r in enumerate(records)
+            ).encode()
+        ).hexdigest()[:16]
+
+        kr = self._keyring
+        sticky = self._consistent and kr is not None
+        # rkeys: respondent digests (state); dkeys: what keyed draws are bound to — the
+        # respondent, or the record itself when it carries no respondent id
+        rkeys: list[bytes | None] = [None] * len(records)
+        dkeys: list[bytes | None] = [None] * len(records)
+        if kr is not None:
+            names = [str(r.respondent_id) if r.respondent_id is not None else None for r in records]
+            with_id = [i for i, n in enumerate(names) if n is not None]
+            for i, key in zip(
+                with_id, kr.respondent_keys([names[i] or "" for i in with_id]), strict=True
+            ):
+                rkeys[i] = key
+            without = [i for i, n in enumerate(names) if n is None]
+            anon = kr.respondent_keys(
+                ["\x00record:" + self._record_id(records[i], i) for i in without]
+            )
+            for i, key in zip(without, anon, strict=True):
+                dkeys[i] = key
+            for i in with_id:
+                dkeys[i] = rkeys[i]
+        states: dict[bytes, dict[str, Any]] = {}
+        if self._store is not None:
+            wanted = sorted({key for key in rkeys if key is not None})
+            for key, raw in self._store.get_many(wanted).items():
+                states[key] = orjson.loads(raw)
+        view = _StateView(states=states, sticky=sticky)
+        if self._store is not None:
+            gids = sorted({st["current"][0] for st in states.values() if st.get("current")})
+            for key, raw in self._store.get_many([_group_key(g) for g in gids]).items():
+                view.live[key[len(_GROUP_KEY_PREFIX) :].decode()] = int(orjson.loads(raw)["live"])
+
+        # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
+        qi = self._quasi_identifiers(records, rkeys, view, now=now, flush_all=flush_all)
+        held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
+        held_set = set(held_idx)
+        pub_idx = [i for i in range(len(records)) if i not in held_set]
+        suppressed_set = set(suppressed_idx)
+
+        rows: list[dict[str, Any]] = [
+            {"record_id": self._record_id(records[i], i), "policy_version": self.version}
+            for i in pub_idx
+        ]
+        if policy.output.pseudonym is Pseudonym.HMAC and kr is not None:
+            for row, i in zip(rows, pub_idx, strict=True):
+                rid = records[i].respondent_id
+                row["pseudonym"] = kr.pseudonym(rid) if rid is not None else None
+
+        retention: dict[str, float] = {}
+        touched = view.touched
+        for name in self._published_attrs:
+            attr = policy.attributes[name]
+            values = [records[i].values.get(name) for i in pub_idx]
+            dk = [dkeys[i] for i in pub_idx]
+            rk = [rkeys[i] for i in pub_idx]
+            if name in qi.values:
+                out: list[Any] = [qi.values[name].get(i) for i in pub_idx]
+            elif attr.method is Method.RANDOMIZED_RESPONSE:
+                out, hits, ret = self._randomize(name, values, rk, dk, view)
+                sticky_hits += hits
+                if ret is not None:
+                    retention[name] = ret
+            elif attr.method is Method.NOISE:
+                out, hits = self._noise(name, values, rk, dk, view)
+                sticky_hits += hits
+            elif attr.method is Method.TOP_BOTTOM_CODE:
+                assert attr.coding is not None
+                arr = np.array([np.nan if v is None else float(v) for v in values])  # type: ignore[arg-type]
+                coded = masking.top_bottom_code(arr, attr.coding)
+                out = [None if v is None else _num(c) for v, c in zip(values, coded, strict=True)]
+            elif attr.method is Method.GENERALIZE:
+                assert attr.hierarchy is not None
+                out = masking.generalize(
+                    [None if v is None else str(v) for v in values], attr.hierarchy
+                )
+            else:  # keep
+                out = list(values)
+            if attr.role is Role.QUASI_IDENTIFIER:
+                out = [
+                    None if i in suppressed_set else o for o, i in zip(out, pub_idx, strict=True)
+                ]
+            for row, v in zip(rows, out, strict=True):
+                row[name] = v
+
+        # -- state first (durable), then the caller produces the outputs ----------------
+        if self._store is not None:
+            for pos, i in enumerate(pub_idx):
+                rkey = rkeys[i]
+                if rkey is None:
+                    continue
+                st = states.setdefault(rkey, {})
+                wave = records[i].values.get("wave")
+                if isinstance(wave, int | float) and math.isfinite(float(wave)):
+                    w = int(wave)
+                    st["first_wave"] = min(int(st.get("first_wave", w)), w)
+                    st["last_wave"] = max(int(st.get("last_wave", w)), w)
+                digest = qi.digests.get(i)
+                if digest is not None and i in qi.group_of:
+                    gid = qi.group_of[i]
+                    if i not in qi.current_digest:  # a deferred move keeps its old mapping
+                        st.setdefault("qi", {}).setdefault(
+                            digest, [gid, [rows[pos][a] for a in self._qi_numeric]]
+                        )
+                    st["current"] = [gid, qi.current_digest.get(i, digest)]
+                touched.add(rkey)
+            entries = {
+                key: orjson.dumps(states[key], option=orjson.OPT_SORT_KEYS) for key in touched
+            }
+            for gid in view.live_touched:
+                entries[_group_key(gid)] = orjson.dumps({"live": view.live[gid]})
+            if entries:
+                self._store.put_many(entries)
+
+        published: list[PublishedRecord] = []
+        for row, i in zip(rows, pub_idx, strict=True):
+            out_key = row["pseudonym"].encode() if row.get("pseudonym") else None
+            published.append(
+                PublishedRecord(
+                    record_id=row["record_id"],
+                    key=out_key,
+                    value=orjson.dumps(row),
+                    source=records[i].source,
+                    suppressed=i in suppressed_set,
+                )
+            )
+        sizes = [size for _, size in qi.groups]
+        report = WindowReport(
+            window_id=window_id,
+            records_in=len(records),
+            published=len(published),
+            held=len(held_idx),
+            suppressed=len(suppressed_idx),
+            min_group_size=min(sizes) if sizes else None,
+            groups=len(qi.groups),
+            sticky_hits=sticky_hits,
+            deferred_moves=qi.deferred,
+            risk_sampled=bool(qi.measures),
+            measures=qi.measures,
+            retention=retention,
+        )
+        return WindowResult(
+            published=published,
+            held=[records[i] for i in held_idx],
+            report=report,
+            rows=rows,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _record_id(self, record: ValidRecord, index: int) -> str:
+        return record.source.record_id if record.source is not None else f"row/{index}"
+
+    def _quasi_identifiers(
+        self,
+        records: Sequence[ValidRecord],
+        rkeys: Sequence[bytes | None],
+        view: _StateView,
+        *,
+        now: float,
+        flush_all: bool,
+    ) -> _QIDecision:
+        """Decide each record's numeric quasi-identifiers: stored centroid, new group, held
+        or suppressed."""
+        policy = self.policy
+        k = policy.microaggregation.k
+        names = self._qi_numeric
+        decision = _QIDecision(values={n: {} for n in names})
+        out, digests = decision.values, decision.digests
+        if not names:
+            return decision
+        kr = self._keyring
+        states, sticky = view.states, view.sticky
+        x = np.full((len(records), len(names)), np.nan)
+        for i, r in enumerate(records):
+            for j, n in enumerate(names):
+                v = r.values.get(n)
+                if v is not None:
+                    x[i, j] = float(v)  # type: ignore[arg-type]
+        complete = np.isfinite(x).all(axis=1)
+        pending: list[int] = []
+        suppressed = decision.suppressed
+        seen: dict[bytes, int] = {}
+        for i in range(len(records)):
+            if not complete[i]:
+                suppressed.append(i)  # a missing quasi-identifier cannot be aggregated
+                continue
+            key = rkeys[i]
+            if sticky and kr is not None and key is not None:
+                digest = kr.value_digest(
+                    _QI_DIGEST_ATTR, orjson.dumps([_value_text(v) for v in x[i]]).decode()
+                ).hex()
+                digests[i] = digest
+                first = seen.get(key)
+                if (
+                    first is not None
+                    and digests.get(first) == digest
+                    and first in decision.group_of
+                ):
+                    # the same respondent twice in a window: one decision, counted once
+                    for n in names:
+                        out[n][i] = out[n][first]
+                    decision.group_of[i] = decision.group_of[first]
+                    if first in decision.current_digest:
+                        decision.current_digest[i] = decision.current_digest[first]
+                    continue
+                seen[key] = i
+                st = states.get(key, {})
+                current: list[str] | None = st.get("current")
+                stored = st.get("qi", {}).get(digest)
+                cur_gid = current[0] if current is not None else None
+                moving = cur_gid is not None and (stored is None or stored[0] != cur_gid)
+                if current is not None and moving and view.live.get(current[0], k + 1) - 1 < k:
+                    # leaving would drop the current group below k live members: stay in it
+                    stored = st["qi"][current[1]]
+                    decision.current_digest[i] = current[1]
+                    decision.deferred += 1
+                elif stored is not None:
+                    decision.hits += 1
+                if cur_gid is not None and moving:
+                    view.leave(cur_gid)  # reserved now; undone if the record is held
+                if stored is not None:
+                    for j, n in enumerate(names):
+                        out[n][i] = stored[1][j]
+                    decision.group_of[i] = stored[0]
+                    if moving or current is None:
+                        view.join(stored[0])
+                    continue
+            pending.append(i)
+
+        # one slot per distinct (respondent, QI tuple): a respondent counts once in a group
+        slot_of: dict[tuple[bytes | int, str | int], int] = {}
+        slots: list[int] = []
+        members: list[int] = []
+        for i in pending:
+            key = rkeys[i]
+            ident: tuple[bytes | int, str | int] = (
+                (key, digests[i]) if key is not None and i in digests else (i, i)
+            )
+            if ident not in slot_of:
+                slot_of[ident] = len(slots)
+                slots.append(i)
+            members.append(slot_of[ident])
+
+        if len(slots) >= k:
+            xs = x[slots]
+            masked, labels = microaggregate(
+                xs,
+                k,
+                algorithm=policy.microaggregation.algorithm.value,
+                standardize=policy.microaggregation.standardize,
+            )
+            label_rows = labels if labels.ndim == 1 else labels[:, 0]
+            gids: dict[int, str] = {}
+            for g in np.unique(label_rows):
+                idx = np.flatnonzero(label_rows == g)
+                ident_bytes = b"".join(
+                    sorted(self._record_id(records[slots[s]], slots[s]).encode() for s in idx)
+                )
+                gids[int(g)] = hashlib.sha256(ident_bytes).hexdigest()[:16]
+                decision.groups.append((gids[int(g)], int(idx.size)))
+            joined: set[int] = set()
+            for i, s in zip(pending, members, strict=True):
+                for j, n in enumerate(names):
+                    out[n][i] = _num(masked[s, j])
+                gid = gids[int(label_rows[s])]
+                decision.group_of[i] = gid
+                if rkeys[i] is not None and s not in joined:
+                    joined.add(s)
+                    view.join(gid)
+            if (self._windows - 1) % policy.risk.sample_every == 0:
+                decision.measures = _window_measures(xs, masked, policy.risk.interval_pct)
+        else:
+            max_hold = policy.window.max_hold_seconds
+            for i in pending:
+                expired = flush_all or now - records[i].arrived_at >= max_hold
+                if expired and policy.window.on_hold_timeout is HoldTimeout.SUPPRESS:
+                    suppressed.append(i)
+                else:
+                    decision.held.append(i)
+                    self._undo_departure(records, rkeys, view, i)
+        return decision
+
+    @staticmethod
+    def _undo_departure(
+        records: Sequence[ValidRecord], rkeys: Sequence[bytes | None], view: _StateView, i: int
+    ) -> None:
+        """A held record stays, for now, a live member of the group it was leaving."""
+        key = rkeys[i]
+        current = view.states.get(key, {}).get("current") if key is not None else None
+        if current is not None:
+            view.join(current[0])
+
+    def _randomize(
+        self,
+        name: str,
+        values: Sequence[object],
+        keys: Sequence[bytes | None],
+        draw_keys: Sequence[bytes | None],
+        view: _StateView,
+    ) -> tuple[list[Any], int, float | None]:
+        states, sticky, touched = view.states, view.sticky, view.touched
+        mech = self.mechanisms[name]
+        codes_of = self._codes[name]
+        kr = self._keyring
+        missing_code = codes_of.get(MISSING_LABEL, -1)
+        codes = np.array(
+            [missing_code if v is None else codes_of[str(v)] for v in values], dtype=np.int64
+        )
+        out: list[Any] = [None] * len(values)
+        fresh: list[int] = []
+        fresh_keys: list[bytes] = []
+        digests: list[str | None] = [None] * len(values)
+        hits = 0
+        if sticky and kr is not None:
+            texts = [MISSING_LABEL if v is None else _value_text(v) for v in values]
+            vds = kr.value_digests(name, texts)
+            for i, (key, vd) in enumerate(zip(keys, vds, strict=True)):
+                if codes[i] < 0:
+                    continue
+                if key is not None:
+                    digests[i] = vd.hex()
+                    stored = states.get(key, {}).get("rr", {}).get(name, {}).get(vd.hex())
+                    if stored is not None:
+                        out[i] = stored[0]
+                        hits += 1
+                        continue
+                fresh.append(i)
+                fresh_keys.append((draw_keys[i] or b"") + vd)
+            u = self._rand.uniform(f"rr/{name}", len(fresh), fresh_keys) if fresh else np.empty(0)
+        else:
+            fresh = [i for i in range(len(values)) if codes[i] >= 0]
+            u = self._rand.uniform(f"rr/{name}", len(fresh)) if fresh else np.empty(0)
+        if fresh:
+            drawn = mech.apply(codes[fresh], u)
+            version = self._mech_versions[name]
+            for i, c in zip(fresh, drawn, strict=True):
+                label = mech.categories[int(c)]
+                out[i] = None if label == MISSING_LABEL else label
+                key = keys[i]
+                if self._store is not None and key is not None and digests[i] is not None:
+                    st = states.setdefault(key, {})
+                    st.setdefault("rr", {}).setdefault(name, {})[digests[i]] = [out[i], version]
+                    touched.add(key)
+        observed = [
+            (values[i] is None and out[i] is None)
+            or (values[i] is not None and str(values[i]) == out[i])
+            for i in range(len(values))
+            if codes[i] >= 0
+        ]
+        retention = float(np.mean(observed)) if observed else None
+        return out, hits, retention
+
+    def _noise(
+        self,
+        name: str,
+        values: Sequence[object],
+        keys: Sequence[bytes | None],
+        draw_keys: Sequence[bytes | None],
+        view: _StateView,
+    ) -> tuple[list[Any], int]:
+        attr = self.policy.attributes[name]
+        assert attr.noise is not None
+        states, sticky, touched = view.states, view.sticky, view.touched
+        arr = np.array([np.nan if v is None else float(v) for v in values])  # type: ignore[arg-type]
+        sd = masking.noise_sd(arr, attr.noise.ratio)
+        out: list[Any] = [None] * len(values)
+        kr = self._keyring
+        todo = [i for i in range(len(values)) if values[i] is not None]
+        hits = 0
+        digests: dict[int, str] = {}
+        fresh_keys: list[bytes] = []
+        fresh: list[int] = []
+        if sticky and kr is not None:
+            vds = kr.value_digests(name, [_value_text(values[i]) for i in todo])
+            for i, vd in zip(todo, vds, strict=True):
+                key = keys[i]
+                if key is not None:
+                    digests[i] = vd.hex()
+                    stored = states.get(key, {}).get("noise", {}).get(name, {}).get(vd.hex())
+                    if stored is not None:
+                        out[i] = stored
+                        hits += 1
+                        continue
+                fresh.append(i)
+                fresh_keys.append((draw_keys[i] or b"") + vd)
+            u1 = self._rand.uniform(f"noise/{name}/1", len(fresh), fresh_keys)
+            u2 = self._rand.uniform(f"noise/{name}/2", len(fresh), fresh_keys)
+        else:
+            fresh = todo
+            u1 = self._rand.uniform(f"noise/{name}/1", len(fresh))
+            u2 = self._rand.uniform(f"noise/{name}/2", len(fresh))
+        if fresh:
+            noisy = masking.add_noise(arr[fresh], sd, normals_from_uniforms(u1, u2))
+            for i, v in zip(fresh, noisy, strict=True):
+                out[i] = _num(v)
+                key = keys[i]
+                if self._store is not None and key is not None and i in digests:
+                    states.setdefault(key, {}).setdefault("noise", {}).setdefault(name, {})[
+                        digests[i]
+                    ] = out[i]
+                    touched.add(key)
+        return out, hits
+
+
+def _num(v: float | np.floating[Any]) -> float | None:
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def _window_measures(
+    x: NDArray[np.float64], masked: NDArray[np.float64], p_pct: float
+) -> dict[str, float]:
+    """Utility and risk of the records microaggregated in this window."""
+    if x.shape[0] < 2:
+        return {}
+    return {
+        "sse_sst_pct": quality.sse_sst_pct(x, masked),
+        "il1s": quality.il1s(x, masked),
+        "dld": quality.dld(x, masked),
+        "interval_disclosure": quality.interval_disclosure(x, masked, p_pct),
+    }

@@ -1,0 +1,203 @@
+"""Reading and writing microdata files (CSV, JSON Lines) with errors that name the column and
+the row, never the value."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from gateway.engine import ValidRecord
+from gateway.errors import InputDataError
+from gateway.policy import AttrType, ExtraFields, Policy
+
+JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.suffix.lower() in JSONL_SUFFIXES
+
+
+def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
+    """Read CSV (comma-separated, header row) or JSON Lines. ``as_text`` keeps every cell as
+    a string (the policy decides types); otherwise pandas infers numeric columns."""
+    p = Path(path)
+    if not p.exists():
+        raise InputDataError(f"input file not found: {p}")
+    if p.is_dir():
+        raise InputDataError(f"input is a directory, not a file: {p}")
+    try:
+        if _is_jsonl(p):
+            rows = []
+            with p.open("rb") as fh:
+                for lineno, line in enumerate(fh, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        raise InputDataError(
+                            f"{p}: line {lineno} is not valid JSON (one object per line expected)"
+                        ) from None
+                    if not isinstance(obj, dict):
+                        raise InputDataError(f"{p}: line {lineno} is not a JSON object")
+                    rows.append(obj)
+            df = pd.DataFrame(rows)
+            if as_text:
+                df = df.astype(object).where(df.notna(), None)
+            return df
+        if as_text:
+            return pd.read_csv(p, dtype=str, keep_default_na=False, na_filter=False)
+        return pd.read_csv(p)
+    except InputDataError:
+        raise
+    except UnicodeDecodeError:
+        raise InputDataError(f"{p}: not UTF-8 text") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
+        raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if _is_jsonl(p):
+        with p.open("wb") as fh:
+            for row in df.to_dict(orient="records"):
+                clean = {k: _json_value(v) for k, v in row.items()}
+                fh.write(orjson.dumps(clean) + b"\n")
+    else:
+        df.to_csv(p, index=False)
+
+
+def _json_value(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return None
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _delimiter_hint(columns: list[str]) -> str:
+    if len(columns) == 1 and any(sep in columns[0] for sep in (";", "\t", "|")):
+        return " The header has one column: is the file separated by something else than ','?"
+    return ""
+
+
+def check_columns(df: pd.DataFrame, policy: Policy, path: str | Path) -> None:
+    cols = [str(c) for c in df.columns]
+    missing = [n for n, a in policy.attributes.items() if a.required and n not in df.columns]
+    if missing:
+        raise InputDataError(
+            f"{path}: the policy names column(s) the file lacks: {', '.join(missing)}."
+            + _delimiter_hint(cols)
+        )
+    known = set(policy.attributes) | {policy.input.respondent_id}
+    extra = [c for c in cols if c not in known]
+    if extra and policy.input.extra_fields is ExtraFields.ERROR:
+        raise InputDataError(
+            f"{path}: column(s) not in the policy: {', '.join(extra)}; add them to the "
+            "policy's attributes or set input.extra_fields: ignore"
+        )
+
+
+def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> list[ValidRecord]:
+    """Typed, validated records. Errors name the column, the problem and the first row."""
+    check_columns(df, policy, path)
+    missing_tokens = set(policy.input.missing_tokens)
+    n = len(df)
+    columns: dict[str, list[object]] = {}
+    for name, attr in policy.attributes.items():
+        if name not in df.columns:
+            continue
+        raw = ["" if v is None else str(v) for v in df[name].tolist()]
+        is_missing = [v in missing_tokens for v in raw]
+        if attr.type is AttrType.NUMERIC:
+            nums = pd.to_numeric(
+                pd.Series(raw, dtype=object).where(~pd.Series(is_missing)), errors="coerce"
+            )
+            bad = [i for i in range(n) if not is_missing[i] and pd.isna(nums.iloc[i])]
+            if bad:
+                raise InputDataError(
+                    f"{path}: column '{name}' is numeric in the policy but has {len(bad)} "
+                    f"non-numeric value(s), first at data row {bad[0] + 1}"
+                )
+            arr = nums.to_numpy(dtype=float)
+            if not np.isfinite(arr[~np.array(is_missing, dtype=bool)]).all():
+                raise InputDataError(f"{path}: column '{name}' has infinite values")
+            if attr.range is not None:
+                lo, hi = attr.range
+                out = np.flatnonzero((arr < lo) | (arr > hi))
+                if out.size:
+                    raise InputDataError(
+                        f"{path}: column '{name}' has {out.size} value(s) outside the policy's "
+                        f"range [{lo}, {hi}], first at data row {int(out[0]) + 1}"
+                    )
+            columns[name] = [
+                None if is_missing[i] else _int_if_whole(float(arr[i])) for i in range(n)
+            ]
+        else:
+            if attr.categories is not None:
+                allowed = set(attr.categories)
+                bad = [i for i in range(n) if not is_missing[i] and raw[i] not in allowed]
+                if bad:
+                    raise InputDataError(
+                        f"{path}: column '{name}' has {len(bad)} value(s) outside the policy's "
+                        f"categories, first at data row {bad[0] + 1}; add the category or fix "
+                        "the data"
+                    )
+            columns[name] = [None if is_missing[i] else raw[i] for i in range(n)]
+    rid = policy.input.respondent_id
+    ids = (
+        [str(v) for v in df[rid].tolist()] if rid is not None and rid in df.columns else [None] * n
+    )
+    names = list(columns)
+    return [
+        ValidRecord(
+            respondent_id=ids[i],
+            values={name: columns[name][i] for name in names},
+            source=None,
+            arrived_at=0.0,
+        )
+        for i in range(n)
+    ]
+
+
+def _int_if_whole(v: float) -> int | float:
+    return int(v) if v.is_integer() and abs(v) < 2**53 else v
+
+
+class Progress:
+    """A one-line progress bar on stderr, shown only for large inputs on a terminal."""
+
+    def __init__(self, total: int, label: str, *, threshold: int = 100_000) -> None:
+        self.total = total
+        self.label = label
+        self.enabled = total >= threshold
+        self._out: io.TextIOBase | Any = sys.stderr
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * done / max(self.total, 1))
+        self._out.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}"
+        )
+        self._out.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._out.write("\n")
+            self._out.flush()
+
+
+def chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, size):
+        yield start, min(n, start + size)

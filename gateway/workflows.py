@@ -1,0 +1,482 @@
+"""The file workflow behind the CLI: protect, microaggregate, evaluate, R-U map, policy report,
+reconstruction. Each function returns data; the CLI only formats it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from gateway import quality
+from gateway.attack import averaging_attack, intersection_attack
+from gateway.engine import Engine, ValidRecord
+from gateway.errors import InputDataError
+from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
+from gateway.microaggregation import microaggregate
+from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, RRMode
+from gateway.randomized_response import RRMechanism, from_spec
+from gateway.randomness import SeededSource
+from gateway.reconstruction import reconstruct
+
+RHO1_GRID = (0.05, 0.1, 0.2, 0.3)
+
+
+def meta_path(out: str | Path) -> Path:
+    p = Path(out)
+    return p.with_name(p.name + ".meta.json")
+
+
+def _frequencies(records: Sequence[ValidRecord], policy: Policy) -> dict[str, dict[str, float]]:
+    """Value frequencies for fine-grain weights when the policy gives none (file workflow)."""
+    out: dict[str, dict[str, float]] = {}
+    for name in policy.randomized:
+        attr = policy.attributes[name]
+        assert attr.rr is not None
+        if attr.rr.mode is not RRMode.FINE_GRAIN or attr.rr.weights is not None:
+            continue
+        counts = dict.fromkeys(attr.domain, 0.0)
+        for r in records:
+            v = r.values.get(name)
+            label = MISSING_LABEL if v is None else str(v)
+            if label in counts:
+                counts[label] += 1.0
+        total = sum(counts.values()) or 1.0
+        out[name] = {c: n / total for c, n in counts.items()}
+    return out
+
+
+def protect_file(
+    src: str | Path, policy: Policy, out: str | Path, *, seed: int | None = None
+) -> dict[str, Any]:
+    """Protect a whole file as one window; writes OUT and OUT.meta.json (what analysts need)."""
+    df = read_table(src, as_text=True)
+    records = records_from_frame(df, policy, src)
+    if not records:
+        raise InputDataError(f"{src}: no data rows")
+    engine = Engine(
+        policy,
+        randomness=SeededSource(seed),
+        frequencies=_frequencies(records, policy),
+        consistency_override=True,  # one release of a file: nothing to average over
+    )
+    result = engine.protect_window(records, now=0.0, flush_all=True)
+    columns = [n for n, a in policy.attributes.items() if a.method is not Method.DROP]
+    progress = Progress(len(result.rows), "writing")
+    frames = []
+    for start, stop in chunks(len(result.rows), 50_000):
+        frames.append(pd.DataFrame(list(result.rows[start:stop]), columns=columns))
+        progress.update(stop)
+    progress.close()
+    protected = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    protected = protected[[c for c in columns if c in df.columns]]
+    write_table(protected, out)
+    meta = engine.metadata()
+    meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    rep = result.report
+    return {
+        "records": rep.records_in,
+        "published": rep.published,
+        "suppressed": rep.suppressed,
+        "groups": rep.groups,
+        "min_group_size": rep.min_group_size,
+        "measures": dict(rep.measures),
+        "retention": dict(rep.retention),
+        "policy_version": engine.version,
+        "meta": str(meta_path(out)),
+    }
+
+
+def numeric_matrix(df: pd.DataFrame, columns: Sequence[str], path: str | Path) -> np.ndarray:
+    out = np.empty((len(df), len(columns)))
+    for j, c in enumerate(columns):
+        if c not in df.columns:
+            raise InputDataError(f"{path}: no column '{c}'")
+        col = pd.to_numeric(df[c], errors="coerce")
+        bad = int((col.isna() & df[c].notna()).sum())
+        if bad:
+            raise InputDataError(f"{path}: column '{c}' has {bad} non-numeric value(s)")
+        out[:, j] = col.to_numpy(dtype=float)
+    return out
+
+
+def microaggregate_file(
+    src: str | Path,
+    out: str | Path,
+    *,
+    k: int,
+    columns: Sequence[str] | None = None,
+    algorithm: str = "mdav",
+    standardize: bool = True,
+) -> dict[str, Any]:
+    """MDAV (or individual ranking) on the given or all numeric columns, nothing else changed."""
+    df = read_table(src)
+    cols = (
+        list(columns)
+        if columns
+        else [str(c) for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
+    )
+    if not cols:
+        raise InputDataError(
+            f"{src}: no numeric columns to microaggregate; name them with --columns"
+        )
+    x = numeric_matrix(df, cols, src)
+    if not np.isfinite(x).all():
+        raise InputDataError(f"{src}: the columns to microaggregate have missing values")
+    masked, labels = microaggregate(x, k, algorithm=algorithm, standardize=standardize)
+    result = df.copy()
+    for j, c in enumerate(cols):
+        result[c] = masked[:, j]
+    write_table(result, out)
+    lab = labels if labels.ndim == 1 else labels[:, 0]
+    sizes = np.bincount(lab)
+    return {
+        "records": len(df),
+        "columns": cols,
+        "groups": int(sizes.size),
+        "min_group_size": int(sizes.min()),
+        "max_group_size": int(sizes.max()),
+        "sse_sst_pct": quality.sse_sst_pct(x, masked),
+    }
+
+
+def _numeric_columns_for(
+    policy: Policy | None, orig: pd.DataFrame, prot: pd.DataFrame
+) -> list[str]:
+    if policy is not None:
+        return [
+            n
+            for n, a in policy.attributes.items()
+            if a.type is AttrType.NUMERIC
+            and a.method in (Method.MICROAGGREGATION, Method.NOISE, Method.TOP_BOTTOM_CODE)
+            and n in orig.columns
+            and n in prot.columns
+        ]
+    return [
+        str(c)
+        for c in orig.columns
+        if c in prot.columns
+        and pd.api.types.is_numeric_dtype(orig[c])
+        and pd.api.types.is_numeric_dtype(prot[c])
+    ]
+
+
+def evaluate_files(
+    original: str | Path,
+    protected: str | Path,
+    policy: Policy | None = None,
+    *,
+    p_pct: float | None = None,
+) -> dict[str, Any]:
+    """Information loss and disclosure risk of PROTECTED against ORIGINAL (rows aligned)."""
+    orig = read_table(original)
+    prot = read_table(protected)
+    if len(orig) != len(prot):
+        raise InputDataError(
+            f"the files have {len(orig)} and {len(prot)} rows; evaluation needs the rows of "
+            "both files in the same order"
+        )
+    cols = _numeric_columns_for(policy, orig, prot)
+    pct = p_pct if p_pct is not None else (policy.risk.interval_pct if policy else 10.0)
+    result: dict[str, Any] = {"records": len(orig), "columns": cols}
+    if cols:
+        x = numeric_matrix(orig, cols, original)
+        xm = numeric_matrix(prot, cols, protected)
+        complete = np.isfinite(x).all(axis=1) & np.isfinite(xm).all(axis=1)
+        result["excluded_incomplete_rows"] = int((~complete).sum())
+        rep = quality.evaluate_numeric(x[complete], xm[complete], p_pct=pct)
+        result.update(rep.to_dict())
+    if policy is not None:
+        retention = {}
+        for name in policy.randomized:
+            attr = policy.attributes[name]
+            if name not in orig.columns or name not in prot.columns:
+                continue
+            tokens = set(policy.input.missing_tokens)
+            t = _category_codes(orig[name].tolist(), attr.domain, tokens)
+            p = _category_codes(prot[name].tolist(), attr.domain, tokens)
+            if (t == -2).any() or (p == -2).any():
+                raise InputDataError(f"column '{name}' has values outside the policy's categories")
+            retention[name] = quality.rr_retention(t, p)
+        if retention:
+            result["retention"] = retention
+    return result
+
+
+def _category_codes(
+    values: Sequence[object], domain: Sequence[str], tokens: set[str]
+) -> np.ndarray:
+    """Codes in the policy's domain; missing → the missing category or -1; unknown → -2."""
+    index = {c: i for i, c in enumerate(domain)}
+    missing = index.get(MISSING_LABEL, -1)
+    out = [
+        missing
+        if v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in tokens
+        else index.get(str(v), -2)
+        for v in values
+    ]
+    return np.array(out, dtype=np.int64)
+
+
+def ru_map(
+    src: str | Path, policy: Policy, ks: Sequence[int], *, p_pct: float | None = None
+) -> list[dict[str, float]]:
+    """Information loss vs disclosure risk of MDAV on the policy's numeric QIs, per k."""
+    df = read_table(src, as_text=True)
+    records = records_from_frame(df, policy, src)
+    cols = policy.microaggregated
+    if not cols:
+        raise InputDataError("the policy microaggregates no attribute; an R-U map needs some")
+    x = np.array(
+        [
+            [float(str(r.values[c])) for c in cols]
+            for r in records
+            if all(r.values.get(c) is not None for c in cols)
+        ]
+    )
+    pct = p_pct if p_pct is not None else policy.risk.interval_pct
+    rows = []
+    for k in ks:
+        masked, _ = microaggregate(
+            x,
+            k,
+            algorithm=policy.microaggregation.algorithm.value,
+            standardize=policy.microaggregation.standardize,
+        )
+        rep = quality.evaluate_numeric(x, masked, p_pct=pct)
+        rows.append(
+            {
+                "k": float(k),
+                "il": rep.sse_sst_pct,
+                "il1s": rep.il1s,
+                "dld": rep.dld,
+                "interval_disclosure": rep.interval_disclosure,
+                "dr": rep.dr,
+                "score": rep.score,
+            }
+        )
+    return rows
+
+
+def plot_ru_map(rows: Sequence[Mapping[str, float]], out: str | Path) -> None:
+    import matplotlib  # noqa: PLC0415 - heavy; only this command needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
+    il = [r["il"] for r in rows]
+    dr = [r["dr"] for r in rows]
+    ax.plot(il, dr, "o-", color="#1f77b4")
+    for r in rows:
+        ax.annotate(
+            f"k={int(r['k'])}", (r["il"], r["dr"]), textcoords="offset points", xytext=(5, 5)
+        )
+    ax.set_xlabel("information loss: 100·SSE/SST")
+    ax.set_ylabel("disclosure risk DR = ½·DLD + ½·ID")
+    ax.set_title("R-U map, MDAV")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def policy_report(policy: Policy) -> dict[str, Any]:
+    """What the policy guarantees, per attribute."""
+    attrs: dict[str, Any] = {}
+    for name, attr in policy.attributes.items():
+        entry: dict[str, Any] = {
+            "role": attr.role.value,
+            "type": attr.type.value,
+            "method": attr.method.value,
+        }
+        if attr.method is Method.RANDOMIZED_RESPONSE:
+            mech = from_spec(attr)
+            entry.update(_mechanism_report(mech))
+            assert attr.rr is not None
+            if attr.rr.mode is RRMode.FINE_GRAIN and attr.rr.weights is None:
+                entry["note"] = (
+                    "no rr.weights: shown with equal weights; `privgw protect` uses the input's "
+                    "value frequencies and publishes the matrix in OUT.meta.json"
+                )
+        elif attr.method is Method.MICROAGGREGATION:
+            entry["k"] = policy.microaggregation.k
+            entry["algorithm"] = policy.microaggregation.algorithm.value
+        elif attr.method is Method.NOISE:
+            assert attr.noise is not None
+            entry["noise_variance_ratio"] = attr.noise.ratio
+        attrs[name] = entry
+    return {
+        "policy": policy.name,
+        "version": policy.version,
+        "k": policy.microaggregation.k,
+        "quasi_identifiers": [
+            n for n, a in policy.attributes.items() if a.role.value == "quasi_identifier"
+        ],
+        "consistency": policy.consistency.mode.value,
+        "attributes": attrs,
+    }
+
+
+def _mechanism_report(mech: RRMechanism) -> dict[str, Any]:
+    return {
+        "categories": list(mech.categories),
+        "matrix": np.asarray(mech.matrix).round(6).tolist(),
+        "retention": np.asarray(mech.retention).round(6).tolist(),
+        "gamma": mech.gamma,
+        "epsilon": mech.epsilon,
+        "rho2_for_rho1": {str(r): mech.rho2_for(r) for r in RHO1_GRID},
+    }
+
+
+def mechanisms_from_meta(meta: Mapping[str, Any]) -> dict[str, RRMechanism]:
+    rr = meta.get("randomized_response", {})
+    if not isinstance(rr, dict):
+        raise InputDataError("metadata has no randomized_response section")
+    return {name: RRMechanism.from_dict(d) for name, d in rr.items()}
+
+
+def reconstruct_rows(
+    rows: Sequence[Mapping[str, Any]], mechanisms: Mapping[str, RRMechanism]
+) -> dict[str, Any]:
+    """Estimated true distributions of the randomized attributes from published rows."""
+    out: dict[str, Any] = {}
+    for name, mech in mechanisms.items():
+        index = {c: i for i, c in enumerate(mech.categories)}
+        missing = index.get(MISSING_LABEL)
+        codes = []
+        for r in rows:
+            if name not in r:
+                continue
+            v = r[name]
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                if missing is not None:
+                    codes.append(missing)
+                continue
+            if str(v) not in index:
+                raise InputDataError(
+                    f"published column '{name}' has values outside the published categories"
+                )
+            codes.append(index[str(v)])
+        if not codes:
+            continue
+        est = reconstruct(mech, np.array(codes, dtype=np.int64))
+        out[name] = est.to_dict() if hasattr(est, "to_dict") else _estimate_dict(est)
+    return out
+
+
+def _estimate_dict(est: Any) -> dict[str, Any]:
+    return {
+        "categories": list(est.categories),
+        "n": int(est.n),
+        "observed": np.asarray(est.observed).tolist(),
+        "inversion": np.asarray(est.inversion).tolist(),
+        "inversion_se": np.asarray(est.inversion_se).tolist(),
+        "em": np.asarray(est.em).tolist(),
+        "em_se": np.asarray(est.em_se).tolist(),
+    }
+
+
+def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
+    df = read_table(protected)
+    mp = meta_path(protected)
+    if mp.exists():
+        meta = orjson.loads(mp.read_bytes())
+        if meta.get("policy_version") != policy.version:
+            raise InputDataError(
+                f"{mp} was written under policy version {meta.get('policy_version')}, not "
+                f"{policy.version}; reconstruct with the policy that protected the file"
+            )
+        mechanisms = mechanisms_from_meta(meta)
+    else:
+        mechanisms = {}
+        for name in policy.randomized:
+            attr = policy.attributes[name]
+            assert attr.rr is not None
+            if attr.rr.mode is RRMode.FINE_GRAIN and attr.rr.weights is None:
+                raise InputDataError(
+                    f"{mp} is missing and '{name}' uses fine-grain weights from the data: the "
+                    "matrix is only in that file"
+                )
+            mechanisms[name] = from_spec(attr)
+    return reconstruct_rows(frame_rows(df), mechanisms)
+
+
+def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts with None for missing cells."""
+    clean = df.astype(object).where(df.notna(), None)
+    return [{str(k): v for k, v in row.items()} for row in clean.to_dict(orient="records")]
+
+
+def read_jsonl_rows(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows.extend(frame_rows(read_table(path)))
+    return rows
+
+
+def attack_history(
+    history: Sequence[Mapping[str, Any]],
+    truth: Sequence[Mapping[str, Any]],
+    *,
+    attribute: str | None,
+    qi_columns: Sequence[str],
+    k: int,
+    ts: Sequence[int],
+) -> dict[str, Any]:
+    """Run both adversaries on a publication history (rows with record_id and wave).
+
+    ``truth`` rows carry record_id, respondent_id and the true values: the simulator's
+    ground truth, linking each published record to its respondent.
+    """
+    respondent_of = {str(t["record_id"]): str(t["respondent_id"]) for t in truth}
+    waves: dict[Any, list[Mapping[str, Any]]] = {}
+    for row in history:
+        waves.setdefault(row.get("wave"), []).append(row)
+    order = sorted(waves, key=lambda w: (w is None, w))
+    result: dict[str, Any] = {"releases": len(order), "records": len(history)}
+    if attribute is not None:
+        true_value: dict[str, Any] = {}
+        for t in truth:
+            true_value[str(t["respondent_id"])] = t.get(attribute)
+        releases = [
+            {
+                respondent_of[str(r["record_id"])]: r.get(attribute)
+                for r in waves[w]
+                if str(r["record_id"]) in respondent_of
+            }
+            for w in order
+        ]
+        ts_ok = [t for t in ts if t <= len(releases)]
+        result["averaging"] = [
+            {
+                "T": p.releases,
+                "respondents": p.respondents,
+                "accuracy": p.accuracy,
+                "ci95": [p.ci_low, p.ci_high],
+            }
+            for p in averaging_attack(releases, true_value, ts_ok)
+        ]
+    if qi_columns:
+        qi_releases = []
+        for w in order:
+            rel: dict[str, Any] = {}
+            for r in waves[w]:
+                rid = respondent_of.get(str(r["record_id"]))
+                if rid is None:
+                    continue
+                tup = tuple(r.get(c) for c in qi_columns)
+                rel[rid] = None if any(v is None for v in tup) else tup
+            qi_releases.append(rel)
+        inter = intersection_attack(qi_releases, k)
+        result["intersection"] = {
+            "k": k,
+            "respondents": inter.respondents,
+            "below_k": inter.below_k,
+            "smallest_candidate_sets": inter.smallest,
+        }
+    return result

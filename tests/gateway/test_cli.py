@@ -1,0 +1,166 @@
+"""The `privgw` file workflow, run as a user runs it: a subprocess on real files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT.parent / "shared" / "data"
+POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
+
+
+def privgw(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def adult_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("adult") / "adult.csv"
+    pd.read_csv(DATA / "adult.csv", dtype=str, keep_default_na=False).head(3000).to_csv(
+        path, index=False
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def protected(adult_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("out") / "adult.protected.csv"
+    privgw("protect", adult_sample, "--policy", POLICY, "-o", out, "--seed", "1")
+    return out
+
+
+def test_help_lists_every_command_with_an_example() -> None:
+    top = privgw("--help").stdout
+    commands = ["protect", "microaggregate", "evaluate", "ru-map", "check-policy", "reconstruct"]
+    for cmd in commands:
+        assert cmd in top
+        assert "example:" in privgw(cmd, "--help").stdout
+
+
+def test_protect_writes_protected_file_and_metadata(adult_sample: Path, protected: Path) -> None:
+    orig = pd.read_csv(adult_sample, dtype=str, keep_default_na=False)
+    prot = pd.read_csv(protected)
+    assert len(prot) == len(orig)
+    assert "education" not in prot.columns and "fnlwgt" not in prot.columns
+    groups = prot.groupby(["age", "education_num", "hours_per_week"]).size()
+    assert groups.min() >= 5
+    assert set(prot["marital_status"].dropna()) <= {
+        "Married",
+        "Never-married",
+        "Previously-married",
+    }
+    assert prot["capital_gain"].max() <= 20000
+    meta = orjson.loads(protected.with_name(protected.name + ".meta.json").read_bytes())
+    assert set(meta["randomized_response"]) == {"occupation", "income"}
+
+
+def test_protect_with_the_same_seed_is_reproducible(adult_sample: Path, tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    privgw("protect", adult_sample, "--policy", POLICY, "-o", a, "--seed", "5")
+    privgw("protect", adult_sample, "--policy", POLICY, "-o", b, "--seed", "5")
+    assert a.read_bytes() == b.read_bytes()
+    assert len(a.read_bytes().splitlines()) == 3000
+
+
+def test_evaluate_json_has_the_documented_keys(adult_sample: Path, protected: Path) -> None:
+    out = privgw("evaluate", adult_sample, protected, "--policy", POLICY, "--json").stdout
+    result = orjson.loads(out)
+    for key in ["sse_sst_pct", "il1s", "il2", "il3", "dld", "interval_disclosure", "dr", "score"]:
+        assert key in result, key
+    assert 0 < result["sse_sst_pct"] < 100
+    assert set(result["retention"]) == {"occupation", "income"}
+    assert 0 < result["retention"]["income"] < 1
+
+
+def test_reconstruct_and_check_policy(protected: Path) -> None:
+    est = orjson.loads(privgw("reconstruct", protected, "--policy", POLICY, "--json").stdout)
+    assert abs(sum(est["income"]["em"]) - 1) < 1e-9
+    text = privgw("check-policy", POLICY).stdout
+    assert "epsilon" in text and "rho1=0.2" in text
+    report = orjson.loads(privgw("check-policy", POLICY, "--json").stdout)
+    income = report["attributes"]["income"]
+    assert abs(income["gamma"] - 3.0) < 1e-9  # P[i][i] = 0.75 over 2 values: 0.75/0.25
+
+
+def test_microaggregate_census_like_sdcmicro(tmp_path: Path) -> None:
+    out = tmp_path / "census.k3.csv"
+    text = privgw("microaggregate", DATA / "census.csv", "--k", "3", "-o", out).stdout
+    assert "k=3" in text
+    masked = pd.read_csv(out)
+    sizes = masked.groupby(list(masked.columns)).size()
+    assert sizes.min() >= 3
+
+
+def test_ru_map_draws_a_picture(adult_sample: Path, tmp_path: Path) -> None:
+    png = tmp_path / "ru.png"
+    text = privgw("ru-map", adult_sample, "--policy", POLICY, "--k", "2,5,10", "-o", png).stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len([line for line in text.splitlines() if line.strip()[:2] in {"2 ", "5 ", "10"}]) == 3
+
+
+CANARY = "Zebra-Canary-77"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        ("missing_file", "input file not found"),
+        ("semicolons", "separated by something else"),
+        ("drop_column", "lacks: hours_per_week"),
+        (
+            "non_numeric",
+            "column 'age' is numeric in the policy but has 1 non-numeric value(s), first at data row 3",
+        ),
+        (
+            "unknown_category",
+            "column 'occupation' has 1 value(s) outside the policy's categories, first at data row 2",
+        ),
+        ("extra_column", "column(s) not in the policy: notes"),
+    ],
+)
+def test_bad_input_is_one_clear_error_without_values(
+    adult_sample: Path, tmp_path: Path, mutate: str, expected: str
+) -> None:
+    df = pd.read_csv(adult_sample, dtype=str, keep_default_na=False).head(50)
+    src = tmp_path / "in.csv"
+    if mutate == "semicolons":
+        df.to_csv(src, index=False, sep=";")
+    elif mutate == "drop_column":
+        df.drop(columns=["hours_per_week"]).to_csv(src, index=False)
+    elif mutate == "non_numeric":
+        df.loc[2, "age"] = CANARY
+        df.to_csv(src, index=False)
+    elif mutate == "unknown_category":
+        df.loc[1, "occupation"] = CANARY
+        df.to_csv(src, index=False)
+    elif mutate == "extra_column":
+        df["notes"] = CANARY
+        df.to_csv(src, index=False)
+    proc = privgw("protect", src, "--policy", POLICY, "-o", tmp_path / "o.csv", check=False)
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert CANARY not in proc.stderr + proc.stdout
+
+
+def test_bad_policy_exits_2_with_the_key(tmp_path: Path, adult_sample: Path) -> None:
+    bad = tmp_path / "p.yaml"
+    bad.write_text(POLICY.read_text().replace("k: 5,", "k: 1,"))
+    proc = privgw("protect", adult_sample, "--policy", bad, "-o", tmp_path / "o.csv", check=False)
+    assert proc.returncode == 2
+    assert "microaggregation.k: k must be ≥ 2, got 1" in proc.stderr

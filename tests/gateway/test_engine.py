@@ -1,0 +1,229 @@
+"""The window engine: stateless file runs, and sticky republication with keyed randomness."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import orjson
+import pytest
+
+from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.errors import PolicyError
+from gateway.keyed import Keyring
+from gateway.policy import Policy, policy_from_yaml
+from gateway.randomness import SeededSource
+
+POLICY = """
+input: {respondent_id: rid}
+window: {max_records: 1000, max_seconds: 1, max_hold_seconds: 10, on_hold_timeout: suppress}
+microaggregation: {k: 3}
+attributes:
+  age:   {role: quasi_identifier, type: numeric, method: microaggregation}
+  hours: {role: quasi_identifier, type: numeric, method: microaggregation}
+  sex:   {role: quasi_identifier, type: categorical, method: keep, categories: [F, M]}
+  occ:
+    role: sensitive
+    type: categorical
+    method: randomized_response
+    categories: [a, b, c, d]
+    rr: {mode: uniform, retention: 0.5}
+  pay:   {role: sensitive, type: numeric, method: noise, noise: {ratio: 0.1}}
+  email: {role: identifier, type: categorical, method: drop}
+  wave:  {role: other, type: numeric, method: keep, required: false}
+"""
+
+
+class DictStore:
+    """In-test StateStore: a dict, so the engine's use of the interface is visible."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+        self.puts = 0
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        return {k: self.data[k] for k in keys if k in self.data}
+
+    def put_many(self, entries: Mapping[bytes, bytes]) -> None:
+        self.puts += 1
+        self.data.update(entries)
+
+    def count(self) -> int:
+        return len(self.data)
+
+    def close(self) -> None:
+        pass
+
+
+def _policy(text: str = POLICY) -> Policy:
+    return policy_from_yaml(text)
+
+
+def _records(wave: int, n: int, rng: np.random.Generator, *, offset: int = 0) -> list[ValidRecord]:
+    out = []
+    for i in range(n):
+        out.append(
+            ValidRecord(
+                respondent_id=f"r{i}",
+                values={
+                    "age": int(20 + (i * 7) % 50),
+                    "hours": int(10 + (i * 3) % 40),
+                    "sex": "F" if i % 2 else "M",
+                    "occ": "abcd"[i % 4],
+                    "pay": float(1000 + 10 * i),
+                    "email": f"user{i}@example.org",
+                    "wave": wave,
+                },
+                source=SourceRef("in", 0, offset + i),
+                arrived_at=0.0,
+            )
+        )
+    return out
+
+
+def _rows(result) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [orjson.loads(p.value) for p in result.published]
+
+
+KEY = Keyring(b"k" * 32)
+
+
+def test_stateless_window_groups_and_drops() -> None:
+    engine = Engine(_policy(), randomness=SeededSource(1))
+    res = engine.protect_window(_records(1, 50, np.random.default_rng(0)), now=0.0)
+    rows = _rows(res)
+    assert len(rows) == 50 and not res.held
+    assert all("email" not in r and "rid" not in r for r in rows)
+    centroids = defaultdict(int)
+    for r in rows:
+        centroids[(r["age"], r["hours"])] += 1
+    assert min(centroids.values()) >= 3
+    assert res.report.min_group_size is not None and 3 <= res.report.min_group_size <= 5
+    assert {r["occ"] for r in rows} <= set("abcd")
+    assert {"sse_sst_pct", "il1s", "dld", "interval_disclosure"} <= set(res.report.measures)
+
+
+def test_seeded_runs_are_reproducible() -> None:
+    recs = _records(1, 40, np.random.default_rng(0))
+    a = Engine(_policy(), randomness=SeededSource(7)).protect_window(recs, now=0.0)
+    b = Engine(_policy(), randomness=SeededSource(7)).protect_window(recs, now=0.0)
+    assert [p.value for p in a.published] == [p.value for p in b.published]
+
+
+def test_sticky_values_survive_waves_changes_and_reverts() -> None:
+    store = DictStore()
+    engine = Engine(_policy(), keyring=KEY, store=store)
+    w1 = _records(1, 30, np.random.default_rng(0))
+    first = {r["record_id"].split("/")[-1]: r for r in _rows(engine.protect_window(w1, now=0.0))}
+    # wave 2: same true values, new offsets -> identical published values
+    w2 = _records(2, 30, np.random.default_rng(0), offset=100)
+    second = _rows(engine.protect_window(w2, now=1.0))
+    for i, row in enumerate(second):
+        before = first[str(i)]
+        assert (row["occ"], row["pay"], row["age"], row["hours"]) == (
+            before["occ"],
+            before["pay"],
+            before["age"],
+            before["hours"],
+        )
+    assert engine.protect_window(w2, now=1.0).report.sticky_hits >= 3 * 30
+
+    # respondent 0 changes occupation a -> b, then reverts to a: the old draw comes back
+    def one(occ: str, off: int) -> dict:
+        rec = w1[0]
+        changed = ValidRecord(
+            rec.respondent_id, {**rec.values, "occ": occ}, SourceRef("in", 0, off), 0.0
+        )
+        return _rows(engine.protect_window([changed], now=2.0))[0]
+
+    assert one("a", 500)["occ"] == first["0"]["occ"]
+    one("b", 501)
+    assert one("a", 502)["occ"] == first["0"]["occ"]
+
+
+def test_matrix_change_keeps_published_values() -> None:
+    store = DictStore()
+    recs = _records(1, 40, np.random.default_rng(0))
+    before = _rows(Engine(_policy(), keyring=KEY, store=store).protect_window(recs, now=0.0))
+    stronger = _policy(POLICY.replace("retention: 0.5", "retention: 0.3"))
+    after = _rows(Engine(stronger, keyring=KEY, store=store).protect_window(recs, now=0.0))
+    assert [r["occ"] for r in before] == [r["occ"] for r in after]
+
+
+def test_keyed_draws_replay_without_state() -> None:
+    recs = _records(1, 40, np.random.default_rng(0))
+    a = _rows(Engine(_policy(), keyring=KEY, store=DictStore()).protect_window(recs, now=0.0))
+    b = _rows(Engine(_policy(), keyring=KEY, store=DictStore()).protect_window(recs, now=0.0))
+    assert [r["occ"] for r in a] == [r["occ"] for r in b]
+    other = _rows(
+        Engine(_policy(), keyring=Keyring(b"z" * 32), store=DictStore()).protect_window(
+            recs, now=0.0
+        )
+    )
+    assert [r["occ"] for r in a] != [r["occ"] for r in other]
+
+
+def test_fewer_than_k_new_records_are_held_then_suppressed() -> None:
+    store = DictStore()
+    engine = Engine(_policy(), keyring=KEY, store=store)
+    recs = _records(1, 2, np.random.default_rng(0))
+    res = engine.protect_window(recs, now=5.0)
+    assert not res.published and len(res.held) == 2
+    assert store.count() == 0  # nothing published, nothing stored
+    res = engine.protect_window(list(res.held), now=10.0)  # waited max_hold_seconds
+    rows = _rows(res)
+    assert len(rows) == 2 and res.report.suppressed == 2
+    assert all(r["age"] is None and r["hours"] is None and r["sex"] is None for r in rows)
+    assert all(r["occ"] in set("abcd") for r in rows)
+
+
+def test_held_records_join_later_arrivals_into_groups() -> None:
+    engine = Engine(_policy(), keyring=KEY, store=DictStore())
+    recs = _records(1, 5, np.random.default_rng(0))
+    res = engine.protect_window(recs[:2], now=0.0)
+    res = engine.protect_window([*res.held, *recs[2:]], now=1.0)
+    assert len(res.published) == 5 and not res.held
+    assert res.report.min_group_size is not None and res.report.min_group_size >= 3
+
+
+def test_every_centroid_is_shared_by_k_respondents_over_history() -> None:
+    store = DictStore()
+    engine = Engine(_policy(), keyring=KEY, store=store)
+    rng = np.random.default_rng(3)
+    base = _records(1, 60, rng)
+    respondent_of = {f"in/0/{w * 1000 + i}": f"r{i}" for w in range(1, 8) for i in range(60)}
+    members: dict[tuple[float, float], set[str]] = defaultdict(set)
+    held: list[ValidRecord] = []
+    for wave in range(1, 8):
+        recs = []
+        for i, r in enumerate(base):
+            vals = dict(r.values)
+            vals["wave"] = wave
+            if rng.random() < 0.1:  # 10% change a quasi-identifier this wave
+                vals["age"] = int(rng.integers(18, 90))
+                base[i] = ValidRecord(r.respondent_id, vals, r.source, 0.0)
+            recs.append(
+                ValidRecord(r.respondent_id, vals, SourceRef("in", 0, wave * 1000 + i), float(wave))
+            )
+        res = engine.protect_window([*held, *recs], now=float(wave))
+        held = list(res.held)
+        for row in _rows(res):
+            if row["age"] is not None:
+                members[(row["age"], row["hours"])].add(respondent_of[row["record_id"]])
+    assert min(len(m) for m in members.values()) >= 3
+
+
+def test_consistency_none_needs_the_explicit_override() -> None:
+    text = POLICY + "consistency: {mode: none}\n"
+    with pytest.raises(PolicyError, match="allow-inconsistent"):
+        Engine(_policy(text), keyring=KEY)
+    Engine(_policy(text), keyring=KEY, consistency_override=True)
+
+
+def test_metadata_carries_what_analysts_need() -> None:
+    meta = Engine(_policy(), randomness=SeededSource(0)).metadata()
+    rr = meta["randomized_response"]["occ"]  # type: ignore[index]
+    assert meta["k"] == 3 and rr["categories"] == ["a", "b", "c", "d"]
+    assert abs(rr["epsilon"] - np.log(0.5 * 3 / 0.5)) < 1e-12  # OpenDP: ln(p(t-1)/(1-p))
+    orjson.dumps(meta)
