@@ -6,7 +6,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN_IN_GATEWAY = {"faust", "aiokafka", "prometheus_client", "asyncio", "mode", "confluent_kafka"}
+FORBIDDEN_IN_GATEWAY = {
+    "faust",
+    "aiokafka",
+    "prometheus_client",
+    "asyncio",
+    "mode",
+    "confluent_kafka",
+}
 
 
 def _imports(path: Path) -> set[str]:
@@ -31,7 +38,9 @@ def test_gateway_never_imports_io_frameworks_or_upper_layers() -> None:
 
 def test_state_never_imports_stream_jobs() -> None:
     offenders = [
-        str(p.relative_to(ROOT)) for p in (ROOT / "state").rglob("*.py") if "stream_jobs" in _imports(p)
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "state").rglob("*.py")
+        if "stream_jobs" in _imports(p)
     ]
     assert offenders == []
 
@@ -45,6 +54,9 @@ def test_importing_the_engine_loads_no_io_framework() -> None:
     # the CLI loads plugin commands via entry points; check the pure modules without them
     out = subprocess.run(
         [sys.executable, "-c", code.replace("gateway.cli, ", "")],
-        capture_output=True, text=True, check=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
     )
     assert out.stdout.strip() == ""

@@ -32,7 +32,9 @@ def test_shipped_adult_policy_is_valid() -> None:
 
 def test_version_is_stable_across_layout_and_changes_with_meaning() -> None:
     a = policy_from_yaml(BASE)
-    reordered = policy_from_yaml(BASE.replace("microaggregation: {k: 3}\n", "") + "microaggregation:\n  k: 3\n")
+    reordered = policy_from_yaml(
+        BASE.replace("microaggregation: {k: 3}\n", "") + "microaggregation:\n  k: 3\n"
+    )
     assert a.version == reordered.version
     assert len(a.version) == 16
     assert policy_from_yaml(BASE.replace("k: 3", "k: 4")).version != a.version
@@ -43,13 +45,22 @@ def test_version_is_stable_across_layout_and_changes_with_meaning() -> None:
     [
         (BASE.replace("k: 3", "k: 1"), "microaggregation.k: k must be ≥ 2, got 1"),
         (BASE.replace("k: 3", "k: 3, colour: red"), "microaggregation.colour: unknown key"),
-        (BASE.replace("retention: 0.5", "retention: 1.5"), "rr.retention must be a probability in [0, 1], got 1.5"),
+        (
+            BASE.replace("retention: 0.5", "retention: 1.5"),
+            "rr.retention must be a probability in [0, 1], got 1.5",
+        ),
         (BASE.replace("retention: 0.5", "rho1: 0.5, rho2: 0.2"), "0 < rho1 < rho2 < 1"),
         (BASE.replace("    categories: [a, b, c]\n", ""), "randomized_response needs 'categories'"),
         (BASE.replace("k: 3", "k: three"), "microaggregation.k: Input should be a valid integer"),
         (BASE + "  age: {role: other, type: numeric, method: keep}\n", "key 'age' is given twice"),
-        (BASE.replace("method: microaggregation", "method: randomized_response"), "does not apply to a numeric quasi_identifier"),
-        (BASE.replace("retention: 0.5", "retention: 0.5, epsilon: 1"), "exactly one of retention, epsilon, gamma"),
+        (
+            BASE.replace("method: microaggregation", "method: randomized_response"),
+            "does not apply to a numeric quasi_identifier",
+        ),
+        (
+            BASE.replace("retention: 0.5", "retention: 0.5, epsilon: 1"),
+            "exactly one of retention, epsilon, gamma",
+        ),
         (BASE.replace("categories: [a, b, c]", "categories: [a, a, c]"), "lists a value twice"),
         ("attributes: {}", "attributes: Dictionary should have at least 1 item"),
         ("- just\n- a list", "top level must be a mapping"),
