@@ -1,0 +1,587 @@
+"""Fixed-size microaggregation: MDAV (multivariate) and individual ranking (univariate).
+
+MDAV (Domingo-Ferrer & Torra 2005, "Ordinal, continuous and heterogeneous k-anonymity through
+microaggregation", DMKD 11(2)): while at least 3k records remain, take the record r farthest
+from the centroid of the remaining records and the record s farthest from r; form a group of r
+and its k-1 nearest remaining records, then one of s and its k-1 nearest; with 2k..3k-1 left,
+one more group around the record farthest from the centroid and the rest form the last group;
+with fewer than 2k left, they form one group. Every group has k..2k-1 members.
+
+The partition is record for record the one of sdcMicro 5.8.1's ``microaggregation(method =
+"mdav")`` (its C++ ``Mdav``, reached through ``mdav()`` with default arguments). We reproduce
+its arithmetic, not only the textbook rules, because ties between equal distances decide
+groups on real data (duplicate rows):
+
+* Standardisation: no centring or rescaling of the data; each squared difference in column j
+  is multiplied by w_j = 1 / var_j, where var_j = (sum x^2)/n - ((sum x)/n)^2 is the population
+  variance, both sums taken sequentially in row order in float64. If that variance is exactly
+  0 (a constant column), w_j = 1. Scaling by 1/sd or centring would give the same partition
+  in exact arithmetic, but not the same floating-point ties.
+* Distances are squared Euclidean (no square root): each term ((a-b)^2 * w_j) is computed in
+  float64, rounded to float32 and added to a float32 accumulator column by column. Many more
+  ties arise in float32 than in float64, and they are resolved as below.
+* The centroid is the sequential float64 column sum of the remaining records (in row order)
+  divided by their number.
+* The record farthest from the centroid, and the record farthest from r, is the first in row
+  order among equal maxima.
+* The k "nearest" records are the first k after ordering the remaining records by (distance
+  ascending, row index descending): sdcMicro's bucket sort inserts a record in front of
+  earlier records with an equal distance, so among equal distances the later row comes first.
+  Records at distance 0 from r (r itself and its duplicates) are therefore taken from the
+  highest row index down, and r itself is not necessarily in "its" group when it has
+  duplicates.
+* s is chosen before r's group is removed and keeps its role even if it fell into r's group
+  (possible only with massive ties); the second group is then formed around s's values.
+
+Two deliberate differences from sdcMicro, both outside its domain: sdcMicro treats the value
+-999 as missing (its sentinel) and uses a different univariate method (mafast) when only one
+column is given; here every finite value is data and one column is microaggregated by MDAV
+like any other (call ``ranking_groups`` for the univariate method).
+
+Individual ranking (sdcMicro's ``method = "onedims"`` and ``mafast``): each column on its own
+is sorted (stably, ties in row order); consecutive runs of k sorted values form groups, and the
+last group takes the n mod k remaining values (so it has k..2k-1 members).
+
+Speed. A direct implementation costs O(n^2/k) distance evaluations of p terms each, with
+Python-level overhead per group. We keep sdcMicro's exact rules but evaluate its float32
+distances only on small candidate sets: one float64 matrix-vector product over the remaining
+records (kept compact by swap-removal) gives all squared distances to a query point within a
+proven error bound, and the bounds between these approximations and sdcMicro's float32 values
+leave, except for near-ties, a single candidate for "farthest" and exactly k for "nearest".
+Near-ties are settled with the exact float32 arithmetic (and sdcMicro's exact centroid when a
+tie involves the centroid). Remaining sets of at most ``_DIRECT_MAX`` records, and degenerate
+weights, use the direct exact method. Memory is O(n p): no distance matrix is formed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gateway.errors import MechanismError
+
+__all__ = ["group_means", "mdav_groups", "microaggregate", "ranking_groups"]
+
+_U64 = 2.0**-53  # unit roundoff of float64
+_U32 = 2.0**-24  # unit roundoff of float32
+_TINY32 = 2.0**-149  # smallest float32 subnormal: absolute rounding error below the normal range
+_SAFE = 1e-9  # extra relative widening of every pruning bound (bounds are never tight)
+
+# Remaining sets of at most this many records are processed by the direct exact method.
+_DIRECT_MAX = 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_k(k: object) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise MechanismError("k must be an integer ≥ 2")
+    kk = int(k)
+    if kk < 2:
+        raise MechanismError(f"k must be ≥ 2, got {kk}")
+    return kk
+
+
+def _as_matrix(x: object, k: int) -> NDArray[np.float64]:
+    try:
+        arr = np.array(x, dtype=np.float64, order="C", copy=True)
+    except (TypeError, ValueError):
+        # numpy's message may quote the offending value: never pass it on
+        raise MechanismError("x must be a numeric matrix (records × attributes)") from None
+    if arr.ndim != 2:
+        raise MechanismError(
+            f"x must be a 2-D matrix (records × attributes), got {arr.ndim} dimension(s)"
+        )
+    n, p = arr.shape
+    if p < 1:
+        raise MechanismError("x has no attribute (column) to microaggregate")
+    if n < k:
+        raise MechanismError(
+            f"fewer than k records cannot be microaggregated: n={n} records, k={k}"
+        )
+    finite = np.isfinite(arr)
+    if not finite.all():
+        cols = np.flatnonzero(~finite.all(axis=0)).tolist()
+        raise MechanismError(
+            f"x has {int((~finite).sum())} non-finite value(s) (NaN or ±inf) in column(s) "
+            f"{cols}; microaggregation needs finite numbers"
+        )
+    return arr
+
+
+# ---------------------------------------------------------------------------------------------
+# sdcMicro's arithmetic
+# ---------------------------------------------------------------------------------------------
+
+
+def _seq_colsum(rows: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Column sums added strictly in row order (accumulate is sequential by definition)."""
+    out: NDArray[np.float64] = np.add.accumulate(rows, axis=0)[-1]
+    return out
+
+
+def _sdc_weights(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """w_j = 1 / ((Σx²)/n - ((Σx)/n)²) with sequential sums; 1 where that is exactly 0."""
+    n = x.shape[0]
+    avr = _seq_colsum(x) / n
+    sq = _seq_colsum(x * x) / n
+    var = sq - avr * avr
+    w = np.ones(x.shape[1])
+    nz = var != 0.0
+    with np.errstate(divide="ignore", over="ignore"):
+        w[nz] = 1.0 / var[nz]
+    if not np.isfinite(w).all():
+        cols = np.flatnonzero(~np.isfinite(w)).tolist()
+        raise MechanismError(
+            f"column(s) {cols} cannot be standardised: their variance underflows; "
+            "rescale them or pass standardize=False"
+        )
+    return w
+
+
+def _exact_dist(
+    rows: NDArray[np.float64], q: NDArray[np.float64], w: NDArray[np.float64]
+) -> NDArray[np.float32]:
+    """sdcMicro's distance: Σ_j float32(float64((a_j - q_j)²) · w_j), summed in float32."""
+    d = rows - q
+    d *= d
+    d *= w
+    if d.shape[0] <= 64:
+        out: NDArray[np.float32] = np.add.accumulate(d.astype(np.float32), axis=1)[:, -1]
+        return out
+    t = d.T.astype(np.float32)  # (p, c): one contiguous row per column, added in order
+    acc: NDArray[np.float32] = t[0].copy()
+    for j in range(1, t.shape[0]):
+        acc += t[j]
+    return acc
+
+
+def _first_max(f: NDArray[np.float32], idx: NDArray[np.intp]) -> int:
+    """Row index of the maximum of f, the smallest row index among equal maxima."""
+    top = f.max()
+    return int(idx[f == top].min())
+
+
+def _k_smallest(f: NDArray[np.float32], idx: NDArray[np.intp], k: int) -> NDArray[np.intp]:
+    """Positions of the first k entries ordered by (f ascending, row index descending)."""
+    if f.size > k:
+        kth = np.partition(f, k - 1)[k - 1]
+        cand = np.flatnonzero(f <= kth)
+    else:
+        cand = np.arange(f.size)
+    order = np.lexsort((-idx[cand], f[cand]))
+    out: NDArray[np.intp] = cand[order[:k]]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# MDAV engine
+# ---------------------------------------------------------------------------------------------
+
+
+class _Mdav:
+    """One MDAV run; ``alive`` marks the records not yet grouped."""
+
+    def __init__(
+        self, x: NDArray[np.float64], k: int, w: NDArray[np.float64], direct_max: int
+    ) -> None:
+        self.x = x
+        self.k = k
+        self.w = w
+        self.n, self.p = x.shape
+        self.direct_max = direct_max
+        self.alive = np.ones(self.n, dtype=bool)
+        self.m = self.n
+        self.labels = np.full(self.n, -1, dtype=np.int64)
+        self.next_label = 0
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _emit(self, rows: NDArray[np.intp]) -> None:
+        self.labels[rows] = self.next_label
+        self.next_label += 1
+        self.alive[rows] = False
+        self.m -= rows.size
+
+    def run(self) -> NDArray[np.int64]:
+        k = self.k
+        pruned = _Pruned.build(self) if self.m > self.direct_max else None
+        while self.m >= 2 * k:
+            two = self.m >= 3 * k
+            if pruned is not None and self.m > self.direct_max:
+                pruned.step(two)
+            else:
+                self._direct_step(two)
+        if self.m:
+            self._emit(np.flatnonzero(self.alive))
+        return self.labels
+
+    # -- direct exact step ---------------------------------------------------------------------
+
+    def _direct_step(self, two: bool) -> None:
+        k, w = self.k, self.w
+        idx = np.flatnonzero(self.alive)
+        rows = self.x[idx]
+        centre = _seq_colsum(rows) / idx.size
+        r = int(np.argmax(_exact_dist(rows, centre, w)))  # argmax: first among equal maxima
+        fr = _exact_dist(rows, rows[r], w)
+        s_row = rows[int(np.argmax(fr))].copy()
+        grp = _k_smallest(fr, idx, k)
+        self._emit(idx[grp])
+        if two:
+            keep = np.ones(idx.size, dtype=bool)
+            keep[grp] = False
+            idx2 = idx[keep]
+            fs = _exact_dist(rows[keep], s_row, w)
+            self._emit(idx2[_k_smallest(fs, idx2, k)])
+
+    def exact_centre(self) -> NDArray[np.float64]:
+        idx = np.flatnonzero(self.alive)
+        out: NDArray[np.float64] = _seq_colsum(self.x[idx]) / idx.size
+        return out
+
+
+class _Pruned:
+    """Exact MDAV steps that evaluate sdcMicro's float32 distances on candidate sets only.
+
+    Notation: z = (x - mu) * sqrt(w) over the non-constant columns, so that the real squared
+    distance T² = Σ w_j (a_j - b_j)² is the squared Euclidean distance between z-rows.
+    sdcMicro's float32 value f then satisfies
+    f ∈ [(1-ρ)T² + K - ρ|K| - τ, (1+ρ)T² + K + ρ|K| + τ], where ρ bounds the relative
+    float64/float32 rounding of p terms and their float32 sum, τ float32 underflow, and K is
+    the contribution of the constant columns (0 between records; between a record and the
+    centroid, a value that is the same for every record).
+
+    One matrix-vector product over the remaining records (kept compact, in any order, in the
+    columns of ``acol`` = [z; |z|²] by swap-removal) gives every squared distance to a query
+    point within ``eps``; records that these bounds cannot separate from the maximum (or from
+    the k-th smallest) get their exact float32 distance. The centroid is tracked as a running
+    sum with a bound on its distance to sdcMicro's sequential-sum centroid; when candidates
+    for the farthest record remain that differ, sdcMicro's centroid is computed exactly.
+    """
+
+    def __init__(self, md: _Mdav, cols: NDArray[np.intp]) -> None:
+        self.md = md
+        x, w, n = md.x, md.w, md.n
+        const = np.setdiff1d(np.arange(md.p), cols)
+        self.const = const
+        xs = x[:, cols]
+        self.xs = xs
+        self.scale = np.sqrt(w[cols])
+        self.mu = xs.mean(axis=0)
+        z = np.ascontiguousarray((xs - self.mu) * self.scale)
+        self.z = z
+        sq = (z * z).sum(axis=1)
+        radius = math.sqrt(float(sq.max()))
+        p = md.p
+        self.rho = (p + 4) * _U32 * (1.0 + _SAFE)
+        self.tau = (4 * p + 4) * _TINY32
+        # |float64 squared z-distance (direct or by dot products) - T²| ≤ eps: rounding of z,
+        # of sqrt(w) and of the sums, all within 64 (p + 10) u (|z_a| + |z_b|)²
+        rel = max(1e-13, 64.0 * (cols.size + 10) * _U64)
+        self.eps = rel * (2.0 * radius + 1.0) ** 2 + 1e-300
+        # constant columns: sdcMicro's centroid there is the sequential sum of m equal values / m
+        self.const_sums = (
+            np.add.accumulate(np.broadcast_to(x[0, const], (n, const.size)), axis=0)
+            if const.size
+            else np.zeros((n, 0))
+        )
+        self.acol = np.empty((cols.size + 1, n))
+        self.acol[:-1] = z.T
+        self.acol[-1] = sq
+        self.ids = np.arange(n)  # position -> record
+        self.pos = np.arange(n)  # record -> position
+        self.buf = np.empty(n)
+        self.qv = np.ones(cols.size + 1)
+        self.mark = np.zeros(n, dtype=bool)
+        self.tot = np.zeros(cols.size)
+        self.abs_tot = np.zeros(cols.size)
+        self.err = np.zeros(cols.size)
+        self.m_sums = 0
+        self._reset_sums()
+
+    @staticmethod
+    def build(md: _Mdav) -> _Pruned | None:
+        w = md.w
+        cols = np.flatnonzero(np.ptp(md.x, axis=0) > 0)
+        if cols.size == 0 or not (w[cols] > 0).all():
+            return None  # degenerate weights: the direct exact method handles them
+        return _Pruned(md, cols)
+
+    # -- running centroid and removal ----------------------------------------------------------
+
+    def _reset_sums(self) -> None:
+        md = self.md
+        live = self.xs[self.ids[: md.m]]
+        self.tot = live.sum(axis=0)
+        self.abs_tot = np.abs(live).sum(axis=0)
+        self.err = 1.01 * md.m * _U64 * self.abs_tot  # valid for any order of summation
+        self.m_sums = md.m
+
+    def remove(self, rows: NDArray[np.intp]) -> None:
+        """Bookkeeping after ``rows`` were grouped (``md.m`` already decreased)."""
+        m_new = self.md.m
+        part = self.xs[rows]
+        apart = np.abs(part).sum(axis=0)
+        self.tot = self.tot - part.sum(axis=0)
+        self.abs_tot = np.maximum(self.abs_tot - apart, 0.0)
+        self.err = self.err + 1.01 * rows.size * _U64 * apart + _U64 * np.abs(self.tot)
+        # swap-removal: records from the tail move into the holes left in [0, m_new)
+        gp = self.pos[rows]
+        holes = gp[gp < m_new]
+        if holes.size:
+            mark = self.mark
+            mark[gp] = True
+            tail = np.arange(m_new, m_new + rows.size)
+            movers = tail[~mark[tail]]
+            mark[gp] = False
+            self.acol[:, holes] = self.acol[:, movers]
+            moved = self.ids[movers]
+            self.ids[holes] = moved
+            self.pos[moved] = holes
+
+    def _approx_centre(self) -> tuple[NDArray[np.float64], float]:
+        """z of the approximate centroid and a bound on its distance to sdcMicro's centroid."""
+        m = self.md.m
+        if m * 2 < self.m_sums:
+            self._reset_sums()
+        c = self.tot / m
+        # sdcMicro's sequential sum is within 1.01·m·u·Σ|x| of the true sum; ours within err
+        bound = (self.err + 1.01 * m * _U64 * (self.abs_tot + np.abs(self.tot))) / m
+        bound = bound * (1.0 + 1e-6) + 4.0 * _U64 * (np.abs(c) + np.abs(self.mu))
+        bz = bound * self.scale
+        return (c - self.mu) * self.scale, math.sqrt(float(bz @ bz)) * (1.0 + 1e-6) + 1e-300
+
+    def _const_term(self) -> tuple[float, float]:
+        """Value, and a bound on its magnitude, of the constant columns' centroid distance."""
+        if not self.const.size:
+            return 0.0, 0.0
+        m = self.md.m
+        d = self.md.x[0, self.const] - self.const_sums[m - 1] / m
+        t = (d * d * self.md.w[self.const]).astype(np.float32).astype(np.float64)
+        return float(t.sum()), float(np.abs(t).sum()) * (1.0 + 1e-6)
+
+    # -- searches --------------------------------------------------------------------------------
+
+    def _distances(self, zq: NDArray[np.float64], m: int) -> tuple[NDArray[np.float64], float]:
+        """v by position with |v + |zq|² - T(x, q)²| ≤ eps for the first m positions."""
+        np.multiply(zq, -2.0, out=self.qv[:-1])
+        v: NDArray[np.float64] = self.qv @ self.acol[:, :m]
+        return v, float(zq @ zq)
+
+    def _farthest(
+        self, v: NDArray[np.float64], q2: float, dz: float, kc: float, kabs: float
+    ) -> tuple[int, NDArray[np.intp] | None]:
+        """The farthest position if the bounds single it out, else (-1, candidate records).
+
+        dz bounds the distance between the query used for v and the true query point."""
+        rho, tau, eps = self.rho, self.tau, self.eps
+        i = int(v.argmax())
+        top = float(v[i])
+        lo_t = max(math.sqrt(max(top + q2 - eps, 0.0)) - dz, 0.0)
+        best_lo = ((1.0 - rho) * lo_t * lo_t + kc - rho * kabs - tau) * (1.0 - _SAFE)
+        # hi(a) = (1+ρ)(√(a+eps) + dz)² + kc + ρ|K| + τ is below best_lo for every a < thr
+        inner = (best_lo - kc - rho * kabs - tau) / (1.0 + rho)
+        if inner <= 0.0:
+            thr = -math.inf
+        else:
+            root = max(math.sqrt(inner) * (1.0 - _SAFE) - dz, 0.0)
+            thr = root * root * (1.0 - _SAFE) - eps - q2
+            thr -= 4.0 * _U64 * (abs(thr) + q2) + 1e-300
+        v[i] = -math.inf
+        second = float(v.max()) if v.size > 1 else -math.inf
+        v[i] = top
+        if second < thr:
+            return i, None
+        return -1, self.ids[np.flatnonzero(v >= thr)]
+
+    def _farthest_from_centre(self) -> int:
+        md = self.md
+        m = md.m
+        zc, dz = self._approx_centre()
+        kc, kabs = self._const_term()
+        v, q2 = self._distances(zc, m)
+        i, cand = self._farthest(v, q2, dz, kc, kabs)
+        if cand is None:
+            return int(self.ids[i])
+        rows = md.x[cand]
+        if (rows == rows[0]).all():
+            return int(cand.min())  # identical records have identical distances
+        f = _exact_dist(rows, md.exact_centre(), md.w)
+        return _first_max(f, cand)
+
+    def _farthest_from(self, v: NDArray[np.float64], q2: float, q: int) -> int:
+        md = self.md
+        i, cand = self._farthest(v, q2, 0.0, 0.0, 0.0)
+        if cand is None:
+            return int(self.ids[i])
+        f = _exact_dist(md.x[cand], md.x[q], md.w)
+        return _first_max(f, cand)
+
+    def _nearest(self, v: NDArray[np.float64], q2: float, q: int) -> NDArray[np.intp]:
+        """The k records sdcMicro groups around record q; v (overwritten) by position."""
+        md = self.md
+        k = md.k
+        rho, tau, eps = self.rho, self.tau, self.eps
+        if k <= 6:
+            near = np.empty(k + 1, dtype=np.intp)
+            vals = np.empty(k + 1)
+            for j in range(k + 1):
+                i = int(v.argmin())
+                near[j] = i
+                vals[j] = v[i]
+                v[i] = math.inf
+        else:
+            near = np.argpartition(v, k)[: k + 1]
+            vals = v[near]
+            order = np.argsort(vals, kind="stable")
+            near, vals = near[order], vals[order]
+        upper = (1.0 + rho) * (float(vals[k - 1]) + q2 + eps) + tau
+        # a record whose lower bound (1-ρ)(a - eps) - τ exceeds ``upper`` is not among the k
+        thr = ((upper + tau) / (1.0 - rho) + eps) * (1.0 + _SAFE) - q2
+        thr += 4.0 * _U64 * (abs(thr) + q2) + 1e-300
+        if float(vals[k]) > thr:
+            cand = self.ids[near[:k]]
+        else:
+            v[near] = vals  # undo the marks of the argmin passes
+            cand = self.ids[np.flatnonzero(v <= thr)]
+        f = _exact_dist(md.x[cand], md.x[q], md.w)
+        out: NDArray[np.intp] = cand[_k_smallest(f, cand, k)]
+        return out
+
+    def step(self, two: bool) -> None:
+        md = self.md
+        m = md.m  # at least 2k here, so every v below has more than k entries
+        r = self._farthest_from_centre()
+        v, q2 = self._distances(self.z[r], m)
+        s = self._farthest_from(v, q2, r) if two else -1  # chosen before r's group leaves
+        grp_r = self._nearest(v, q2, r)
+        md._emit(grp_r)
+        if two:
+            v, q2 = self._distances(self.z[s], m)
+            v[self.pos[grp_r]] = math.inf  # r's group is no longer a candidate
+            grp_s = self._nearest(v, q2, s)
+            md._emit(grp_s)
+            self.remove(np.concatenate((grp_r, grp_s)))
+        else:
+            self.remove(grp_r)
+
+
+def _mdav_labels(
+    x: NDArray[np.float64], k: int, w: NDArray[np.float64], direct_max: int = _DIRECT_MAX
+) -> NDArray[np.int64]:
+    return _Mdav(x, k, w, direct_max).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def mdav_groups(x: NDArray[np.float64], k: int, *, standardize: bool = True) -> NDArray[np.int64]:
+    """Group label per row (0..g-1, in order of formation) of MDAV with minimum group size k.
+
+    Same partition as sdcMicro 5.8.1 ``microaggregation(x, aggr = k, method = "mdav")`` (see
+    the module docstring for the exact rules). With ``standardize=False`` the distance is the
+    plain squared Euclidean distance on the raw values (every weight 1), same arithmetic
+    otherwise.
+
+    Constant columns: like sdcMicro, a column whose computed variance is exactly 0 gets weight
+    1 instead of 1/0; it then adds nothing to any distance between records (all differences
+    are 0). Its contribution to the distances to the centroid is the same for every record.
+    """
+    kk = _check_k(k)
+    return _mdav(_as_matrix(x, kk), kk, standardize)
+
+
+def _mdav(arr: NDArray[np.float64], k: int, standardize: bool) -> NDArray[np.int64]:
+    w = _sdc_weights(arr) if standardize else np.ones(arr.shape[1])
+    return _mdav_labels(arr, k, w)
+
+
+def ranking_groups(x: NDArray[np.float64], k: int) -> NDArray[np.int64]:
+    """Univariate individual ranking: labels of shape (n, p), each column grouped on its own.
+
+    In column j the records are ordered by value (stable: ties in row order); sorted positions
+    0..k-1 form group 0, k..2k-1 group 1, and so on, and the last group also takes the n mod k
+    remaining records (k..2k-1 members). Same groups as sdcMicro's ``method = "onedims"`` and
+    ``mafast``.
+    """
+    kk = _check_k(k)
+    return _ranking(_as_matrix(x, kk), kk)
+
+
+def _ranking(arr: NDArray[np.float64], k: int) -> NDArray[np.int64]:
+    n, p = arr.shape
+    group_of_rank = np.minimum(np.arange(n) // k, n // k - 1).astype(np.int64)
+    labels = np.empty((n, p), dtype=np.int64)
+    for j in range(p):
+        order = np.argsort(arr[:, j], kind="stable")
+        labels[order, j] = group_of_rank
+    return labels
+
+
+def group_means(x: NDArray[np.float64], labels: NDArray[np.int64]) -> NDArray[np.float64]:
+    """Each row replaced by the mean of its group (``labels``: one label per row, 0..g-1).
+
+    ``x`` may be 1-D (one attribute); the result then is 1-D too.
+    """
+    arr = np.asarray(x, dtype=np.float64)
+    lab = np.asarray(labels)
+    if arr.ndim not in (1, 2):
+        raise MechanismError("x must be a 2-D matrix (records × attributes)")
+    if lab.ndim != 1 or lab.shape[0] != arr.shape[0]:
+        raise MechanismError(
+            f"labels must be 1-D with one label per row: got shape {lab.shape} "
+            f"for {arr.shape[0]} rows"
+        )
+    if lab.size and (not np.issubdtype(lab.dtype, np.integer) or int(lab.min()) < 0):
+        raise MechanismError("labels must be non-negative integers")
+    if not np.isfinite(arr).all():
+        raise MechanismError("x has non-finite values (NaN or ±inf)")
+    if not lab.size:
+        return arr.copy()
+    mat = arr if arr.ndim == 2 else arr[:, None]
+    counts = np.bincount(lab)
+    sums = np.empty((counts.size, mat.shape[1]))
+    for j in range(mat.shape[1]):
+        sums[:, j] = np.bincount(lab, weights=mat[:, j], minlength=counts.size)
+    used = counts > 0
+    sums[used] /= counts[used, None]
+    out: NDArray[np.float64] = sums[lab]
+    return out if arr.ndim == 2 else out[:, 0]
+
+
+def microaggregate(
+    x: NDArray[np.float64],
+    k: int,
+    *,
+    algorithm: str = "mdav",
+    standardize: bool = True,
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Masked values (each value replaced by its group mean) and the group labels.
+
+    ``algorithm="mdav"``: labels of shape (n,), one multivariate group per record.
+    ``algorithm="ranking"``: individual ranking, labels of shape (n, p), one per value
+    (``standardize`` does not apply).
+    """
+    algo = str(algorithm)
+    if algo not in ("mdav", "ranking"):
+        raise MechanismError(
+            f"unknown microaggregation algorithm {algo!r}: use 'mdav' or 'ranking'"
+        )
+    kk = _check_k(k)
+    arr = _as_matrix(x, kk)
+    if algo == "mdav":
+        labels = _mdav(arr, kk, standardize)
+        return group_means(arr, labels), labels
+    lab2 = _ranking(arr, kk)
+    masked = np.empty_like(arr)
+    for j in range(arr.shape[1]):
+        masked[:, j] = group_means(arr[:, j], lab2[:, j])
+    return masked, lab2
