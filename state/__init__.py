@@ -1,0 +1,1 @@
+"""Persistent respondent state: backends for gateway.state_api.StateStore."""

@@ -1,0 +1,182 @@
+"""RocksStore: the partitioned backend for scale-out (one RocksDB per Kafka partition).
+
+A partition's state lives in a local RocksDB (rocksdict, raw bytes mode — never pickle) and,
+when a ``ChangelogWriter`` is given, in a changelog topic, which is the source of truth when the
+partition moves to another worker: the new owner rebuilds its local copy with ``restore``.
+
+``put_many`` order: changelog first, then the local store. The changelog must never be *behind*
+a local store, because a local store may be thrown away (partition moved, disk lost) and
+rebuilt from the changelog alone:
+- crash after the changelog write, before the local write: ``put_many`` did not return, so no
+  output depending on the batch was produced; the local copy lags, and is caught up from the
+  changelog on restart/reassignment (or overwritten by the replayed batch). Nothing diverges.
+- the other order, crash between the two: the local copy holds state the changelog never got.
+  This worker would go on using it, while a worker that takes the partition over would not
+  have it — two histories for the same respondents (e.g. different centroids).
+So the local write is a cache of the changelog, never ahead of it.
+
+Durability: the local batch is one ``WriteBatch`` written with ``sync=True`` (WAL fsynced), so it
+is atomic and survives kill -9 and power loss when ``put_many`` returns.
+
+Count: an exact respondent count is kept in a separate column family (``privgw_meta``), updated
+in the same WriteBatch as the rows (a multi-get of the batch's keys tells which are new). The
+data column family holds nothing but respondent entries, so any key is allowed and iteration
+needs no filtering.
+
+Threads: RocksDB is thread-safe; writes are serialised by a lock (the count is
+read-modify-write). One process per directory (RocksDB's own LOCK file enforces it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import cast
+
+from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
+
+from state.changelog import ChangelogWriter
+from state.errors import StateStoreError, check_entries, check_entry
+
+_META_CF = "privgw_meta"
+_COUNT_KEY = b"respondents"
+_RESTORE_CHUNK = 10_000
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_keep_log_file_num(2)
+    return opts
+
+
+class RocksStore:
+    """``gateway.state_api.StateStore`` on a RocksDB directory (see the module docstring)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, changelog: ChangelogWriter | None = None
+    ) -> None:
+        self.path = Path(path)
+        self._changelog = changelog
+        self._lock = threading.Lock()
+        self.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, 0o700)  # RocksDB creates its files 0644; keep others out of the dir
+        try:
+            self._db: Rdict | None = Rdict(
+                str(self.path),
+                options=_options(),
+                column_families={_META_CF: Options(raw_mode=True)},
+            )
+        except Exception as exc:  # rocksdict raises plain Exception
+            if "lock" in str(exc).lower():
+                raise StateStoreError(
+                    f"state store {self.path} is in use by another process "
+                    "(only one worker may open it)"
+                ) from None
+            raise StateStoreError(f"cannot open state store {self.path}: {exc}") from None
+        self._meta: Rdict | None = self._db.get_column_family(_META_CF)
+        self._meta_cf: ColumnFamily | None = self._db.get_column_family_handle(_META_CF)
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        stored = self._meta.get(_COUNT_KEY)
+        if isinstance(stored, bytes):
+            self._count = int.from_bytes(stored, "big")
+        else:  # new store (or one written without a count): count once and persist
+            all_keys = self._db.keys()
+            self._count = sum(1 for _ in all_keys)
+            self._write({}, self._count)
+
+    def _open(self) -> tuple[Rdict, Rdict]:
+        if self._db is None or self._meta is None:
+            raise StateStoreError(f"state store {self.path} is closed")
+        return self._db, self._meta
+
+    def _write(self, entries: Mapping[bytes, bytes], new_count: int) -> None:
+        db, _ = self._open()
+        batch = WriteBatch(raw_mode=True)
+        for key, value in entries.items():
+            batch.put(key, value)
+        batch.put(_COUNT_KEY, new_count.to_bytes(8, "big"), self._meta_cf)
+        db.write(batch, self._sync)
+        self._count = new_count
+
+    def _multi_get(self, keys: list[bytes]) -> list[bytes | None]:
+        db, _ = self._open()
+        found = db.get(cast("list[str | int | float | bytes | bool]", keys))
+        return cast("list[bytes | None]", found)
+
+    def _new_keys(self, keys: list[bytes]) -> int:
+        return sum(1 for v in self._multi_get(keys) if v is None)
+
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        keys = list(keys)
+        if not keys:
+            self._open()
+            return {}
+        return {k: v for k, v in zip(keys, self._multi_get(keys), strict=True) if v is not None}
+
+    def put_many(self, entries: Mapping[bytes, bytes]) -> None:
+        check_entries(entries)  # before the changelog: a bad batch goes nowhere
+        if not entries:
+            return
+        with self._lock:
+            self._open()
+            if self._changelog is not None:
+                self._changelog.write(entries)  # first: the changelog is never behind
+            self._write(entries, self._count + self._new_keys(list(entries)))
+
+    def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> int:
+        """Apply changelog entries in order (later ones win); return how many were read.
+
+        Does not write to the changelog. Applied in synced batches of ``_RESTORE_CHUNK``.
+        """
+        applied = 0
+        chunk: dict[bytes, bytes] = {}
+        with self._lock:
+            for key, value in entries:
+                check_entry(key, value)
+                chunk[key] = value
+                applied += 1
+                if len(chunk) >= _RESTORE_CHUNK:
+                    self._write(chunk, self._count + self._new_keys(list(chunk)))
+                    chunk = {}
+            if chunk:
+                self._write(chunk, self._count + self._new_keys(list(chunk)))
+        return applied
+
+    def count(self) -> int:
+        self._open()
+        return self._count
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """All respondent entries in key order, for inspection, tests and hand-over."""
+        db, _ = self._open()
+        for key, value in db.items():
+            yield cast(bytes, key), cast(bytes, value)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                # column-family views and handles keep the DB (and its LOCK) alive: drop them
+                self._meta = None
+                self._meta_cf = None
+                db, self._db = self._db, None
+                db.close()
+
+    def __enter__(self) -> RocksStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RocksStore({str(self.path)!r})"
