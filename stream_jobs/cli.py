@@ -1,0 +1,200 @@
+"""The Kafka commands of ``privgw``: ``run``, ``simulate`` and ``demo``.
+
+Registered through the ``privgw.commands`` entry point: ``gateway.cli`` passes its argparse
+subparsers to :func:`register`, so the pure engine never imports Kafka code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import PrivgwError
+from gateway.policy import Policy, load_policy
+
+log = logging.getLogger(__name__)
+
+
+def _add(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_,
+        description=help_,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def register(sub: Any) -> None:
+    p = _add(
+        sub,
+        "run",
+        "run the streaming gateway: protect an input topic into an output topic",
+        "privgw run --policy deploy/policies/adult.yaml --bootstrap 127.0.0.1:9092\n"
+        "  PRIVGW_SECRET_FILE=secret.key privgw run --policy adult.yaml --embedded-broker",
+    )
+    p.add_argument("--policy", required=True, help="policy YAML")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--bootstrap", help="Kafka bootstrap host:port (env PRIVGW_BOOTSTRAP)")
+    where.add_argument(
+        "--embedded-broker",
+        action="store_true",
+        help="start the development broker (memory only) on a free loopback port",
+    )
+    p.add_argument("--group-id", help="consumer group (env PRIVGW_GROUP_ID, default privgw)")
+    p.add_argument("--input-topic", help="overrides the policy's input.topic")
+    p.add_argument("--output-topic", help="overrides the policy's output.topic")
+    p.add_argument("--partitions", type=int, help="partitions of topics created (default 6)")
+    p.add_argument("--state-dir", help="state store directory (env PRIVGW_STATE_DIR)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port on 127.0.0.1; 0 = off")
+    p.set_defaults(func=cmd_run)
+
+    p = _add(
+        sub,
+        "simulate",
+        "send a simulated panel survey (UCI Adult answers) to a topic",
+        "privgw simulate --bootstrap 127.0.0.1:9092 --topic survey.responses "
+        "--rate 500/s --waves 5 --respondents 2000",
+    )
+    p.add_argument("--bootstrap", default=None, help="Kafka bootstrap (env PRIVGW_BOOTSTRAP)")
+    p.add_argument("--topic", default="survey.responses")
+    p.add_argument("--rate", default="0", help="records per second, e.g. 500/s (0 = max)")
+    p.add_argument("--waves", type=int, default=3)
+    p.add_argument("--respondents", type=int, default=1000)
+    p.add_argument("--change-share", type=float, default=0.05, help="share changing per wave")
+    p.add_argument("--new-share", type=float, default=0.05, help="new respondents per wave")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", help="Adult CSV (default ../shared/data/adult.csv or bundled)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = _add(
+        sub,
+        "demo",
+        "one-command demo: embedded broker + simulator + gateway, live summary, JSONL output",
+        "privgw demo --records 20000",
+    )
+    p.add_argument("--records", type=int, default=20_000, help="records to publish (20000)")
+    p.add_argument("--data-dir", default="privgw-data", help="where outputs go (privgw-data)")
+    p.add_argument("--policy", help="policy (default deploy/policies/adult.yaml or bundled)")
+    p.add_argument("--rate", default="5000", help="simulator records per second (5000)")
+    p.add_argument("--waves", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+
+
+# -- shared ------------------------------------------------------------------------------
+def _keyring() -> Any:
+    from gateway.keyed import Keyring, load_secret  # noqa: PLC0415
+
+    return Keyring(load_secret(os.environ))
+
+
+def _settings(**overrides: Any) -> Any:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from stream_jobs.settings import WorkerSettings  # noqa: PLC0415
+
+    try:
+        return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+            for e in err.errors(include_url=False, include_input=False)
+        )
+        raise PrivgwError(f"invalid settings: {problems}") from None
+
+
+def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
+    """Engine (keyed, with the durable state store) + worker for ``policy``."""
+    from gateway.engine import Engine  # noqa: PLC0415
+    from state.sqlite_store import SQLiteStore  # noqa: PLC0415
+    from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
+
+    store = SQLiteStore(Path(settings.state_dir) / "state.db")
+    engine = Engine(policy, keyring=keyring, store=store)
+    worker = GatewayWorker(policy, settings, engine)
+    worker.closers.append(store.close)
+    return worker
+
+
+# -- run ---------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from stream_jobs.app import serve  # noqa: PLC0415
+    from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
+    from stream_jobs.metrics import start_exporter  # noqa: PLC0415
+
+    policy = load_policy(args.policy)
+    keyring = _keyring()
+    broker = EmbeddedBroker() if args.embedded_broker else None
+    with broker if broker is not None else contextlib.nullcontext():
+        settings = _settings(
+            bootstrap=broker.bootstrap if broker is not None else args.bootstrap,
+            group_id=args.group_id,
+            input_topic=args.input_topic,
+            output_topic=args.output_topic,
+            partitions=args.partitions,
+            state_dir=args.state_dir,
+            metrics_port=args.metrics_port,
+            **({"session_timeout_ms": 3000} if broker is not None else {}),
+        )
+        if broker is not None:
+            print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
+        worker = build_worker(policy, settings, keyring)
+        start_exporter(worker, settings)
+        return asyncio.run(serve(worker))
+
+
+# -- simulate --------------------------------------------------------------------------------
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from stream_jobs.kafka import make_producer  # noqa: PLC0415
+    from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate  # noqa: PLC0415
+
+    try:
+        rate = parse_rate(args.rate)
+    except ValueError:
+        raise PrivgwError(
+            f"--rate must be a number of records per second like 500/s, got {args.rate}"
+        ) from None
+    settings = _settings(bootstrap=args.bootstrap)
+    survey = PanelSurvey(
+        respondents=args.respondents,
+        waves=args.waves,
+        change_share=args.change_share,
+        new_share=args.new_share,
+        seed=args.seed,
+        rows=load_rows(args.data),
+    )
+
+    async def main() -> int:
+        from stream_jobs.simulator import produce_panel  # noqa: PLC0415
+
+        producer = make_producer(settings)
+        await producer.start()
+        try:
+            return await produce_panel(producer, args.topic, survey.records(), rate=rate)
+        finally:
+            await producer.stop()
+
+    sent = asyncio.run(main())
+    print(f"sent {sent} records to {args.topic} ({args.waves} waves, key = respondent_id)")
+    return 0
+
+
+# -- demo ----------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    from stream_jobs.demo import run_demo  # noqa: PLC0415
+
+    return run_demo(
+        records=args.records,
+        data_dir=Path(args.data_dir),
+        policy_path=args.policy,
+        rate=args.rate,
+        waves=args.waves,
+        seed=args.seed,
+    )

@@ -1,0 +1,156 @@
+"""Our windows: when to flush, which records are held, which offsets may be committed.
+
+Pure bookkeeping (no Kafka, no asyncio), driven by the worker:
+
+- ``add(record)`` for every valid record, ``consumed(topic, partition, offset)`` for every
+  consumed record (valid or dead-lettered);
+- ``due(now)`` says whether (and why) to flush now: ``max_records`` new records, a window
+  open for ``max_seconds``, or a held record reaching ``max_hold_seconds`` (only when the
+  policy suppresses on timeout: with ``hold`` it would be held again). ``deadline(now)`` is
+  when ``due`` turns true without new input — the worker's timer;
+- ``take()`` hands out the held + new records and snapshots the consumed positions;
+  ``complete(flush, held)`` records what the engine still holds and returns the offsets that
+  may now be committed (after the outputs are acknowledged): per partition, the smallest
+  offset still held, else the next offset after the last record taken;
+- ``forget(partitions)`` on revocation: their held records are handed over uncommitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gateway.engine import ValidRecord
+from gateway.policy import HoldTimeout, WindowSpec
+
+TP = tuple[str, int]  # (topic, partition)
+
+
+class FlushReason(StrEnum):
+    COUNT = "count"
+    TIME = "time"
+    HOLD_TIMEOUT = "hold_timeout"
+    REVOKE = "revoke"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(slots=True)
+class Flush:
+    """One window handed to the engine."""
+
+    records: list[ValidRecord]
+    new: int
+    positions: dict[TP, int]  # next offset per partition when the window was taken
+    reason: FlushReason
+
+
+@dataclass(slots=True)
+class WindowBuffer:
+    spec: WindowSpec
+    new: list[ValidRecord] = field(default_factory=list)
+    held: list[ValidRecord] = field(default_factory=list)
+    opened_at: float | None = None  # first record consumed since the last flush
+    _positions: dict[TP, int] = field(default_factory=dict)
+    _committed: dict[TP, int] = field(default_factory=dict)
+
+    # -- input --------------------------------------------------------------------------
+    def consumed(self, topic: str, partition: int, offset: int, now: float) -> None:
+        """Any consumed record, valid or dead-lettered: its offset is covered by the next
+        flush, which is due ``max_seconds`` after the first such record at the latest."""
+        tp = (topic, partition)
+        if offset + 1 > self._positions.get(tp, -1):
+            self._positions[tp] = offset + 1
+        if self.opened_at is None:
+            self.opened_at = now
+
+    def add(self, record: ValidRecord) -> None:
+        self.new.append(record)
+        src = record.source
+        if src is not None:
+            self.consumed(src.topic, src.partition, src.offset, record.arrived_at)
+        elif self.opened_at is None:
+            self.opened_at = record.arrived_at
+
+    # -- when ---------------------------------------------------------------------------
+    @property
+    def _hold_expires(self) -> bool:
+        return self.spec.on_hold_timeout is HoldTimeout.SUPPRESS
+
+    def deadline(self) -> float | None:
+        """Monotonic time at which a flush becomes due without new records (None: never)."""
+        times: list[float] = []
+        if self.opened_at is not None:
+            times.append(self.opened_at + self.spec.max_seconds)
+        if self.held and self._hold_expires:
+            times.append(min(r.arrived_at for r in self.held) + self.spec.max_hold_seconds)
+        return min(times) if times else None
+
+    def due(self, now: float) -> FlushReason | None:
+        if len(self.new) >= self.spec.max_records:
+            return FlushReason.COUNT
+        if self.opened_at is not None and now >= self.opened_at + self.spec.max_seconds:
+            return FlushReason.TIME
+        if self.held and self._hold_expires:
+            oldest = min(r.arrived_at for r in self.held)
+            if now >= oldest + self.spec.max_hold_seconds:
+                return FlushReason.HOLD_TIMEOUT
+        return None
+
+    # -- flush ----------------------------------------------------------------------------
+    def take(self, reason: FlushReason) -> Flush:
+        flush = Flush(
+            records=self.held + self.new,
+            new=len(self.new),
+            positions=dict(self._positions),
+            reason=reason,
+        )
+        self.held = []
+        self.new = []
+        self.opened_at = None
+        return flush
+
+    def complete(self, flush: Flush, held: Sequence[ValidRecord]) -> dict[TP, int]:
+        """Keep what the engine still holds; the offsets now committable (only increases)."""
+        self.held = list(held) + self.held  # held ones first: they arrived earlier
+        lowest: dict[TP, int] = {}
+        for r in self.held:
+            src = r.source
+            if src is not None:
+                tp = (src.topic, src.partition)
+                if src.offset < lowest.get(tp, src.offset + 1):
+                    lowest[tp] = src.offset
+        commits: dict[TP, int] = {}
+        for tp, position in flush.positions.items():
+            if tp not in self._positions:
+                continue  # revoked meanwhile
+            offset = min(position, lowest.get(tp, position))
+            if offset > self._committed.get(tp, -1):
+                commits[tp] = offset
+        return commits
+
+    def committed(self, commits: dict[TP, int]) -> None:
+        """The broker accepted these commits."""
+        for tp, offset in commits.items():
+            if offset > self._committed.get(tp, -1):
+                self._committed[tp] = offset
+
+    def forget(self, partitions: Iterable[TP]) -> int:
+        """Drop all records of revoked partitions (the next owner re-reads them from the last
+        commit); returns how many held or unflushed records were handed over."""
+        gone = set(partitions)
+
+        def keep(r: ValidRecord) -> bool:
+            return r.source is None or (r.source.topic, r.source.partition) not in gone
+
+        before = len(self.held) + len(self.new)
+        self.held = [r for r in self.held if keep(r)]
+        self.new = [r for r in self.new if keep(r)]
+        for tp in gone:
+            self._positions.pop(tp, None)
+            self._committed.pop(tp, None)
+        return before - len(self.held) - len(self.new)
+
+    @property
+    def size(self) -> int:
+        return len(self.new) + len(self.held)

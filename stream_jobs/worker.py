@@ -1,0 +1,397 @@
+"""The gateway worker: consume → validate → window → protect → produce → commit.
+
+Batch-shaped on purpose (docs/streaming.md has the measurements): records are fetched with
+aiokafka ``getmany`` (thousands per call), validated in one pass, protected a window at a
+time by the pure engine, and produced with ``send_batch`` per partition. The worker runs as a
+service inside a Faust app (``stream_jobs.app``) but does not use Faust's per-event streams.
+
+Delivery (DESIGN §6): a flush produces the window's protected records and dead letters with
+acks=all, awaits every acknowledgement, and only then commits, per partition, the offset of
+the oldest record still held (or the next offset when none is held). A crash therefore
+replays from the last commit, and replays are identical (deterministic record ids, state
+written before output, keyed randomness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowReport
+from gateway.policy import Policy
+from gateway.validation import Rejection, Validator
+from stream_jobs.dlq import DeadLetter, dead_letter
+from stream_jobs.kafka import ensure_topics, make_consumer, make_producer
+from stream_jobs.meta import meta_message
+from stream_jobs.settings import Topics, WorkerSettings
+from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Running totals for the live summary and the metrics exporter (no personal data)."""
+
+    consumed: int = 0
+    valid: int = 0
+    published: int = 0
+    suppressed: int = 0
+    dlq: Counter[str] = field(default_factory=Counter)
+    windows: int = 0
+    held: int = 0
+    groups: int = 0
+    min_group_size: int | None = None
+    sticky_hits: int = 0
+    commits: int = 0
+    flush_seconds: float = 0.0
+    last_report: WindowReport | None = None
+    measures: dict[str, float] = field(default_factory=dict)
+    retention: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dlq_total(self) -> int:
+        return sum(self.dlq.values())
+
+
+WindowObserver = Callable[[WindowReport, Flush, float], None]
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: GatewayWorker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        await self._worker._on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        self._worker._on_assigned(assigned)
+
+
+class GatewayWorker:
+    """One member of the gateway's consumer group."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        settings: WorkerSettings,
+        engine: Engine,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.settings = settings
+        self.engine = engine
+        self.topics: Topics = settings.topics(policy)
+        self.stats = WorkerStats()
+        self.observers: list[WindowObserver] = []
+        self.closers: list[Callable[[], None]] = []  # run after the clients are stopped
+        self._clock = clock
+        self._validator = Validator(
+            policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
+        )
+        self._version = engine.version
+        self._version_b = engine.version.encode()
+        self._buffer = WindowBuffer(policy.window)
+        self._dead: list[DeadLetter] = []
+        self._lock = asyncio.Lock()
+        self._epoch = 0
+        self._stopping = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._out_partitions: list[int] = []
+        self._dlq_partitions: list[int] = []
+        self._partitioner = DefaultPartitioner()
+        self.ready = asyncio.Event()
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        if s.create_topics:
+            await ensure_topics(s, self.topics)
+        self._producer = make_producer(s)
+        await self._producer.start()
+        self._out_partitions = sorted(await self._producer.partitions_for(self.topics.output))
+        self._dlq_partitions = sorted(await self._producer.partitions_for(self.topics.dlq))
+        key, value, headers = meta_message(self.engine.metadata())
+        await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
+        self._consumer = make_consumer(s)
+        self._consumer.subscribe([self.topics.input], listener=_Rebalance(self))
+        await self._consumer.start()
+        log.info(
+            "worker started: group %s, input %s, output %s, policy %s",
+            s.group_id,
+            self.topics.input,
+            self.topics.output,
+            self._version,
+        )
+
+    async def run(self) -> None:
+        """Consume until :meth:`request_stop`; then flush, commit and close the clients."""
+        try:
+            while not self._stopping.is_set():
+                epoch = self._epoch
+                batch = await self._consumer.getmany(
+                    timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_poll_records
+                )
+                async with self._lock:
+                    if epoch != self._epoch:
+                        continue  # a rebalance happened meanwhile: positions were reset
+                    if batch:
+                        self._ingest(batch)
+                    reason = self._buffer.due(self._clock())
+                    if reason is not None:
+                        await self._flush(reason)
+                    if not self.ready.is_set() and self._consumer.assignment():
+                        self.ready.set()
+        finally:
+            await self._shutdown()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def stop(self) -> None:
+        self.request_stop()
+        await self._stopped.wait()
+
+    async def _shutdown(self) -> None:
+        try:
+            if self._consumer is not None:
+                async with self._lock:
+                    if self._buffer.size or self._dead or self._buffer.opened_at is not None:
+                        await self._flush(
+                            FlushReason.SHUTDOWN, flush_all=self.settings.flush_held_on_shutdown
+                        )
+                if self._buffer.held:
+                    log.info(
+                        "%d held records left uncommitted for the next owner",
+                        len(self._buffer.held),
+                    )
+                with contextlib.suppress(Exception):
+                    await self._consumer.stop()
+            if self._producer is not None:
+                with contextlib.suppress(Exception):
+                    await self._producer.stop()
+        finally:
+            self._engine_thread.shutdown(wait=True)
+            for close in self.closers:
+                with contextlib.suppress(Exception):
+                    close()
+            self._stopped.set()
+
+    # -- rebalance ---------------------------------------------------------------------
+    async def _on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        async with self._lock:
+            self._epoch += 1
+            if self._buffer.size or self._dead or self._buffer.opened_at is not None:
+                await self._flush(FlushReason.REVOKE)
+            handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
+            if handed:
+                log.info("revoked %d partitions; %d held records handed over", len(revoked), handed)
+
+    def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        self._epoch += 1
+        log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
+
+    # -- the hot path --------------------------------------------------------------------
+    def _poll_timeout_ms(self) -> int:
+        deadline = self._buffer.deadline()
+        if deadline is None:
+            return _POLL_MS
+        return max(0, min(_POLL_MS, int((deadline - self._clock()) * 1000) + 1))
+
+    def _ingest(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        now = self._clock()
+        validate = self._validator.decode_and_validate
+        add = self._buffer.add
+        stats = self.stats
+        for tp, messages in batch.items():
+            topic, partition = tp.topic, tp.partition
+            for m in messages:
+                res = validate(m.value, m.key)
+                if res.__class__ is Rejection:
+                    self._reject(res, m, topic, partition, now)  # type: ignore[arg-type]
+                    continue
+                rid, values = res  # type: ignore[misc]
+                add(
+                    ValidRecord(
+                        rid, values, SourceRef(topic, partition, m.offset, m.timestamp), now
+                    )
+                )
+            stats.consumed += len(messages)
+        stats.valid = stats.consumed - stats.dlq_total
+
+    def _reject(self, rej: Rejection, m: Any, topic: str, partition: int, now: float) -> None:
+        self._dead.append(
+            dead_letter(
+                rej,
+                raw=m.value,
+                key=m.key,
+                topic=topic,
+                partition=partition,
+                offset=m.offset,
+                timestamp_ms=m.timestamp,
+                policy_version=self._version,
+            )
+        )
+        self._buffer.consumed(topic, partition, m.offset, now)
+        self.stats.dlq[rej.reason.value] += 1
+        log.debug("dead-lettered %s/%d/%d: %s", topic, partition, m.offset, rej.reason.value)
+
+    async def _flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
+        t0 = time.perf_counter()
+        flush = self._buffer.take(reason)
+        dead, self._dead = self._dead, []
+        result = None
+        futures: list[Awaitable[Any]] = []
+        if flush.records:
+            # in the engine's own thread: the event loop keeps heartbeating and fetching
+            # while the window is protected and its state fsynced
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._engine_thread,
+                functools.partial(
+                    self.engine.protect_window,
+                    flush.records,
+                    now=self._clock(),
+                    flush_all=flush_all,
+                ),
+            )
+            futures += await self._produce(result.published, result.report.window_id)
+        if dead:
+            futures += await self._produce_dead(dead)
+        if futures:
+            await asyncio.gather(*futures)
+        commits = self._buffer.complete(flush, result.held if result is not None else ())
+        if commits:
+            await self._consumer.commit(
+                {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
+            )
+            self._buffer.committed(commits)
+            self.stats.commits += 1
+        elapsed = time.perf_counter() - t0
+        self._account(result.report if result is not None else None, flush, elapsed, commits)
+
+    def _account(
+        self, report: WindowReport | None, flush: Flush, elapsed: float, commits: dict[TP, int]
+    ) -> None:
+        st = self.stats
+        st.held = len(self._buffer.held)
+        st.flush_seconds += elapsed
+        if report is None:
+            return
+        st.windows += 1
+        st.published += report.published
+        st.suppressed += report.suppressed
+        st.groups += report.groups
+        st.sticky_hits += report.sticky_hits
+        if report.min_group_size is not None:
+            st.min_group_size = (
+                report.min_group_size
+                if st.min_group_size is None
+                else min(st.min_group_size, report.min_group_size)
+            )
+        st.measures.update(report.measures)
+        st.retention.update(report.retention)
+        st.last_report = report
+        log.debug(
+            "window %s (%s): %d in, %d out, %d held, %d suppressed, %.3f s",
+            report.window_id,
+            flush.reason.value,
+            report.records_in,
+            report.published,
+            report.held,
+            report.suppressed,
+            elapsed,
+        )
+        for observer in self.observers:
+            observer(report, flush, elapsed)
+
+    # -- producing -------------------------------------------------------------------------
+    def _out_partition(self, rec: PublishedRecord) -> int:
+        parts = self._out_partitions
+        if rec.key is not None:
+            return int(self._partitioner(rec.key, parts, parts))
+        # no key: stay on the input partition's counterpart, which keeps a respondent's
+        # records in order (the input is keyed by respondent)
+        return parts[rec.source.partition % len(parts)] if rec.source is not None else parts[0]
+
+    async def _produce(
+        self, published: Sequence[PublishedRecord], window_id: str
+    ) -> list[Awaitable[Any]]:
+        wid = window_id.encode()
+        ver = self._version_b
+        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]] = {}
+        for rec in published:
+            ts = rec.source.timestamp_ms if rec.source is not None else -1
+            headers = [("record_id", rec.record_id.encode()), ("policy_version", ver)]
+            headers.append(("window_id", wid))
+            by_partition.setdefault(self._out_partition(rec), []).append(
+                (rec.key, rec.value, ts if ts >= 0 else None, headers)
+            )
+        return await self._send_batches(self.topics.output, by_partition)
+
+    async def _produce_dead(self, dead: Sequence[DeadLetter]) -> list[Awaitable[Any]]:
+        parts = self._dlq_partitions
+        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]] = {}
+        for d in dead:
+            by_partition.setdefault(parts[d.partition % len(parts)], []).append(
+                (d.key, d.value, d.timestamp_ms, d.headers)
+            )
+        return await self._send_batches(self.topics.dlq, by_partition)
+
+    async def _send_batches(
+        self,
+        topic: str,
+        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]],
+    ) -> list[Awaitable[Any]]:
+        producer = self._producer
+        futures: list[Awaitable[Any]] = []
+        for partition, items in by_partition.items():
+            batch = producer.create_batch()
+            for key, value, ts, headers in items:
+                if batch.append(key=key, value=value, timestamp=ts, headers=headers) is None:
+                    if batch.record_count() == 0:
+                        # larger than a batch: send it alone
+                        futures.append(
+                            await producer.send(
+                                topic,
+                                value=value,
+                                key=key,
+                                partition=partition,
+                                timestamp_ms=ts,
+                                headers=headers,
+                            )
+                        )
+                        continue
+                    futures.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = producer.create_batch()
+                    if batch.append(key=key, value=value, timestamp=ts, headers=headers) is None:
+                        futures.append(
+                            await producer.send(
+                                topic,
+                                value=value,
+                                key=key,
+                                partition=partition,
+                                timestamp_ms=ts,
+                                headers=headers,
+                            )
+                        )
+                        batch = producer.create_batch()
+            if batch.record_count():
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+        return futures
