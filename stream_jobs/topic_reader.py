@@ -69,7 +69,8 @@ async def read_topic(
                 for tp, msgs in batch.items():
                     records[tp].extend(msgs)
                 continue
-            reached = all(await _position(consumer, tp) >= end[tp] for tp in tps)
+            positions = [await _position(consumer, tp) for tp in tps]
+            reached = all(pos >= end[tp] for pos, tp in zip(positions, tps, strict=True))
             if reached and now - last_new >= quiet:
                 break
             if now - last_new >= timeout:
