@@ -419,6 +419,10 @@ class Engine:
                     x[i, j] = float(v)  # type: ignore[arg-type]
         complete = np.isfinite(x).all(axis=1)
         pending: list[int] = []
+        # a respondent's second, different new QI tuple in one window waits for the next
+        # one: two slots of one respondent could land in one group and count twice towards k
+        deferred: list[int] = []
+        pending_digest: dict[bytes, str] = {}
         suppressed = decision.suppressed
         seen: dict[bytes, int] = {}
         for i in range(len(records)):
@@ -444,6 +448,11 @@ class Engine:
                     if first in decision.current_digest:
                         decision.current_digest[i] = decision.current_digest[first]
                     continue
+                waiting = pending_digest.get(key)
+                if waiting is not None:
+                    # same tuple: the same slot (and one departure); another one: next window
+                    (pending if waiting == digest else deferred).append(i)
+                    continue
                 seen[key] = i
                 st = states.get(key, {})
                 current: list[str] | None = st.get("current")
@@ -466,6 +475,7 @@ class Engine:
                     if moving or current is None:
                         view.join(stored[0])
                     continue
+                pending_digest[key] = digest
             pending.append(i)
 
         # one slot per distinct (respondent, QI tuple): a respondent counts once in a group
@@ -511,15 +521,27 @@ class Engine:
             if (self._windows - 1) % policy.risk.sample_every == 0:
                 decision.measures = _window_measures(xs, masked, policy.risk.interval_pct)
         else:
-            max_hold = policy.window.max_hold_seconds
+            first_of_slot = set(slots)  # a slot reserved one departure, not one per record
             for i in pending:
-                expired = flush_all or now - records[i].arrived_at >= max_hold
-                if expired and policy.window.on_hold_timeout is HoldTimeout.SUPPRESS:
-                    suppressed.append(i)
-                else:
-                    decision.held.append(i)
+                held = self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
+                if held and i in first_of_slot:
                     self._undo_departure(records, rkeys, view, i)
+        for i in deferred:  # no departure was reserved for these
+            self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
         return decision
+
+    def _hold_or_suppress(
+        self, record: ValidRecord, i: int, decision: _QIDecision, *, now: float, flush_all: bool
+    ) -> bool:
+        """A record that cannot be grouped now: held (True) or, once its hold time is over and
+        the policy says so, published with its quasi-identifiers suppressed (False)."""
+        window = self.policy.window
+        expired = flush_all or now - record.arrived_at >= window.max_hold_seconds
+        if expired and window.on_hold_timeout is HoldTimeout.SUPPRESS:
+            decision.suppressed.append(i)
+            return False
+        decision.held.append(i)
+        return True
 
     @staticmethod
     def _undo_departure(

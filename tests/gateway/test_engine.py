@@ -227,3 +227,33 @@ def test_metadata_carries_what_analysts_need() -> None:
     assert meta["k"] == 3 and rr["categories"] == ["a", "b", "c", "d"]
     assert abs(rr["epsilon"] - np.log(0.5 * 3 / 0.5)) < 1e-12  # OpenDP: ln(p(t-1)/(1-p))
     orjson.dumps(meta)
+
+
+def test_several_waves_of_one_respondent_in_one_window_count_once_towards_k() -> None:
+    """A window can hold a respondent's wave 1 and a changed wave 2 (a fast producer, a slow
+    flush). Two slots of one respondent must never fill one group: the second tuple waits."""
+    engine = Engine(_policy(), keyring=KEY, store=DictStore())
+    recs = []
+    for wave, age_shift in ((1, 0), (2, 1), (3, 1)):  # everyone changes age once, then stays
+        for i in range(4):
+            vals = {
+                "age": 30 + i + age_shift,
+                "hours": 40,
+                "sex": "F",
+                "occ": "a",
+                "pay": 1.0,
+                "email": "x@example.org",
+                "wave": wave,
+            }
+            recs.append(ValidRecord(f"r{i}", vals, SourceRef("in", 0, wave * 10 + i), 0.0))
+    owner = {r.source.record_id: r.respondent_id for r in recs if r.source is not None}
+    members: dict[tuple[float, float], set[str]] = defaultdict(set)
+    held: list[ValidRecord] = recs
+    for step in range(8):  # past max_hold_seconds (10): what cannot join a group is suppressed
+        res = engine.protect_window(held, now=2.0 * step)
+        held = list(res.held)
+        for row in _rows(res):
+            if row["age"] is not None:
+                members[(row["age"], row["hours"])].add(str(owner[row["record_id"]]))
+    assert not held
+    assert members and min(len(m) for m in members.values()) >= 3
