@@ -129,4 +129,16 @@ async def serve(
             loop.remove_signal_handler(sig)
         with contextlib.suppress(Exception):
             await app.stop()
+        _close_idle_consumer_loop(app)
     return 1 if service.error is not None else 0
+
+
+def _close_idle_consumer_loop(app: GatewayApp) -> None:
+    """Faust builds its consumer (a thread with its own event loop) even when the boot
+    strategy never starts it; nobody closes that loop then, and its self-pipe leaks."""
+    consumer = app.__dict__.get("_consumer")  # only if the app created it
+    thread = getattr(consumer, "_thread", None)
+    loop = getattr(thread, "thread_loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running():
+        with contextlib.suppress(Exception):
+            loop.close()

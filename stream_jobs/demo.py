@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -81,6 +82,13 @@ def summary_line(worker: GatewayWorker, elapsed: float, sent: int) -> str:
     return line
 
 
+def _quiet_libraries() -> None:
+    """The demo's console is its summary: the clients' INFO chatter (joins, assignments,
+    service start/stop) would bury it. Warnings and errors still show."""
+    for name in ("aiokafka", "faust", "mode", "stream_jobs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def run_demo(
     *,
     records: int = 20_000,
@@ -97,6 +105,7 @@ def run_demo(
     except ValueError:
         raise PrivgwError(f"--rate must be records per second like 5000, got {rate}") from None
     data_dir.mkdir(parents=True, exist_ok=True)
+    _quiet_libraries()
     policy, policy_name = _policy(policy_path)
     keyring = Keyring(_secret(data_dir))
     # A fresh state per demo run: the embedded broker forgets everything when it stops.
