@@ -1,0 +1,195 @@
+"""Test helpers for the streaming tests: run a worker in-process, produce and read topics with
+confluent-kafka (librdkafka, the independent client: kcat cannot parse the development
+broker's version reply, DESIGN §8)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from gateway.engine import Engine
+from gateway.keyed import Keyring
+from gateway.policy import Policy
+from state.sqlite_store import SQLiteStore
+from stream_jobs.app import serve
+from stream_jobs.kafka import ensure_topics
+from stream_jobs.settings import WorkerSettings
+from stream_jobs.worker import GatewayWorker
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """Where the broker put one produced record."""
+
+    key: bytes | None
+    value: bytes | None
+    partition: int
+    offset: int
+
+
+@dataclass(slots=True)
+class Message:
+    key: bytes | None
+    value: bytes | None
+    partition: int
+    offset: int
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+
+def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
+) -> list[Sent]:
+    """Produce (key, value) pairs with acks=all; returns their coordinates in send order."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    sent: list[Sent | None] = []
+    errors: list[str] = []
+
+    def report(index: int) -> Callable[[Any, Any], None]:
+        def done(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                sent[index] = Sent(msg.key(), msg.value(), msg.partition(), msg.offset())
+
+        return done
+
+    for key, value in records:
+        sent.append(None)
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, on_delivery=report(len(sent) - 1))
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    assert producer.flush(30) == 0, "records still undelivered after 30 s"
+    assert not errors, errors[:3]
+    assert all(s is not None for s in sent)
+    return [s for s in sent if s is not None]
+
+
+def consume_all(
+    bootstrap: str, topic: str, *, expected: int | None = None, timeout: float = 30.0
+) -> list[Message]:
+    """Every record of ``topic`` (all partitions, from the beginning).
+
+    Reads until ``expected`` records arrived, or, without ``expected``, until nothing new came
+    for a second (the development broker's high watermark can lag the newest batch)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        meta = consumer.list_topics(topic, timeout=10)
+        parts = sorted(meta.topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: list[Message] = []
+        last_new = time.monotonic()
+        while time.monotonic() < deadline:
+            if expected is not None and len(out) >= expected:
+                break
+            if expected is None and time.monotonic() - last_new > 1.0:
+                break
+            for m in consumer.consume(num_messages=10_000, timeout=0.2):
+                if m.error() is not None:
+                    continue
+                last_new = time.monotonic()
+                out.append(
+                    Message(
+                        m.key(),
+                        m.value(),
+                        m.partition(),
+                        m.offset(),
+                        {k: v for k, v in (m.headers() or [])},
+                    )
+                )
+        return out
+    finally:
+        consumer.close()
+
+
+def settings_for(bootstrap: str, name: str, state_dir: Path, **extra: Any) -> WorkerSettings:
+    """Worker settings for a test: its own topics and group, short group timeouts, no exporter."""
+    values: dict[str, Any] = {
+        "bootstrap": bootstrap,
+        "group_id": f"{name}-g",
+        "input_topic": f"{name}.in",
+        "output_topic": f"{name}.out",
+        "partitions": 3,
+        "session_timeout_ms": 3000,
+        "heartbeat_interval_ms": 500,
+        "state_dir": state_dir,
+        "metrics_port": 0,
+    }
+    values.update(extra)
+    return WorkerSettings(**values)
+
+
+def make_worker(policy: Policy, settings: WorkerSettings, secret: str) -> GatewayWorker:
+    store = SQLiteStore(Path(settings.state_dir) / "state.db")
+    engine = Engine(policy, keyring=Keyring(secret.encode()), store=store)
+    worker = GatewayWorker(policy, settings, engine)
+    worker.closers.append(store.close)
+    return worker
+
+
+def create_topics(policy: Policy, settings: WorkerSettings) -> None:
+    asyncio.run(ensure_topics(settings, settings.topics(policy)))
+
+
+async def run_until(
+    worker: GatewayWorker,
+    done: Callable[[GatewayWorker], bool],
+    *,
+    timeout: float = 60.0,
+    during: Callable[[], Any] | None = None,
+) -> int:
+    """Serve ``worker`` until ``done(worker)`` holds (then stop it cleanly); returns the exit
+    code. ``during`` runs in a thread once the worker has its partitions (e.g. a producer)."""
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        await asyncio.wait_for(worker.ready.wait(), timeout)
+        if during is not None:
+            await asyncio.to_thread(during)
+        deadline = time.monotonic() + timeout
+        while not done(worker):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+
+    watcher = asyncio.create_task(watch())
+    code = await serve(worker, stop=stop, install_signals=False)
+    await watcher
+    return code
+
+
+def accounted(worker: GatewayWorker, total: int) -> bool:
+    """Every consumed record is published, dead-lettered or held, and all were consumed."""
+    st = worker.stats
+    return st.consumed >= total and st.consumed == st.published + st.dlq_total + st.held
+
+
+def published_qi_groups(
+    rows: Sequence[dict[str, Any]], owners: Sequence[str], qis: Sequence[str]
+) -> dict[tuple[Any, ...], set[str]]:
+    """Published QI tuple -> distinct respondents published with it (suppressed rows left out)."""
+    groups: dict[tuple[Any, ...], set[str]] = {}
+    for row, owner in zip(rows, owners, strict=True):
+        key = tuple(row[q] for q in qis)
+        if any(v is None for v in key):
+            continue
+        groups.setdefault(key, set()).add(owner)
+    return groups
