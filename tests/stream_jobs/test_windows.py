@@ -1,0 +1,117 @@
+"""Our windows: when they flush, what they hold, which offsets they let the worker commit."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.engine import SourceRef, ValidRecord
+from gateway.policy import HoldTimeout, WindowSpec
+from stream_jobs.windows import FlushReason, WindowBuffer
+
+SPEC = WindowSpec(
+    max_records=3, max_seconds=5.0, max_hold_seconds=20.0, on_hold_timeout=HoldTimeout.SUPPRESS
+)
+
+
+def rec(offset: int, at: float, partition: int = 0) -> ValidRecord:
+    return ValidRecord(f"r{offset}", {}, SourceRef("in", partition, offset), at)
+
+
+def test_count_flush_and_next_offset_commit() -> None:
+    buf = WindowBuffer(SPEC)
+    for i in range(2):
+        buf.add(rec(i, 0.0))
+    assert buf.due(0.1) is None
+    buf.add(rec(2, 0.2))
+    assert buf.due(0.2) is FlushReason.COUNT
+    flush = buf.take(FlushReason.COUNT)
+    assert [r.source.offset for r in flush.records if r.source] == [0, 1, 2]
+    assert buf.complete(flush, held=()) == {("in", 0): 3}
+
+
+def test_timer_flush_without_new_records() -> None:
+    buf = WindowBuffer(SPEC)
+    buf.add(rec(0, 10.0))
+    assert buf.deadline() == 15.0
+    assert buf.due(14.9) is None
+    assert buf.due(15.0) is FlushReason.TIME
+
+
+def test_held_records_block_commits_and_expire_into_a_hold_timeout_flush() -> None:
+    buf = WindowBuffer(SPEC)
+    for i in range(3):
+        buf.add(rec(i, 0.0))
+    flush = buf.take(FlushReason.COUNT)
+    held = [flush.records[1]]
+    # offset 1 is still held: commit up to it, not past it
+    assert buf.complete(flush, held) == {("in", 0): 1}
+    buf.committed({("in", 0): 1})
+    assert buf.due(19.9) is None
+    assert buf.deadline() == 20.0
+    assert buf.due(20.0) is FlushReason.HOLD_TIMEOUT
+    again = buf.take(FlushReason.HOLD_TIMEOUT)
+    assert again.records == held
+    assert buf.complete(again, held=()) == {("in", 0): 3}
+
+
+def test_hold_policy_never_expires_held_records() -> None:
+    spec = WindowSpec(
+        max_records=3, max_seconds=5.0, max_hold_seconds=1.0, on_hold_timeout=HoldTimeout.HOLD
+    )
+    buf = WindowBuffer(spec)
+    buf.add(rec(0, 0.0))
+    flush = buf.take(FlushReason.TIME)
+    buf.complete(flush, held=list(flush.records))
+    assert buf.deadline() is None
+    assert buf.due(1e9) is None
+
+
+def test_revocation_hands_over_held_and_unflushed_records() -> None:
+    buf = WindowBuffer(SPEC)
+    buf.add(rec(0, 0.0, partition=0))
+    buf.add(rec(0, 0.0, partition=1))
+    flush = buf.take(FlushReason.TIME)
+    buf.complete(flush, held=list(flush.records))
+    buf.add(rec(1, 1.0, partition=1))
+    assert buf.forget([("in", 1)]) == 2
+    assert [(r.source.partition if r.source else -1) for r in buf.held] == [0]
+    assert buf.new == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 6), st.sets(st.integers(0, 40))),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_commits_never_pass_an_unpublished_record_and_never_go_back(
+    steps: list[tuple[int, int, set[int]]],
+) -> None:
+    """Random interleavings of arrivals and flushes, the engine holding arbitrary records:
+    a committed offset never exceeds the oldest record still held or not yet flushed on its
+    partition, and per partition commits only increase."""
+    buf = WindowBuffer(SPEC)
+    next_offset = [0, 0, 0]
+    committed: dict[tuple[str, int], int] = {}
+    unpublished: dict[tuple[str, int], set[int]] = {("in", p): set() for p in range(3)}
+    for partition, count, hold_pick in steps:
+        for _ in range(count):
+            o = next_offset[partition]
+            next_offset[partition] += 1
+            buf.add(rec(o, 0.0, partition))
+            unpublished[("in", partition)].add(o)
+        flush = buf.take(FlushReason.COUNT)
+        held = [r for i, r in enumerate(flush.records) if i in hold_pick]
+        for r in flush.records:
+            if r not in held and r.source is not None:
+                unpublished[(r.source.topic, r.source.partition)].discard(r.source.offset)
+        commits = buf.complete(flush, held)
+        for tp, offset in commits.items():
+            assert offset > committed.get(tp, -1)
+            oldest = min(unpublished[tp], default=next_offset[tp[1]])
+            assert offset <= oldest
+            committed[tp] = offset
+        buf.committed(commits)
