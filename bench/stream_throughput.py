@@ -1,0 +1,188 @@
+"""End-to-end stream throughput of privgw against a plain passthrough on the same broker.
+
+    .venv/bin/python bench/stream_throughput.py                 # 60,000 records
+    .venv/bin/python bench/stream_throughput.py --records 200000 --repeat 2
+
+Both sides get the same simulated panel (UCI Adult answers, deploy/policies/adult.yaml) already
+waiting in an input topic of the development broker, and both are timed from the moment their
+consumer owns its partitions until every output record is acknowledged by the broker:
+
+* passthrough: an aiokafka consumer (getmany, same fetch settings) and producer (send_batch,
+  acks=all) copying the records unchanged — what moving the bytes costs;
+* privgw: the gateway worker (validation, windows, keyed sticky RR, MDAV, SQLite state with
+  fsync per window, DLQ, commits after acknowledgement).
+
+The figure that matters is the ratio (target: privgw >= 0.5x the passthrough); absolute
+records/s depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from gateway.engine import Engine
+from gateway.keyed import Keyring
+from gateway.policy import load_policy
+from state.sqlite_store import SQLiteStore
+from stream_jobs.app import serve
+from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.kafka import ensure_topics
+from stream_jobs.settings import Topics, WorkerSettings
+from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.worker import GatewayWorker
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTITIONS = 3
+
+
+async def preload(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, value=v, key=k) for k, v in records]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def passthrough(bootstrap: str, src: str, dst: str, n: int, group: str) -> float:
+    consumer = AIOKafkaConsumer(
+        src,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=3000,
+        heartbeat_interval_ms=500,
+        max_poll_records=5000,
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    await consumer.start()
+    try:
+        while not consumer.assignment():
+            await consumer.getmany(timeout_ms=50, max_records=1)  # joins the group
+        await consumer.seek_to_beginning()
+        t0 = time.perf_counter()
+        copied = 0
+        while copied < n:
+            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
+            futures = []
+            for tp, msgs in batch.items():
+                b = producer.create_batch()
+                for m in msgs:
+                    if b.append(key=m.key, value=m.value, timestamp=None) is None:
+                        futures.append(await producer.send_batch(b, dst, partition=tp.partition))
+                        b = producer.create_batch()
+                        b.append(key=m.key, value=m.value, timestamp=None)
+                    copied += 1
+                if b.record_count():
+                    futures.append(await producer.send_batch(b, dst, partition=tp.partition))
+            await asyncio.gather(*futures)
+            if batch:
+                await consumer.commit()
+        return time.perf_counter() - t0
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def gateway(  # noqa: PLR0917
+    bootstrap: str, src: str, dst: str, n: int, group: str, state: Path
+) -> float:
+    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    settings = WorkerSettings(
+        bootstrap=bootstrap,
+        group_id=group,
+        input_topic=src,
+        output_topic=dst,
+        partitions=PARTITIONS,
+        session_timeout_ms=3000,
+        heartbeat_interval_ms=500,
+        state_dir=state,
+        metrics_port=0,
+        flush_held_on_shutdown=True,
+    )
+    store = SQLiteStore(state / "state.db")
+    worker = GatewayWorker(
+        policy, settings, Engine(policy, keyring=Keyring(b"bench-secret-0123456789"), store=store)
+    )
+    worker.closers.append(store.close)
+    stop = asyncio.Event()
+    times: list[float] = []
+
+    async def watch() -> None:
+        await worker.ready.wait()
+        t0 = time.perf_counter()
+        while True:
+            s = worker.stats
+            if s.consumed >= n and s.consumed == s.published + s.dlq_total + s.held:
+                break
+            await asyncio.sleep(0.005)
+        times.append(time.perf_counter() - t0)
+        stop.set()
+
+    watcher = asyncio.create_task(watch())
+    await serve(worker, stop=stop, install_signals=False)
+    await watcher
+    return times[0]
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    survey = PanelSurvey(
+        respondents=args.records // args.waves, waves=args.waves, seed=1, rows=load_rows()
+    )
+    records = [encode(r) for r in survey.records()][: args.records]
+    n = len(records)
+    print(f"{n} records ({args.waves} waves of a simulated panel), {PARTITIONS} partitions")
+    with EmbeddedBroker() as broker:
+        bs = broker.bootstrap
+        for rep in range(args.repeat):
+            names = [f"bench{rep}.{x}" for x in ("in", "out", "copy.in", "copy.out")]
+            settings = WorkerSettings(bootstrap=bs, partitions=PARTITIONS)
+            for src, dst in ((names[0], names[1]), (names[2], names[3])):
+                await ensure_topics(
+                    settings, Topics(input=src, output=dst, dlq=f"{src}.dlq", meta=f"{dst}.meta")
+                )
+            await preload(bs, names[0], records)
+            await preload(bs, names[2], records)
+            t_pass = await passthrough(bs, names[2], names[3], n, f"copy{rep}")
+            state = Path(tempfile.mkdtemp(prefix="privgw-bench-"))
+            try:
+                t_gw = await gateway(bs, names[0], names[1], n, f"gw{rep}", state)
+            finally:
+                shutil.rmtree(state, ignore_errors=True)
+            r_pass, r_gw = n / t_pass, n / t_gw
+            print(
+                f"run {rep + 1}: passthrough {r_pass:>9,.0f} rec/s ({t_pass:.2f} s)   "
+                f"privgw {r_gw:>9,.0f} rec/s ({t_gw:.2f} s)   ratio {r_gw / r_pass:.2f}"
+                f"  (target >= 0.5)"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--records", type=int, default=60_000)
+    ap.add_argument("--waves", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    import logging  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
