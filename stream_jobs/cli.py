@@ -120,6 +120,7 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     engine = Engine(policy, keyring=keyring, store=store)
     worker = GatewayWorker(policy, settings, engine)
     worker.closers.append(store.close)
+    worker.state_store = store
     return worker
 
 
@@ -146,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if broker is not None:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
         worker = build_worker(policy, settings, keyring)
-        start_exporter(worker, settings)
+        start_exporter(worker, settings, store=worker.state_store)
         return asyncio.run(serve(worker))
 
 

@@ -1,103 +1,302 @@
-"""Prometheus exporter for one worker: figures read from ``WorkerStats`` at scrape time.
+"""Prometheus metrics of one gateway worker (DESIGN §7).
 
-A first cut of the flow and privacy figures (DESIGN §7): labels only from bounded sets (DLQ
-reasons, RR attribute names from the policy), nothing derived from one respondent. Served on
-``metrics_host:metrics_port`` (127.0.0.1:9464 by default; port 0 disables it).
+Built by a factory with an injected registry, as faust's ``create(registry, prefix)``, so tests
+use a fresh ``CollectorRegistry``::
+
+    metrics = GatewayMetrics.create(CollectorRegistry(), prefix="privgw")
+    metrics.attach(worker, store=store)     # per-window observer + scrape-time collector
+    start_exporter(worker, settings, store=store)   # or all three, served on /metrics
+
+Two kinds of figure:
+
+* per window, observed when a window is flushed (``GatewayWorker.observers``): the window size
+  and flush-latency histograms, k-violations, and exponentially weighted moving averages of the
+  utility and risk measures (the engine computes them on every ``risk.sample_every``-th window;
+  that sampling rate is exported too);
+* read at scrape time from ``WorkerStats`` and the state store: flow counters, held records,
+  consumer lag per partition, state size, the policy's k, ε and expected retention.
+
+Names have the ``privgw_`` prefix and base units (seconds, ratios 0-1, records); counters end in
+``_total``. Labels come only from bounded sets — DLQ reasons, attribute names of the policy,
+input topic and partition, risk measure names. No figure is derived from one respondent: no
+per-record values, no minimum or maximum of raw values (group sizes are counts).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
-from prometheus_client import CollectorRegistry, start_http_server
+import numpy as np
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.engine import WindowReport
+from gateway.state_api import StateStore
 from gateway.validation import DLQReason
 from stream_jobs.settings import WorkerSettings
+from stream_jobs.windows import Flush
 from stream_jobs.worker import GatewayWorker
 
 log = logging.getLogger(__name__)
 
+EWMA_ALPHA = 0.2  # weight of the newest sampled window in the moving averages
 
-class WorkerCollector(Collector):
-    def __init__(self, worker: GatewayWorker) -> None:
+# measure key in WindowReport.measures -> (metric stem, help, scale to a 0-1 ratio)
+_MEASURES = {
+    "sse_sst_pct": ("sse_sst_ratio", "SSE/SST of the microaggregated quasi-identifiers", 0.01),
+    "il1s": ("il1s", "IL1s (mean absolute deviation over sqrt(2)·S, per n·p)", 1.0),
+    "dld": ("record_linkage_risk_ratio", "distance-based record-linkage risk (DLD)", 1.0),
+    "interval_disclosure": (
+        "interval_disclosure_ratio",
+        "rank-based interval disclosure risk (ID)",
+        1.0,
+    ),
+}
+
+_SIZE_BUCKETS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000)
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    """The worker's metrics on one registry; ``attach`` binds them to a worker."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
+        self.registry = registry
+        self.prefix = prefix
+        self.window_size = Histogram(
+            f"{prefix}_window_size_records",
+            "records per flushed window (new and previously held)",
+            buckets=_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.flush_latency = Histogram(
+            f"{prefix}_flush_latency_seconds",
+            "ingest to publish: age of the oldest record of a window when its outputs are acked",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.window_duration = Histogram(
+            f"{prefix}_window_duration_seconds",
+            "time to protect, produce and commit one window",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._lock = threading.Lock()
+        self.k_violations = 0
+        self.deferred_moves = 0
+        self.sticky_lookups = 0
+        self.sampled_windows = 0
+        self.min_group_last: int | None = None
+        self.last: dict[str, float] = {}
+        self.average: dict[str, float] = {}
+        self._collector: _WorkerCollector | None = None
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry, prefix: str = "privgw") -> Self:
+        return cls(registry, prefix)
+
+    def attach(self, worker: GatewayWorker, *, store: StateStore | None = None) -> None:
+        """Observe the worker's windows and export its figures at scrape time."""
+        if self._collector is not None:
+            raise RuntimeError("these metrics are attached to a worker already")
+        engine = worker.engine
+        policy = worker.policy
+        self._k = policy.microaggregation.k
+        self._sticky_attrs = (
+            len(engine.mechanisms)
+            + sum(1 for a in policy.attributes.values() if a.noise is not None)
+            + (1 if policy.microaggregated else 0)
+        )
+        worker.observers.append(self.observe)
+        self._collector = _WorkerCollector(self, worker, store)
+        self.registry.register(self._collector)
+
+    # -- per window (called in the worker's event loop) --------------------------------------
+    def observe(self, report: WindowReport, flush: Flush, elapsed: float) -> None:
+        now = time.monotonic()
+        self.window_size.observe(report.records_in)
+        self.window_duration.observe(elapsed)
+        if flush.records:
+            self.flush_latency.observe(max(0.0, now - min(r.arrived_at for r in flush.records)))
+        with self._lock:
+            self.deferred_moves += report.deferred_moves
+            self.sticky_lookups += report.published * self._sticky_attrs
+            if report.min_group_size is not None:
+                self.min_group_last = report.min_group_size
+                if report.min_group_size < self._k:
+                    self.k_violations += 1
+                    log.error(
+                        "k violation: a window published a group of %d < k = %d",
+                        report.min_group_size,
+                        self._k,
+                    )
+            if report.measures:
+                self.sampled_windows += 1
+                for key, value in report.measures.items():
+                    if key not in _MEASURES or not np.isfinite(value):
+                        continue
+                    ratio = value * _MEASURES[key][2]
+                    self.last[key] = ratio
+                    prev = self.average.get(key)
+                    self.average[key] = (
+                        ratio if prev is None else prev + EWMA_ALPHA * (ratio - prev)
+                    )
+
+
+class _WorkerCollector(Collector):
+    """Figures read from ``WorkerStats`` (and the store) at scrape time."""
+
+    def __init__(
+        self, metrics: GatewayMetrics, worker: GatewayWorker, store: StateStore | None
+    ) -> None:
+        self._m = metrics
         self._worker = worker
+        self._store = store
         meta = worker.engine.metadata()
         rr = meta.get("randomized_response", {})
-        self._epsilon = {
-            name: d.get("epsilon") for name, d in (rr.items() if isinstance(rr, dict) else ())
-        }
+        self._rr: dict[str, dict[str, Any]] = dict(rr) if isinstance(rr, dict) else {}
 
     def collect(self) -> Iterator[Any]:
-        w = self._worker
-        st = w.stats
+        m, w = self._m, self._worker
+        p, st, policy = m.prefix, w.stats, w.policy
         yield InfoMetricFamily(
-            "privgw_policy", "policy in force", value={"version": w.engine.version}
+            f"{p}_policy",
+            "policy in force (name and version hash)",
+            value={"name": policy.name or "", "version": w.engine.version},
         )
+        # flow
         for name, value, doc in (
-            ("privgw_records_consumed", st.consumed, "records consumed from the input topic"),
-            ("privgw_records_published", st.published, "protected records produced"),
-            ("privgw_records_suppressed", st.suppressed, "records published with QIs suppressed"),
-            ("privgw_windows_flushed", st.windows, "windows protected and flushed"),
-            ("privgw_offset_commits", st.commits, "offset commits after acknowledged outputs"),
-            ("privgw_sticky_hits", st.sticky_hits, "values republished from state"),
+            ("records_consumed", st.consumed, "records consumed from the input topic"),
+            ("records_published", st.published, "protected records produced and acknowledged"),
+            ("records_suppressed", st.suppressed, "records published with QIs suppressed"),
+            ("windows_flushed", st.windows, "windows protected and flushed"),
+            ("offset_commits", st.commits, "offset commits after acknowledged outputs"),
+            ("sticky_hits", st.sticky_hits, "values republished from state"),
+            ("sticky_lookups", m.sticky_lookups, "values that could be served from state"),
+            ("deferred_moves", m.deferred_moves, "changed QIs kept in their group for k"),
+            ("k_violations", m.k_violations, "windows whose smallest group was below k"),
         ):
-            yield CounterMetricFamily(name, doc, value=value)
+            yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
         dlq = CounterMetricFamily(
-            "privgw_records_dlq", "records sent to the dead-letter topic", labels=["reason"]
+            f"{p}_records_dlq", "records sent to the dead-letter topic", labels=["reason"]
         )
         for reason in DLQReason:
             dlq.add_metric([reason.value], st.dlq.get(reason.value, 0))
         yield dlq
-        yield GaugeMetricFamily("privgw_records_held", "records held waiting for k", value=st.held)
-        yield GaugeMetricFamily("privgw_k", "k in force", value=w.policy.microaggregation.k)
-        if st.min_group_size is not None:
+        yield GaugeMetricFamily(
+            f"{p}_records_held", "records held waiting for k (offsets uncommitted)", value=st.held
+        )
+        lag = GaugeMetricFamily(
+            f"{p}_consumer_lag_records",
+            "records behind the high watermark after the last fetch",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), value in sorted(st.lag.items()):
+            lag.add_metric([topic, str(partition)], value)
+        yield lag
+        yield GaugeMetricFamily(
+            f"{p}_restore_records_remaining",
+            "changelog records still to replay before processing (partitioned state)",
+            value=st.restore_remaining,
+        )
+        if self._store is not None:
             yield GaugeMetricFamily(
-                "privgw_min_group_size", "smallest group published", value=st.min_group_size
+                f"{p}_state_respondents", "respondents in the state store", value=self._count()
+            )
+        lookups = m.sticky_lookups
+        yield GaugeMetricFamily(
+            f"{p}_sticky_hit_ratio",
+            "share of lookups served from state since start",
+            value=(st.sticky_hits / lookups) if lookups else 0.0,
+        )
+        # privacy
+        yield GaugeMetricFamily(f"{p}_k", "k in force", value=policy.microaggregation.k)
+        if m.min_group_last is not None:
+            yield GaugeMetricFamily(
+                f"{p}_min_group_size_last_window",
+                "members of the smallest group the last microaggregating window formed",
+                value=m.min_group_last,
             )
         eps = GaugeMetricFamily(
-            "privgw_rr_epsilon", "epsilon per RR attribute", labels=["attribute"]
+            f"{p}_rr_epsilon", "local DP epsilon = ln(gamma) per RR attribute", labels=["attribute"]
         )
-        for name, value in self._epsilon.items():
-            if isinstance(value, int | float):
-                eps.add_metric([name], float(value))
-        yield eps
-        ret = GaugeMetricFamily(
-            "privgw_rr_retention_ratio",
-            "observed retention per RR attribute (last window)",
+        expected = GaugeMetricFamily(
+            f"{p}_rr_retention_expected_ratio",
+            "mean probability of publishing the true value (diagonal of P)",
             labels=["attribute"],
         )
-        for name, value in st.retention.items():
-            ret.add_metric([name], value)
-        yield ret
-        for key, metric, doc, scale in (
-            ("sse_sst_pct", "privgw_sse_sst_ratio", "SSE/SST of the last microaggregation", 0.01),
-            ("il1s", "privgw_il1s", "IL1s of the last microaggregation", 1.0),
-            ("dld", "privgw_dld_ratio", "record-linkage disclosure risk (last window)", 1.0),
-            (
-                "interval_disclosure",
-                "privgw_interval_disclosure_ratio",
-                "interval disclosure risk (last window)",
-                1.0,
-            ),
-        ):
-            if key in st.measures:
-                yield GaugeMetricFamily(metric, doc, value=st.measures[key] * scale)
+        for name, d in self._rr.items():
+            value = d.get("epsilon")
+            eps.add_metric([name], float(value) if isinstance(value, int | float) else np.inf)
+            matrix = np.asarray(d.get("matrix", []), dtype=float)
+            if matrix.ndim == 2 and matrix.size:
+                expected.add_metric([name], float(np.mean(np.diag(matrix))))
+        yield eps
+        yield expected
+        observed = GaugeMetricFamily(
+            f"{p}_rr_retention_observed_ratio",
+            "share of values published unchanged in the last window",
+            labels=["attribute"],
+        )
+        for name, value in sorted(st.retention.items()):
+            observed.add_metric([name], value)
+        yield observed
+        # utility and risk
+        yield GaugeMetricFamily(
+            f"{p}_risk_sample_every",
+            "risk and utility are computed on every n-th window (policy risk.sample_every)",
+            value=policy.risk.sample_every,
+        )
+        yield CounterMetricFamily(
+            f"{p}_risk_windows", "windows whose risk and utility were computed", m.sampled_windows
+        )
+        threshold = GaugeMetricFamily(
+            f"{p}_risk_threshold_ratio", "policy alert thresholds", labels=["measure"]
+        )
+        threshold.add_metric(["dld"], policy.risk.max_dld)
+        threshold.add_metric(["interval_disclosure"], policy.risk.max_interval_disclosure)
+        yield threshold
+        with m._lock:
+            last, average = dict(m.last), dict(m.average)
+        for key, (stem, doc, _) in _MEASURES.items():
+            if key in last:
+                yield GaugeMetricFamily(f"{p}_{stem}", f"{doc}, last sampled window", last[key])
+                yield GaugeMetricFamily(
+                    f"{p}_{stem}_avg",
+                    f"{doc}, moving average (alpha {EWMA_ALPHA})",
+                    average[key],
+                )
+
+    def _count(self) -> int:
+        assert self._store is not None
+        try:
+            return self._store.count()
+        except Exception as err:  # a scrape must not fail because the store is busy
+            log.warning("state size unavailable: %s", err.__class__.__name__)
+            return 0
 
 
-def build_registry(worker: GatewayWorker) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkerCollector(worker))
-    return registry
-
-
-def start_exporter(worker: GatewayWorker, settings: WorkerSettings) -> CollectorRegistry | None:
+def start_exporter(
+    worker: GatewayWorker,
+    settings: WorkerSettings,
+    *,
+    store: StateStore | None = None,
+    registry: CollectorRegistry | None = None,
+) -> GatewayMetrics | None:
+    """Metrics for ``worker`` served on ``metrics_host:metrics_port`` (None when port is 0)."""
     if settings.metrics_port == 0:
         return None
-    registry = build_registry(worker)
-    start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=registry)
+    metrics = GatewayMetrics.create(registry or CollectorRegistry(auto_describe=False))
+    metrics.attach(worker, store=store)
+    server, _ = start_http_server(
+        settings.metrics_port, addr=settings.metrics_host, registry=metrics.registry
+    )
+    worker.closers.append(server.shutdown)
+    worker.closers.append(server.server_close)
     log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
-    return registry
+    return metrics

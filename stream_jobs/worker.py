@@ -61,6 +61,9 @@ class WorkerStats:
     last_report: WindowReport | None = None
     measures: dict[str, float] = field(default_factory=dict)
     retention: dict[str, float] = field(default_factory=dict)
+    # (topic, partition) -> records behind the partition's high watermark after the last fetch
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    restore_remaining: int = 0  # changelog records still to replay (partitioned state)
 
     @property
     def dlq_total(self) -> int:
@@ -99,6 +102,7 @@ class GatewayWorker:
         self.stats = WorkerStats()
         self.observers: list[WindowObserver] = []
         self.closers: list[Callable[[], None]] = []  # run after the clients are stopped
+        self.state_store: Any = None  # the engine's store, for the metrics exporter
         self._clock = clock
         self._validator = Validator(
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
@@ -201,6 +205,8 @@ class GatewayWorker:
             if self._buffer.size or self._dead or self._buffer.opened_at is not None:
                 await self._flush(FlushReason.REVOKE)
             handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
+            for tp in revoked:
+                self.stats.lag.pop((tp.topic, tp.partition), None)
             if handed:
                 log.info("revoked %d partitions; %d held records handed over", len(revoked), handed)
 
@@ -234,6 +240,10 @@ class GatewayWorker:
                     )
                 )
             stats.consumed += len(messages)
+            if messages:
+                highwater = self._consumer.highwater(tp)
+                if highwater is not None:
+                    stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
         stats.valid = stats.consumed - stats.dlq_total
 
     def _reject(self, rej: Rejection, m: Any, topic: str, partition: int, now: float) -> None:

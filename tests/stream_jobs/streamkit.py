@@ -141,6 +141,7 @@ def make_worker(policy: Policy, settings: WorkerSettings, secret: str) -> Gatewa
     engine = Engine(policy, keyring=Keyring(secret.encode()), store=store)
     worker = GatewayWorker(policy, settings, engine)
     worker.closers.append(store.close)
+    worker.state_store = store
     return worker
 
 
