@@ -144,6 +144,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
+        logging.getLogger().setLevel(settings.log_level)
+        # aiokafka's DEBUG lines dump whole requests and responses, record bytes included:
+        # never let them through, whatever the level (no raw personal value in a log line)
+        logging.getLogger("aiokafka").setLevel(max(logging.INFO, logging.getLogger().level))
         if broker is not None:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
         worker = build_worker(policy, settings, keyring)

@@ -76,7 +76,7 @@ class WorkerSettings(BaseSettings):
     # False: held records stay uncommitted for the next owner (DESIGN §6). True: the last
     # window before shutdown treats them as timed out (suppress or keep holding, per policy).
     flush_held_on_shutdown: bool = False
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
     def _check(self) -> Self:

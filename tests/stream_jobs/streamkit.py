@@ -91,8 +91,12 @@ def consume_all(
     )
     try:
         deadline = time.monotonic() + timeout
-        meta = consumer.list_topics(topic, timeout=10)
-        parts = sorted(meta.topics[topic].partitions)
+        while True:  # the topic may not exist yet
+            meta = consumer.list_topics(topic, timeout=10)
+            parts = sorted(meta.topics[topic].partitions) if topic in meta.topics else []
+            if parts or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Message] = []
         last_new = time.monotonic()
