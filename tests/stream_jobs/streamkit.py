@@ -43,10 +43,21 @@ class Message:
 
 
 def produce(
-    bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None]],
+    **config: Any,
 ) -> list[Sent]:
-    """Produce (key, value) pairs with acks=all; returns their coordinates in send order."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    """Produce (key, value) pairs with acks=all; returns their coordinates in send order.
+    ``config``: extra librdkafka settings (dots written as underscores)."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 5,
+            **{k.replace("_", "."): v for k, v in config.items()},
+        }
+    )
     sent: list[Sent | None] = []
     errors: list[str] = []
 

@@ -1,0 +1,107 @@
+"""Poison records among valid ones (DESIGN §6): every bad record ends in the dead-letter topic
+with the right reason and its source coordinates, every valid one is published, and the
+worker never stops."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+from streamkit import (
+    accounted,
+    consume_all,
+    create_topics,
+    make_worker,
+    produce,
+    run_until,
+    settings_for,
+)
+
+from gateway.policy import load_policy
+from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.simulator import PanelSurvey, encode, load_rows
+
+pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def poison(good: dict[str, object]) -> list[tuple[str, bytes | None, bytes | None]]:
+    """(expected reason, key, value) for each class of bad input."""
+    key = str(good["respondent_id"]).encode()
+    raw = orjson.dumps(good)
+
+    def with_(**kw: object) -> bytes:
+        return orjson.dumps({**good, **kw})
+
+    deep: object = "x"
+    for _ in range(70):
+        deep = [deep]
+    return [
+        ("invalid_json", key, b'{"respondent_id": "p1", "age": '),
+        ("invalid_utf8", key, b'{"respondent_id": "\xff\xfe"}'),
+        ("wrong_type", key, with_(age="forty")),
+        ("missing_field", key, orjson.dumps({k: v for k, v in good.items() if k != "sex"})),
+        ("extra_field", key, with_(favourite_colour="blue")),  # the policy: extra_fields error
+        ("unknown_category", key, with_(race="Martian")),
+        ("out_of_range", key, with_(age=131)),
+        ("non_finite", key, raw.replace(b'"age":', b'"age":NaN,"_":', 1)),
+        ("non_finite", key, raw.replace(b'"age":', b'"age":Infinity,"_":', 1)),
+        ("integer_too_large", key, with_(age=2**53 + 1)),
+        ("too_large", key, with_(submitted_at="x" * 1_100_000)),
+        ("too_deep", key, with_(submitted_at=deep)),
+        ("empty_message", key, b""),
+        ("not_an_object", key, b"[1, 2, 3]"),
+        ("missing_key", None, raw),
+    ]
+
+
+def test_every_poison_class_is_dead_lettered_with_its_reason_and_coordinates(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    settings = settings_for(broker.bootstrap, unique_name, tmp_path, flush_held_on_shutdown=True)
+    topics = settings.topics(policy)
+    create_topics(policy, settings)
+    panel = list(PanelSurvey(respondents=1000, waves=2, seed=4, rows=load_rows()).records())
+    bad = [item for _ in range(3) for item in poison(panel[0])]
+    mixed: list[tuple[str | None, bytes | None, bytes | None]] = [(None, *encode(r)) for r in panel]
+    rng = random.Random(7)
+    for item in bad:
+        mixed.insert(rng.randrange(len(mixed) + 1), item)
+    sent: list = []
+
+    def feed() -> None:
+        sent.extend(
+            produce(
+                broker.bootstrap,
+                topics.input,
+                [(k, v) for _, k, v in mixed],
+                message_max_bytes=4_000_000,
+            )
+        )
+
+    worker = make_worker(policy, settings, secret_env)
+    code = asyncio.run(run_until(worker, lambda w: accounted(w, len(mixed)), during=feed))
+    assert code == 0
+    assert worker.stats.consumed == len(mixed)
+
+    expected = {
+        f"{topics.input}/{s.partition}/{s.offset}": reason
+        for s, (reason, _, _) in zip(sent, mixed, strict=True)
+    }
+    dlq = consume_all(broker.bootstrap, topics.dlq, expected=len(bad), timeout=60)
+    out = consume_all(broker.bootstrap, topics.output, expected=len(panel), timeout=60)
+    got = {}
+    for m in dlq:
+        h = {k: v.decode() for k, v in m.headers.items()}
+        coord = f"{h['source_topic']}/{h['source_partition']}/{h['source_offset']}"
+        got[coord] = h["reason"]
+        assert h["error_class"] and h["policy_version"] == policy.version
+    assert got == {c: r for c, r in expected.items() if r is not None}
+    published = {m.headers["record_id"].decode() for m in out}
+    assert published == {c for c, r in expected.items() if r is None}
+    assert worker.stats.dlq_total == len(bad)
