@@ -53,6 +53,12 @@ def register(sub: Any) -> None:
     p.add_argument("--partitions", type=int, help="partitions of topics created (default 6)")
     p.add_argument("--state-dir", help="state store directory (env PRIVGW_STATE_DIR)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port on 127.0.0.1; 0 = off")
+    p.add_argument(
+        "--worker-index",
+        type=int,
+        help="static assignment: this worker's index i (takes partitions p with p mod n = i)",
+    )
+    p.add_argument("--workers", type=int, help="static assignment: number of workers n")
     p.set_defaults(func=cmd_run)
 
     p = _add(
@@ -142,6 +148,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             partitions=args.partitions,
             state_dir=args.state_dir,
             metrics_port=args.metrics_port,
+            worker_index=args.worker_index,
+            workers=args.workers,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         logging.getLogger().setLevel(settings.log_level)

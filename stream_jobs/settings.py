@@ -9,6 +9,7 @@ pseudonyms and randomness is read separately by ``gateway.keyed.load_secret``
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, Self
 
@@ -78,6 +79,10 @@ class WorkerSettings(BaseSettings):
     flush_held_on_shutdown: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    # -- static assignment (no group coordination): worker i of n takes p mod n == i ---------
+    worker_index: int | None = Field(None, ge=0)
+    workers: int | None = Field(None, ge=1)
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.sasl_password is not None and self.sasl_password_file is not None:
@@ -86,6 +91,13 @@ class WorkerSettings(BaseSettings):
             raise ValueError("set PRIVGW_SASL_USERNAME or PRIVGW_SASL_USERNAME_FILE, not both")
         if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
             raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism")
+        if (self.worker_index is None) != (self.workers is None):
+            raise ValueError("static assignment needs both worker_index and workers")
+        if self.workers is not None and not 0 <= (self.worker_index or 0) < self.workers:
+            raise ValueError(
+                f"worker_index must be in 0..{self.workers - 1} for {self.workers} workers, "
+                f"got {self.worker_index}"
+            )
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")
         return self
@@ -104,6 +116,12 @@ class WorkerSettings(BaseSettings):
             or (policy.output.meta_topic if self.output_topic is None else None)
             or f"{out}.meta",
         )
+
+    def static_partitions(self, partitions: Iterable[int]) -> list[int]:
+        """This worker's share under static assignment: p mod workers == worker_index."""
+        if self.workers is None or self.worker_index is None:
+            raise ValueError("not in static assignment mode")
+        return sorted(p for p in partitions if p % self.workers == self.worker_index)
 
     def sasl_credentials(self) -> tuple[str, str] | None:
         """(username, password) read from the settings or their files; None without SASL."""

@@ -135,8 +135,17 @@ class GatewayWorker:
         key, value, headers = meta_message(self.engine.metadata())
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s)
-        self._consumer.subscribe([self.topics.input], listener=_Rebalance(self))
-        await self._consumer.start()
+        if s.workers is None:
+            self._consumer.subscribe([self.topics.input], listener=_Rebalance(self))
+            await self._consumer.start()
+        else:
+            # static assignment for brokers whose group coordination is unreliable: no joins
+            # or rebalances; positions and commits still go through the group id
+            await self._consumer.start()
+            parts = await self._producer.partitions_for(self.topics.input)
+            mine = s.static_partitions(parts)
+            self._consumer.assign([TopicPartition(self.topics.input, p) for p in mine])
+            self._on_assigned([TopicPartition(self.topics.input, p) for p in mine])
         log.info(
             "worker started: group %s, input %s, output %s, policy %s",
             s.group_id,

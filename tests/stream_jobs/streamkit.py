@@ -5,12 +5,17 @@ broker's version reply, DESIGN §8)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from gateway.engine import Engine
@@ -209,3 +214,90 @@ def published_qi_groups(
             continue
         groups.setdefault(key, set()).add(owner)
     return groups
+
+
+def start_worker(
+    bootstrap: str, name: str, policy: Path, state: Path, log: Path, *extra: str
+) -> Any:
+    """`privgw run` as a real process (PRIVGW_SECRET from the environment), log to ``log``."""
+    env = dict(
+        os.environ,
+        PRIVGW_SESSION_TIMEOUT_MS="3000",
+        PRIVGW_HEARTBEAT_INTERVAL_MS="500",
+        PRIVGW_LOG_LEVEL="DEBUG",  # the leakage check below reads every level
+    )
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "run",
+                "--policy",
+                str(policy),
+                "--bootstrap",
+                bootstrap,
+                "--group-id",
+                f"{name}-g",
+                "--input-topic",
+                f"{name}.in",
+                "--output-topic",
+                f"{name}.out",
+                "--partitions",
+                "3",
+                "--state-dir",
+                str(state),
+                "--metrics-port",
+                "0",
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+
+def high_watermarks(bootstrap: str, topic: str) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hw-{time.monotonic_ns()}"})
+    try:
+        meta = c.list_topics(topic, timeout=10)
+        if topic not in meta.topics or meta.topics[topic].error is not None:
+            return 0
+        return sum(
+            c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in meta.topics[topic].partitions
+        )
+    finally:
+        c.close()
+
+
+def assert_consistent_republication(
+    published: Mapping[bytes, bytes],
+    source: Mapping[bytes, Sent],
+    *,
+    rr: Sequence[str],
+    qis: Sequence[str],
+) -> int:
+    """Between consecutive waves of each respondent, an unchanged true value was published
+    unchanged (randomized attributes ``rr``; the quasi-identifier tuple ``qis`` when it was
+    not suppressed). ``published``: record id -> first published copy; ``source``: record id
+    -> the produced input. Returns how many equalities were checked."""
+    history: dict[str, list[tuple[int, dict[str, Any], dict[str, Any]]]] = {}
+    for rid, value in published.items():
+        truth = orjson.loads(source[rid].value or b"")
+        history.setdefault(str(truth["respondent_id"]), []).append(
+            (int(truth["wave"]), truth, orjson.loads(value))
+        )
+    checked = 0
+    for waves in history.values():
+        waves.sort(key=lambda w: w[0])
+        for (_, t0, p0), (_, t1, p1) in itertools.pairwise(waves):
+            for attr in rr:
+                if t0[attr] == t1[attr]:
+                    assert p0[attr] == p1[attr], f"{attr} republished differently"
+                    checked += 1
+            if all(t0[q] == t1[q] for q in qis) and p0[qis[0]] is not None:
+                assert [p0[q] for q in qis] == [p1[q] for q in qis], "centroid changed"
+                checked += 1
+    return checked

@@ -8,19 +8,19 @@ value, and SIGTERM ends the worker cleanly with exit code 0.
 
 from __future__ import annotations
 
-import itertools
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
-from streamkit import consume_all, produce
+from streamkit import (
+    assert_consistent_republication,
+    consume_all,
+    high_watermarks,
+    produce,
+    start_worker,
+)
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker
@@ -43,58 +43,6 @@ def small_window_policy(tmp: Path) -> Path:
     path.write_text(text)
     assert load_policy(path).window.max_records == 400
     return path
-
-
-def start_worker(bootstrap: str, name: str, policy: Path, state: Path, log: Path) -> Any:
-    env = dict(
-        os.environ,
-        PRIVGW_SESSION_TIMEOUT_MS="3000",
-        PRIVGW_HEARTBEAT_INTERVAL_MS="500",
-        PRIVGW_LOG_LEVEL="DEBUG",  # the leakage check below reads every level
-    )
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "run",
-                "--policy",
-                str(policy),
-                "--bootstrap",
-                bootstrap,
-                "--group-id",
-                f"{name}-g",
-                "--input-topic",
-                f"{name}.in",
-                "--output-topic",
-                f"{name}.out",
-                "--partitions",
-                "3",
-                "--state-dir",
-                str(state),
-                "--metrics-port",
-                "0",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
-
-
-def high_watermarks(bootstrap: str, topic: str) -> int:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hw-{time.monotonic_ns()}"})
-    try:
-        meta = c.list_topics(topic, timeout=10)
-        if topic not in meta.topics or meta.topics[topic].error is not None:
-            return 0
-        return sum(
-            c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in meta.topics[topic].partitions
-        )
-    finally:
-        c.close()
 
 
 def test_kill_9_mid_stream_loses_nothing_and_republishes_identically(
@@ -164,23 +112,7 @@ def test_kill_9_mid_stream_loses_nothing_and_republishes_identically(
     assert set(first) | {dlq_id} == set(source)
 
     # identical republication for unchanged true values
-    history: dict[str, list[tuple[int, dict[str, Any], dict[str, Any]]]] = {}
-    for rid, value in first.items():
-        truth = orjson.loads(source[rid].value or b"")
-        history.setdefault(truth["respondent_id"], []).append(
-            (truth["wave"], truth, orjson.loads(value))
-        )
-    checked = 0
-    for waves in history.values():
-        waves.sort(key=lambda w: w[0])
-        for (_, t0, p0), (_, t1, p1) in itertools.pairwise(waves):
-            for attr in RR:
-                if t0[attr] == t1[attr]:
-                    assert p0[attr] == p1[attr]
-                    checked += 1
-            if all(t0[q] == t1[q] for q in QIS) and p0["age"] is not None:
-                assert [p0[q] for q in QIS] == [p1[q] for q in QIS]
-                checked += 1
+    checked = assert_consistent_republication(first, source, rr=RR, qis=QIS)
     assert checked > 2000
     print(
         f"crash replay: {len(sent)} in, {len(first)} published + {len(dlq)} DLQ, "
