@@ -119,5 +119,9 @@ def test_static_workers_share_partitions_survive_a_kill_and_stay_consistent(
         truth = orjson.loads(source[rid].value or b"")
         partitions.setdefault(truth["respondent_id"], set()).add(source[rid].partition)
     assert all(len(p) == 1 for p in partitions.values())
+    print(
+        f"scale-out {workers} workers: {len(sent)} in, {len(first)} out, "
+        f"{len(out) - len(first)} duplicates (identical), 1 restart"
+    )
     logs = [(tmp_path / f"worker-{i}.log").read_text() for i in range(workers)]
     assert all("assigned" in text for text in logs)
