@@ -301,3 +301,15 @@ def assert_consistent_republication(
                 assert [p0[q] for q in qis] == [p1[q] for q in qis], "centroid changed"
                 checked += 1
     return checked
+
+
+def small_window_policy(tmp: Path, max_records: int) -> Path:
+    """deploy/policies/adult.yaml with windows of ``max_records`` records closed every second,
+    so that kills and restarts land between windows; written to ``tmp``."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "deploy" / "policies" / "adult.yaml").read_text()
+    old = "window: {max_records: 5000, max_seconds: 2,"
+    assert old in text, "the Adult policy's window changed: update small_window_policy"
+    path = tmp / "policy.yaml"
+    path.write_text(text.replace(old, f"window: {{max_records: {max_records}, max_seconds: 1,"))
+    return path

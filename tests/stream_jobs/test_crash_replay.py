@@ -19,10 +19,10 @@ from streamkit import (
     consume_all,
     high_watermarks,
     produce,
+    small_window_policy,
     start_worker,
 )
 
-from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
@@ -33,22 +33,10 @@ QIS = ("age", "education_num", "hours_per_week")
 RR = ("occupation", "income")
 
 
-def small_window_policy(tmp: Path) -> Path:
-    """The Adult policy with windows of 400 records, so the kill lands between windows."""
-    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
-    text = text.replace(
-        "window: {max_records: 5000, max_seconds: 2,", "window: {max_records: 400, max_seconds: 1,"
-    )
-    path = tmp / "policy.yaml"
-    path.write_text(text)
-    assert load_policy(path).window.max_records == 400
-    return path
-
-
 def test_kill_9_mid_stream_loses_nothing_and_republishes_identically(
     broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
-    policy = small_window_policy(tmp_path)
+    policy = small_window_policy(tmp_path, 400)
     state, log = tmp_path / "state", tmp_path / "worker.log"
     out_topic, in_topic = f"{unique_name}.out", f"{unique_name}.in"
     panel = list(PanelSurvey(respondents=1200, waves=3, seed=9, rows=load_rows()).records())

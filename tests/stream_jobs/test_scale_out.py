@@ -22,6 +22,7 @@ from streamkit import (
     high_watermarks,
     produce,
     published_qi_groups,
+    small_window_policy,
     start_worker,
 )
 
@@ -36,21 +37,11 @@ QIS = ("age", "education_num", "hours_per_week")
 RR = ("occupation", "income")
 
 
-def policy_file(tmp: Path) -> Path:
-    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
-    text = text.replace(
-        "window: {max_records: 5000, max_seconds: 2,", "window: {max_records: 500, max_seconds: 1,"
-    )
-    path = tmp / "policy.yaml"
-    path.write_text(text)
-    return path
-
-
 @pytest.mark.parametrize("workers", [2, 3])
 def test_static_workers_share_partitions_survive_a_kill_and_stay_consistent(
     workers: int, broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
-    policy_path = policy_file(tmp_path)
+    policy_path = small_window_policy(tmp_path, 500)
     k = load_policy(policy_path).microaggregation.k
     name = unique_name
     in_topic, out_topic = f"{name}.in", f"{name}.out"
