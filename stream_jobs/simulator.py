@@ -194,3 +194,34 @@ def parse_rate(text: str) -> float:
     if rate < 0:
         raise ValueError("rate must be ≥ 0 records/s")
     return rate
+
+
+def poison_corpus(good: dict[str, Any]) -> list[tuple[str, bytes | None, bytes | None]]:
+    """One bad record of each class the gateway must dead-letter, derived from a valid survey
+    record of the Adult policy: (expected DLQ reason, key, value). For tests and benches."""
+    key = str(good["respondent_id"]).encode()
+    raw = orjson.dumps(good)
+
+    def with_(**kw: object) -> bytes:
+        return orjson.dumps({**good, **kw})
+
+    deep: object = "x"
+    for _ in range(70):
+        deep = [deep]
+    return [
+        ("invalid_json", key, b'{"respondent_id": "p1", "age": '),
+        ("invalid_utf8", key, b'{"respondent_id": "\xff\xfe"}'),
+        ("wrong_type", key, with_(age="forty")),
+        ("missing_field", key, orjson.dumps({k: v for k, v in good.items() if k != "sex"})),
+        ("extra_field", key, with_(favourite_colour="blue")),  # the policy: extra_fields error
+        ("unknown_category", key, with_(race="Martian")),
+        ("out_of_range", key, with_(age=131)),
+        ("non_finite", key, raw.replace(b'"age":', b'"age":NaN,"_":', 1)),
+        ("non_finite", key, raw.replace(b'"age":', b'"age":Infinity,"_":', 1)),
+        ("integer_too_large", key, with_(age=2**53 + 1)),
+        ("too_large", key, with_(submitted_at="x" * 1_100_000)),
+        ("too_deep", key, with_(submitted_at=deep)),
+        ("empty_message", key, b""),
+        ("not_an_object", key, b"[1, 2, 3]"),
+        ("missing_key", None, raw),
+    ]

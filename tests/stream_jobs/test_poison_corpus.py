@@ -8,7 +8,6 @@ import asyncio
 import random
 from pathlib import Path
 
-import orjson
 import pytest
 from streamkit import (
     accounted,
@@ -22,41 +21,11 @@ from streamkit import (
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.simulator import PanelSurvey, encode, load_rows, poison_corpus
 
 pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def poison(good: dict[str, object]) -> list[tuple[str, bytes | None, bytes | None]]:
-    """(expected reason, key, value) for each class of bad input."""
-    key = str(good["respondent_id"]).encode()
-    raw = orjson.dumps(good)
-
-    def with_(**kw: object) -> bytes:
-        return orjson.dumps({**good, **kw})
-
-    deep: object = "x"
-    for _ in range(70):
-        deep = [deep]
-    return [
-        ("invalid_json", key, b'{"respondent_id": "p1", "age": '),
-        ("invalid_utf8", key, b'{"respondent_id": "\xff\xfe"}'),
-        ("wrong_type", key, with_(age="forty")),
-        ("missing_field", key, orjson.dumps({k: v for k, v in good.items() if k != "sex"})),
-        ("extra_field", key, with_(favourite_colour="blue")),  # the policy: extra_fields error
-        ("unknown_category", key, with_(race="Martian")),
-        ("out_of_range", key, with_(age=131)),
-        ("non_finite", key, raw.replace(b'"age":', b'"age":NaN,"_":', 1)),
-        ("non_finite", key, raw.replace(b'"age":', b'"age":Infinity,"_":', 1)),
-        ("integer_too_large", key, with_(age=2**53 + 1)),
-        ("too_large", key, with_(submitted_at="x" * 1_100_000)),
-        ("too_deep", key, with_(submitted_at=deep)),
-        ("empty_message", key, b""),
-        ("not_an_object", key, b"[1, 2, 3]"),
-        ("missing_key", None, raw),
-    ]
 
 
 def test_every_poison_class_is_dead_lettered_with_its_reason_and_coordinates(
@@ -67,7 +36,7 @@ def test_every_poison_class_is_dead_lettered_with_its_reason_and_coordinates(
     topics = settings.topics(policy)
     create_topics(policy, settings)
     panel = list(PanelSurvey(respondents=1000, waves=2, seed=4, rows=load_rows()).records())
-    bad = [item for _ in range(3) for item in poison(panel[0])]
+    bad = [item for _ in range(3) for item in poison_corpus(panel[0])]
     mixed: list[tuple[str | None, bytes | None, bytes | None]] = [(None, *encode(r)) for r in panel]
     rng = random.Random(7)
     for item in bad:
