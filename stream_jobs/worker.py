@@ -383,34 +383,27 @@ class GatewayWorker:
         for partition, items in by_partition.items():
             batch = producer.create_batch()
             for key, value, ts, headers in items:
-                if batch.append(key=key, value=value, timestamp=ts, headers=headers) is None:
-                    if batch.record_count() == 0:
-                        # larger than a batch: send it alone
-                        futures.append(
-                            await producer.send(
-                                topic,
-                                value=value,
-                                key=key,
-                                partition=partition,
-                                timestamp_ms=ts,
-                                headers=headers,
-                            )
-                        )
-                        continue
+                if batch.append(key=key, value=value, timestamp=ts, headers=headers) is not None:
+                    continue
+                if batch.record_count():  # the batch is full: send it, start another
                     futures.append(await producer.send_batch(batch, topic, partition=partition))
                     batch = producer.create_batch()
-                    if batch.append(key=key, value=value, timestamp=ts, headers=headers) is None:
-                        futures.append(
-                            await producer.send(
-                                topic,
-                                value=value,
-                                key=key,
-                                partition=partition,
-                                timestamp_ms=ts,
-                                headers=headers,
-                            )
-                        )
-                        batch = producer.create_batch()
+                    if (
+                        batch.append(key=key, value=value, timestamp=ts, headers=headers)
+                        is not None
+                    ):
+                        continue
+                # larger than a batch: send it alone
+                futures.append(
+                    await producer.send(
+                        topic,
+                        value=value,
+                        key=key,
+                        partition=partition,
+                        timestamp_ms=ts,
+                        headers=headers,
+                    )
+                )
             if batch.record_count():
                 futures.append(await producer.send_batch(batch, topic, partition=partition))
         return futures
