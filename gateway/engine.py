@@ -290,11 +290,12 @@ class Engine:
 
         retention: dict[str, float] = {}
         touched = view.touched
+        value_maps = [records[i].values for i in pub_idx]
+        dk = [dkeys[i] for i in pub_idx]
+        rk = [rkeys[i] for i in pub_idx]
         for name in self._published_attrs:
             attr = policy.attributes[name]
-            values = [records[i].values.get(name) for i in pub_idx]
-            dk = [dkeys[i] for i in pub_idx]
-            rk = [rkeys[i] for i in pub_idx]
+            values = [m.get(name) for m in value_maps]
             if name in qi.values:
                 out: list[Any] = [qi.values[name].get(i) for i in pub_idx]
             elif attr.method is Method.RANDOMIZED_RESPONSE:
@@ -317,7 +318,7 @@ class Engine:
                 )
             else:  # keep
                 out = list(values)
-            if attr.role is Role.QUASI_IDENTIFIER:
+            if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:
                 out = [
                     None if i in suppressed_set else o for o, i in zip(out, pub_idx, strict=True)
                 ]
