@@ -32,7 +32,8 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _add(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
+def add_command(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand with its help, and an example in its epilog (plug-ins use it too)."""
     parser: argparse.ArgumentParser = sub.add_parser(
         name,
         help=help_,
@@ -230,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = _add(
+    p = add_command(
         sub,
         "protect",
         "protect a CSV/JSONL file with a policy",
@@ -242,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed for a reproducible run")
     p.set_defaults(func=cmd_protect)
 
-    p = _add(
+    p = add_command(
         sub,
         "microaggregate",
         "MDAV microaggregation of numeric columns (sdcMicro's microaggregation() equivalent)",
@@ -256,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-standardize", action="store_true", help="distances on raw values")
     p.set_defaults(func=cmd_microaggregate)
 
-    p = _add(
+    p = add_command(
         sub,
         "evaluate",
         "information loss and disclosure risk of a protected file",
@@ -269,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_evaluate)
 
-    p = _add(
+    p = add_command(
         sub,
         "ru-map",
         "R-U map: information loss vs disclosure risk per k",
@@ -281,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="PNG picture")
     p.set_defaults(func=cmd_ru_map)
 
-    p = _add(
+    p = add_command(
         sub,
         "check-policy",
         "validate a policy and print what it guarantees",
@@ -291,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check_policy)
 
-    p = _add(
+    p = add_command(
         sub,
         "reconstruct",
         "estimate the true distributions of randomized attributes",
@@ -305,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reconstruct)
 
-    p = _add(
+    p = add_command(
         sub,
         "attack",
         "simulate the averaging and intersection adversaries on a history",

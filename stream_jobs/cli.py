@@ -14,25 +14,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gateway.cli import add_command
 from gateway.errors import PrivgwError
 from gateway.policy import Policy, load_policy
 
 log = logging.getLogger(__name__)
 
 
-def _add(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = sub.add_parser(
-        name,
-        help=help_,
-        description=help_,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser
-
-
 def register(sub: Any) -> None:
-    p = _add(
+    p = add_command(
         sub,
         "run",
         "run the streaming gateway: protect an input topic into an output topic",
@@ -61,7 +51,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, help="static assignment: number of workers n")
     p.set_defaults(func=cmd_run)
 
-    p = _add(
+    p = add_command(
         sub,
         "simulate",
         "send a simulated panel survey (UCI Adult answers) to a topic",
@@ -79,7 +69,7 @@ def register(sub: Any) -> None:
     p.add_argument("--data", help="Adult CSV (default ../shared/data/adult.csv or bundled)")
     p.set_defaults(func=cmd_simulate)
 
-    p = _add(
+    p = add_command(
         sub,
         "demo",
         "one-command demo: embedded broker + simulator + gateway, live summary, JSONL output",
