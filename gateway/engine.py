@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,49 @@ def _value_text(value: object) -> str:
     return str(value)
 
 
+def _qi_text(values: tuple[float, ...]) -> str:
+    """Canonical text of a quasi-identifier tuple (what its digest is taken of)."""
+    return orjson.dumps([_value_text(v) for v in values]).decode()
+
+
+_DIGEST_CACHE_LIMIT = 1 << 18  # entries per attribute; cleared, not evicted, when full
+
+
+class _ValueDigests:
+    """Keyed digests of true values, memoised per attribute.
+
+    A value digest depends on (attribute, value) only, and a window repeats the same few
+    categories (and the same quasi-identifier tuples of returning respondents) thousands of
+    times, so most HMACs would be recomputed. The cache lives in the worker's memory, as the
+    secret does; it is never stored.
+    """
+
+    __slots__ = ("_cache", "_keyring")
+
+    def __init__(self, keyring: Keyring) -> None:
+        self._keyring = keyring
+        self._cache: dict[str, dict[Hashable, tuple[bytes, str]]] = {}
+
+    def many(
+        self,
+        attribute: str,
+        values: Sequence[Hashable],
+        text: Callable[[Any], str] | None = None,
+    ) -> list[tuple[bytes, str]]:
+        """(16-byte digest, its hex) of every value; None is the missing label. ``text``
+        gives the canonical text of a value (default: :func:`_value_text`)."""
+        cache = self._cache.setdefault(attribute, {})
+        missing = list({v for v in values if v not in cache})
+        if missing:
+            if len(cache) + len(missing) > _DIGEST_CACHE_LIMIT:
+                cache.clear()
+            canonical = text or _value_text
+            texts = [MISSING_LABEL if v is None else canonical(v) for v in missing]
+            for v, d in zip(missing, self._keyring.value_digests(attribute, texts), strict=True):
+                cache[v] = (d, d.hex())
+        return [cache[v] for v in values]
+
+
 class Engine:
     """Protects windows of records according to a policy.
 
@@ -185,6 +228,7 @@ class Engine:
         self.policy = policy
         self.version = policy.version
         self._keyring = keyring
+        self._digests = _ValueDigests(keyring) if keyring is not None else None
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
         self._store = store if self._consistent else None
         if randomness is not None:
@@ -410,7 +454,6 @@ class Engine:
         out, digests = decision.values, decision.digests
         if not names:
             return decision
-        kr = self._keyring
         states, sticky = view.states, view.sticky
         x = np.full((len(records), len(names)), np.nan)
         for i, r in enumerate(records):
@@ -426,15 +469,21 @@ class Engine:
         pending_digest: dict[bytes, str] = {}
         suppressed = decision.suppressed
         seen: dict[bytes, int] = {}
+        qi_hex: list[str] = []
+        if sticky and self._digests is not None:
+            # one digest per distinct tuple of canonical texts (1.0 and 1 agree)
+            rows = [
+                tuple(row) if ok else ()
+                for row, ok in zip(x.tolist(), complete.tolist(), strict=True)
+            ]
+            qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
         for i in range(len(records)):
             if not complete[i]:
                 suppressed.append(i)  # a missing quasi-identifier cannot be aggregated
                 continue
             key = rkeys[i]
-            if sticky and kr is not None and key is not None:
-                digest = kr.value_digest(
-                    _QI_DIGEST_ATTR, orjson.dumps([_value_text(v) for v in x[i]]).decode()
-                ).hex()
+            if qi_hex and key is not None:
+                digest = qi_hex[i]
                 digests[i] = digest
                 first = seen.get(key)
                 if (
@@ -565,7 +614,6 @@ class Engine:
         states, sticky, touched = view.states, view.sticky, view.touched
         mech = self.mechanisms[name]
         codes_of = self._codes[name]
-        kr = self._keyring
         missing_code = codes_of.get(MISSING_LABEL, -1)
         codes = np.array(
             [missing_code if v is None else codes_of[str(v)] for v in values], dtype=np.int64
@@ -575,15 +623,14 @@ class Engine:
         fresh_keys: list[bytes] = []
         digests: list[str | None] = [None] * len(values)
         hits = 0
-        if sticky and kr is not None:
-            texts = [MISSING_LABEL if v is None else _value_text(v) for v in values]
-            vds = kr.value_digests(name, texts)
-            for i, (key, vd) in enumerate(zip(keys, vds, strict=True)):
+        if sticky and self._digests is not None:
+            vds = self._digests.many(name, values)
+            for i, (key, (vd, vd_hex)) in enumerate(zip(keys, vds, strict=True)):
                 if codes[i] < 0:
                     continue
                 if key is not None:
-                    digests[i] = vd.hex()
-                    stored = states.get(key, {}).get("rr", {}).get(name, {}).get(vd.hex())
+                    digests[i] = vd_hex
+                    stored = states.get(key, {}).get("rr", {}).get(name, {}).get(vd_hex)
                     if stored is not None:
                         out[i] = stored[0]
                         hits += 1
@@ -628,19 +675,18 @@ class Engine:
         arr = np.array([np.nan if v is None else float(v) for v in values])  # type: ignore[arg-type]
         sd = masking.noise_sd(arr, attr.noise.ratio)
         out: list[Any] = [None] * len(values)
-        kr = self._keyring
         todo = [i for i in range(len(values)) if values[i] is not None]
         hits = 0
         digests: dict[int, str] = {}
         fresh_keys: list[bytes] = []
         fresh: list[int] = []
-        if sticky and kr is not None:
-            vds = kr.value_digests(name, [_value_text(values[i]) for i in todo])
-            for i, vd in zip(todo, vds, strict=True):
+        if sticky and self._digests is not None:
+            vds = self._digests.many(name, [values[i] for i in todo])
+            for i, (vd, vd_hex) in zip(todo, vds, strict=True):
                 key = keys[i]
                 if key is not None:
-                    digests[i] = vd.hex()
-                    stored = states.get(key, {}).get("noise", {}).get(name, {}).get(vd.hex())
+                    digests[i] = vd_hex
+                    stored = states.get(key, {}).get("noise", {}).get(name, {}).get(vd_hex)
                     if stored is not None:
                         out[i] = stored
                         hits += 1
