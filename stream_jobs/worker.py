@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import time
 from collections import Counter
@@ -40,6 +41,17 @@ from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
+# A window allocates a few dicts per record; with CPython's default gen0 threshold (700) the
+# collector runs hundreds of times per window and walks the long-lived state each time. It
+# cost a third of the engine's time (bench/stream_throughput.py); reference counting frees
+# almost everything anyway, so the worker collects far less often.
+_GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def _tune_gc() -> None:
+    gc.freeze()  # what start-up allocated (modules, policy, clients) is never garbage
+    if gc.get_threshold()[0] < _GC_THRESHOLDS[0]:
+        gc.set_threshold(*_GC_THRESHOLDS)
 
 
 @dataclass(slots=True)
@@ -122,10 +134,13 @@ class GatewayWorker:
         self._partitioner = DefaultPartitioner()
         self.ready = asyncio.Event()
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
+        self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
+        self._in_engine = 0  # records of the window being protected (neither held nor out)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
+        _tune_gc()
         if s.create_topics:
             await ensure_topics(s, self.topics)
         self._producer = make_producer(s)
@@ -162,6 +177,8 @@ class GatewayWorker:
                 batch = await self._consumer.getmany(
                     timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_poll_records
                 )
+                if self._inflight is not None and self._inflight.done():
+                    await self._settled()  # raises if the window's outputs failed
                 async with self._lock:
                     if epoch != self._epoch:
                         continue  # a rebalance happened meanwhile: positions were reset
@@ -190,6 +207,7 @@ class GatewayWorker:
                         await self._flush(
                             FlushReason.SHUTDOWN, flush_all=self.settings.flush_held_on_shutdown
                         )
+                    await self._settled()
                 if self._buffer.held:
                     log.info(
                         "%d held records left uncommitted for the next owner",
@@ -213,6 +231,7 @@ class GatewayWorker:
             self._epoch += 1
             if self._buffer.size or self._dead or self._buffer.opened_at is not None:
                 await self._flush(FlushReason.REVOKE)
+            await self._settled()  # commit what was flushed before handing over
             handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
             for tp in revoked:
                 self.stats.lag.pop((tp.topic, tp.partition), None)
@@ -273,43 +292,71 @@ class GatewayWorker:
         log.debug("dead-lettered %s/%d/%d: %s", topic, partition, m.offset, rej.reason.value)
 
     async def _flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
+        """Protect the window, then hand its outputs to the producer. Their acknowledgement
+        and the commit that follows run in the background (:meth:`_settle`) while the next
+        window is being protected; at most one window is in flight."""
         t0 = time.perf_counter()
         flush = self._buffer.take(reason)
         dead, self._dead = self._dead, []
         result = None
-        futures: list[Awaitable[Any]] = []
         if flush.records:
-            # in the engine's own thread: the event loop keeps heartbeating and fetching
-            # while the window is protected and its state fsynced
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._engine_thread,
-                functools.partial(
-                    self.engine.protect_window,
-                    flush.records,
-                    now=self._clock(),
-                    flush_all=flush_all,
-                ),
-            )
+            self._in_engine = len(flush.records)
+            try:
+                # in the engine's own thread: the event loop keeps heartbeating, fetching and
+                # settling the previous window while this one is protected and fsynced
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._engine_thread,
+                    functools.partial(
+                        self.engine.protect_window,
+                        flush.records,
+                        now=self._clock(),
+                        flush_all=flush_all,
+                    ),
+                )
+            finally:
+                self._in_engine = 0
+        commits = self._buffer.complete(flush, result.held if result is not None else ())
+        await self._settled()  # outputs and commits stay in window order
+        futures: list[Awaitable[Any]] = []
+        if result is not None:
             futures += await self._produce(result.published, result.report.window_id)
         if dead:
             futures += await self._produce_dead(dead)
+        report = result.report if result is not None else None
+        self._inflight = asyncio.create_task(
+            self._settle(futures, commits, report, flush, t0), name="privgw-settle"
+        )
+
+    async def _settle(
+        self,
+        futures: list[Awaitable[Any]],
+        commits: dict[TP, int],
+        report: WindowReport | None,
+        flush: Flush,
+        t0: float,
+    ) -> None:
+        """Await the broker's acknowledgement of a window's outputs, then commit past them."""
         if futures:
             await asyncio.gather(*futures)
-        commits = self._buffer.complete(flush, result.held if result is not None else ())
         if commits:
             await self._consumer.commit(
                 {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
             )
             self._buffer.committed(commits)
             self.stats.commits += 1
-        elapsed = time.perf_counter() - t0
-        self._account(result.report if result is not None else None, flush, elapsed, commits)
+        self._account(report, flush, time.perf_counter() - t0, commits)
+
+    async def _settled(self) -> None:
+        """Wait for the window in flight, if any; its failure is the worker's failure."""
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            await task
 
     def _account(
         self, report: WindowReport | None, flush: Flush, elapsed: float, commits: dict[TP, int]
     ) -> None:
         st = self.stats
-        st.held = len(self._buffer.held)
+        st.held = len(self._buffer.held) + self._in_engine
         st.flush_seconds += elapsed
         if report is None:
             return
