@@ -38,7 +38,6 @@ from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource, UniformSource, normals_from_uniforms
 from gateway.state_api import StateStore
 
-
 # The per-record types below are NamedTuples, not frozen dataclasses: equally immutable, but a
 # frozen dataclass sets each field through object.__setattr__, which cost ~5 µs per published
 # record and as much again per consumed one on the worker's hot path.
@@ -325,14 +324,20 @@ class Engine:
         pub_idx = [i for i in range(len(records)) if i not in held_set]
         suppressed_set = set(suppressed_idx)
 
-        rows: list[dict[str, Any]] = [
-            {"record_id": self._record_id(records[i], i), "policy_version": self.version}
-            for i in pub_idx
+        # the output is built column by column, then zipped into rows once (in C)
+        col_names: list[str] = ["record_id", "policy_version"]
+        columns: list[list[Any]] = [
+            [self._record_id(records[i], i) for i in pub_idx],
+            [self.version] * len(pub_idx),
         ]
         if policy.output.pseudonym is Pseudonym.HMAC and kr is not None:
-            for row, i in zip(rows, pub_idx, strict=True):
-                rid = records[i].respondent_id
-                row["pseudonym"] = kr.pseudonym(rid) if rid is not None else None
+            col_names.append("pseudonym")
+            columns.append(
+                [
+                    kr.pseudonym(rid) if (rid := records[i].respondent_id) is not None else None
+                    for i in pub_idx
+                ]
+            )
 
         retention: dict[str, float] = {}
         touched = view.touched
@@ -343,7 +348,8 @@ class Engine:
             attr = policy.attributes[name]
             values = [m.get(name) for m in value_maps]
             if name in qi.values:
-                out: list[Any] = [qi.values[name].get(i) for i in pub_idx]
+                qv = qi.values[name]
+                out: list[Any] = [qv.get(i) for i in pub_idx]
             elif attr.method is Method.RANDOMIZED_RESPONSE:
                 out, hits, ret = self._randomize(name, values, rk, dk, view)
                 sticky_hits += hits
@@ -354,7 +360,7 @@ class Engine:
                 sticky_hits += hits
             elif attr.method is Method.TOP_BOTTOM_CODE:
                 assert attr.coding is not None
-                arr = np.array([np.nan if v is None else float(v) for v in values])  # type: ignore[arg-type]
+                arr = np.array(values, dtype=np.float64)  # None -> nan
                 coded = masking.top_bottom_code(arr, attr.coding)
                 out = [None if v is None else _num(c) for v, c in zip(values, coded, strict=True)]
             elif attr.method is Method.GENERALIZE:
@@ -363,13 +369,16 @@ class Engine:
                     [None if v is None else str(v) for v in values], attr.hierarchy
                 )
             else:  # keep
-                out = list(values)
+                out = values
             if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:
                 out = [
                     None if i in suppressed_set else o for o, i in zip(out, pub_idx, strict=True)
                 ]
-            for row, v in zip(rows, out, strict=True):
-                row[name] = v
+            col_names.append(name)
+            columns.append(out)
+        rows: list[dict[str, Any]] = [
+            dict(zip(col_names, vals, strict=True)) for vals in zip(*columns, strict=True)
+        ]
 
         # -- state first (durable), then the caller produces the outputs ----------------
         if self._store is not None:
@@ -457,13 +466,10 @@ class Engine:
         if not names:
             return decision
         states, sticky = view.states, view.sticky
-        x = np.full((len(records), len(names)), np.nan)
-        for i, r in enumerate(records):
-            for j, n in enumerate(names):
-                v = r.values.get(n)
-                if v is not None:
-                    x[i, j] = float(v)  # type: ignore[arg-type]
-        complete = np.isfinite(x).all(axis=1)
+        x = np.empty((len(records), len(names)))
+        for j, n in enumerate(names):
+            x[:, j] = np.array([r.values.get(n) for r in records], dtype=np.float64)  # None: nan
+        complete = np.asarray(np.isfinite(x).all(axis=1), dtype=np.bool_)
         pending: list[int] = []
         # a respondent's second, different new QI tuple in one window waits for the next
         # one: two slots of one respondent could land in one group and count twice towards k
@@ -475,8 +481,7 @@ class Engine:
         if sticky and self._digests is not None:
             # one digest per distinct tuple of canonical texts (1.0 and 1 agree)
             rows = [
-                tuple(row) if ok else ()
-                for row, ok in zip(x.tolist(), complete.tolist(), strict=True)
+                tuple(row) if ok else () for row, ok in zip(x.tolist(), list(complete), strict=True)
             ]
             qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
         for i in range(len(records)):
