@@ -122,8 +122,8 @@ class WindowBuffer:
                     lowest[tp] = src.offset
         commits: dict[TP, int] = {}
         for tp, position in flush.positions.items():
-            if tp not in self._positions:
-                continue  # revoked meanwhile
+            if tp not in self._positions or position > self._positions[tp]:
+                continue  # revoked meanwhile, or a position in a log the broker has lost
             offset = min(position, lowest.get(tp, position))
             if offset > self._committed.get(tp, -1):
                 commits[tp] = offset
@@ -134,6 +134,20 @@ class WindowBuffer:
         for tp, offset in commits.items():
             if offset > self._committed.get(tp, -1):
                 self._committed[tp] = offset
+
+    def position(self, tp: TP) -> int | None:
+        """The next offset after the last record consumed from ``tp`` (None: none yet)."""
+        return self._positions.get(tp)
+
+    def rewind(self, tp: TP, offset: int) -> bool:
+        """A partition's log restarted below the offsets already seen (a broker that lost its
+        data, or a recreated topic): positions and commits start again from ``offset``.
+        Returns True when that was the case."""
+        if offset >= self._positions.get(tp, -1):
+            return False
+        self._positions[tp] = offset
+        self._committed.pop(tp, None)
+        return True
 
     def forget(self, partitions: Iterable[TP]) -> int:
         """Drop all records of revoked partitions (the next owner re-reads them from the last

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowReport
@@ -43,6 +44,7 @@ from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
 # A window allocates a few dicts per record; with CPython's default gen0 threshold (700) the
 # collector runs hundreds of times per window and walks the long-lived state each time. It
 # cost a third of the engine's time (bench/stream_throughput.py); reference counting frees
@@ -82,6 +84,8 @@ class WorkerStats:
     min_group_size: int | None = None
     sticky_hits: int = 0
     commits: int = 0
+    retries: int = 0  # re-sent windows and retried commits while the broker was away
+    rewinds: int = 0  # partitions whose log restarted below consumed offsets
     flush_seconds: float = 0.0
     last_report: WindowReport | None = None
     measures: dict[str, float] = field(default_factory=dict)
@@ -194,9 +198,15 @@ class GatewayWorker:
                     await self._settled()  # raises if the window's outputs failed
                 async with self._lock:
                     if epoch != self._epoch:
-                        continue  # a rebalance happened meanwhile: positions were reset
+                        # a rebalance happened while this batch was fetched: it may come from
+                        # before it, so it is dropped, and the partitions it advanced are put
+                        # back to their committed offsets to be read again
+                        await self._rewind_to_committed(batch)
+                        continue
                     if batch:
                         self._ingest(batch)
+                    else:
+                        await self._check_truncated_logs()
                     reason = self._buffer.due(self._clock())
                     if reason is not None:
                         await self._flush(reason)
@@ -255,6 +265,45 @@ class GatewayWorker:
         self._epoch += 1
         log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
 
+    async def _rewind_to_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        assigned = self._consumer.assignment()
+        for tp in batch:
+            if tp not in assigned:
+                continue  # another member's now; it reads from the committed offset
+            committed = await self._consumer.committed(tp)
+            if committed is not None:
+                self._consumer.seek(tp, committed)
+            elif self.settings.auto_offset_reset == "earliest":
+                await self._consumer.seek_to_beginning(tp)
+            else:
+                await self._consumer.seek_to_end(tp)
+
+    async def _check_truncated_logs(self) -> None:
+        """A partition whose high watermark fell below the offsets already consumed lost its
+        log (a broker that keeps it in memory restarted, or the topic was recreated). Kafka
+        consumers detect that only when they fetch beyond the end; a broker that answers such
+        fetches with no records would leave us waiting for offsets that are now in the past.
+        Start again from the beginning (or the end), as auto_offset_reset says."""
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            position = self._buffer.position((tp.topic, tp.partition))
+            if highwater is None or position is None or highwater >= position:
+                continue
+            log.warning(
+                "%s/%d: high watermark %d is below the consumed offset %d; reading it again "
+                "from the %s",
+                tp.topic,
+                tp.partition,
+                highwater,
+                position,
+                "beginning" if self.settings.auto_offset_reset == "earliest" else "end",
+            )
+            if self.settings.auto_offset_reset == "earliest":
+                await self._consumer.seek_to_beginning(tp)
+            else:
+                await self._consumer.seek_to_end(tp)
+            self._buffer.rewind((tp.topic, tp.partition), 0)
+
     # -- the hot path --------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
         deadline = self._buffer.deadline()
@@ -269,6 +318,15 @@ class GatewayWorker:
         stats = self.stats
         for tp, messages in batch.items():
             topic, partition = tp.topic, tp.partition
+            if messages and self._buffer.rewind((topic, partition), messages[0].offset):
+                self.stats.rewinds += 1
+                log.warning(
+                    "%s/%d restarted at offset %d, below offsets already consumed: the broker "
+                    "lost its log or the topic was recreated; commits start again from there",
+                    topic,
+                    partition,
+                    messages[0].offset,
+                )
             for m in messages:
                 res = validate(m.value, m.key)
                 if res.__class__ is Rejection:
@@ -330,33 +388,78 @@ class GatewayWorker:
                 self._in_engine = 0
         commits = self._buffer.complete(flush, result.held if result is not None else ())
         await self._settled()  # outputs and commits stay in window order
-        futures: list[Awaitable[Any]] = []
-        if result is not None:
-            futures += await self._produce(result.published, result.report.window_id)
-        if dead:
-            futures += await self._produce_dead(dead)
+        published = result.published if result is not None else ()
+        window_id = result.report.window_id if result is not None else ""
+
+        async def send() -> list[Awaitable[Any]]:
+            futures: list[Awaitable[Any]] = []
+            if published:
+                futures += await self._produce(published, window_id)
+            if dead:
+                futures += await self._produce_dead(dead)
+            return futures
+
+        futures = await send()
         report = result.report if result is not None else None
         self._inflight = asyncio.create_task(
-            self._settle(futures, commits, report, flush, t0), name="privgw-settle"
+            self._settle(send, futures, commits, report, flush, t0), name="privgw-settle"
         )
 
-    async def _settle(
+    async def _settle(  # noqa: PLR0917
         self,
+        send: Callable[[], Awaitable[list[Awaitable[Any]]]],
         futures: list[Awaitable[Any]],
         commits: dict[TP, int],
         report: WindowReport | None,
         flush: Flush,
         t0: float,
     ) -> None:
-        """Await the broker's acknowledgement of a window's outputs, then commit past them."""
-        if futures:
-            await asyncio.gather(*futures)
-        if commits:
-            await self._consumer.commit(
-                {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
-            )
+        """Await the broker's acknowledgement of a window's outputs, then commit past them.
+
+        A broker that is away (outage, restart, leader move) is waited for, not fatal: an
+        unacknowledged window is sent again — the copies are byte-identical and carry the same
+        record ids — and a failed commit is retried, until the broker is back or the worker
+        is stopped (then the offsets stay uncommitted and the next run replays them)."""
+        delay = _RETRY_FIRST_S
+        while futures:
+            try:
+                await asyncio.gather(*futures)
+                break
+            except KafkaError as err:
+                if self._stopping.is_set():
+                    raise
+                log.warning(
+                    "outputs of a window not acknowledged (%s); sending again in %.1f s",
+                    err.__class__.__name__,
+                    delay,
+                )
+                self.stats.retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+                with contextlib.suppress(KafkaError):
+                    futures = await send()
+        delay = _RETRY_FIRST_S
+        while commits:
+            try:
+                await self._consumer.commit(
+                    {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
+                )
+            except (CommitFailedError, IllegalStateError) as err:
+                # the partitions moved to another member meanwhile: it replays from the last
+                # commit, and replays are identical
+                log.info("commit skipped (%s): partitions reassigned", err.__class__.__name__)
+                break
+            except KafkaError as err:
+                if self._stopping.is_set():
+                    raise
+                log.warning("commit failed (%s); retrying in %.1f s", err.__class__.__name__, delay)
+                self.stats.retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+                continue
             self._buffer.committed(commits)
             self.stats.commits += 1
+            break
         self._account(report, flush, time.perf_counter() - t0, commits)
 
     async def _settled(self) -> None:

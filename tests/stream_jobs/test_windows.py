@@ -115,3 +115,19 @@ def test_commits_never_pass_an_unpublished_record_and_never_go_back(
             assert offset <= oldest
             committed[tp] = offset
         buf.committed(commits)
+
+
+def test_a_log_that_restarts_below_consumed_offsets_is_rewound() -> None:
+    """A broker that lost its log gives offsets from 0 again: commits start again from there,
+    and a window taken before the loss does not commit its (now meaningless) old position."""
+    buf = WindowBuffer(SPEC)
+    for i in range(100, 103):
+        buf.add(rec(i, 0.0))
+    old = buf.take(FlushReason.COUNT)
+    assert buf.position(("in", 0)) == 103
+    assert not buf.rewind(("in", 0), 103)  # not below: nothing to do
+    assert buf.rewind(("in", 0), 0)
+    assert buf.complete(old, held=()) == {}  # 103 is beyond the new log
+    for i in range(3):
+        buf.add(rec(i, 1.0))
+    assert buf.complete(buf.take(FlushReason.COUNT), held=()) == {("in", 0): 3}
