@@ -8,9 +8,10 @@ respondent digests (Keyring), values ~200-byte orjson state dicts like the engin
 them is not timed. Puts are ``put_many`` of consecutive batches (fresh respondents), gets are
 ``get_many`` of random batches of stored keys. Targets: >= 100,000 respondents/s, RSS < 1 GiB.
 
-Baselines (same data, same run): a plain dict; raw sqlite3 ``executemany`` of a plain INSERT on
-the same schema and pragmas (what SQLite itself costs, without upsert/trigger/locking/checks);
-raw sqlite3 upsert on the WITHOUT ROWID layout (the alternative layout, to justify ours).
+Baselines (same data, same run): a plain dict; raw sqlite3 ``executemany`` of a plain INSERT
+into a table keyed by the digest (``key BLOB PRIMARY KEY``, same pragmas: what SQLite costs
+with an on-disk key index, the layout SQLiteStore used before its in-memory key map); raw
+sqlite3 upsert on the WITHOUT ROWID layout (the other indexed alternative).
 """
 
 from __future__ import annotations

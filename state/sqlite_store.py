@@ -6,18 +6,18 @@ Durability: WAL journal with ``synchronous=FULL``, so the WAL is fsynced at ever
 last commits on power loss, after the outputs that depend on them were produced. It was not
 needed for throughput: measured the same within noise, see bench/state_store.py.)
 
-Layout: ``respondent(key BLOB PRIMARY KEY, value BLOB)`` as a *rowid* table (its key index is a
-separate, small B-tree) rather than ``WITHOUT ROWID``. Keys are HMAC digests, so inserts land at
-random places; in a WITHOUT ROWID table every insert moves ~230-byte rows around random leaf
-pages, while here rows are appended and only the ~45-byte index cells go to random places.
-Measured on 1M respondents: puts ~2x faster, gets ~20 % slower (bench/state_store.py compares
-both in the same run). Rows are never deleted, so the respondent count is ``max(rowid)``
-(version 1 kept it with an insert trigger, which cost ~5 % of put throughput).
+Layout: ``state(id INTEGER PRIMARY KEY, key BLOB, value BLOB)`` with **no index on key**; the
+key -> id map is held in memory (rebuilt on open by one scan: 0.6 s for 1,000,000 respondents,
+~150 MB). Keys are HMAC digests, so an on-disk key index takes every insert to a random page:
+a batch of 5,000 new respondents dirtied ~4,000 index pages, all fsynced through the WAL, which
+capped puts at SQLite's own ~85-100k/s (bench/state_store.py, ``sqlite-raw-insert``). Here new
+respondents are appended (consecutive ids, a few pages per batch) and existing ones updated in
+place by id. Versions 1 and 2 (``respondent(key PRIMARY KEY, value)``) are copied over on open.
 
 One transaction per ``put_many`` (``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any error,
 including a bad entry found midway), so a batch is all-or-nothing. ``get_many`` queries
-``key IN (?, …)`` in chunks of up to ``_GET_CHUNK`` keys (below the connection's variable limit);
-measured faster than a temp-table join or one query per key.
+``id IN (?, …)`` in chunks of up to ``_GET_CHUNK`` ids (below the connection's variable limit).
+The in-memory map changes only after a commit succeeded.
 
 The file is opened in ``locking_mode=EXCLUSIVE``: a second process (a second worker by mistake)
 cannot open the same store while this one has it open; SQLite then keeps the WAL index in
@@ -37,36 +37,27 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from state.errors import StateStoreError, check_entry
+from state.errors import StateStoreError, check_entries, check_keys
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _GET_CHUNK = 4096
 _CACHE_KIB = 128 * 1024
 _WAL_AUTOCHECKPOINT_PAGES = 16384  # ~64 MiB of WAL between checkpoints (default: 1000)
 
 _MMAP_BYTES = 1 << 30  # reads of hot pages without a copy into the page cache
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS respondent (key BLOB PRIMARY KEY NOT NULL, value BLOB NOT NULL)",
-    # version 1 counted respondents with a trigger (one extra row update per insert)
+    "CREATE TABLE IF NOT EXISTS state "
+    "(id INTEGER PRIMARY KEY, key BLOB NOT NULL, value BLOB NOT NULL)",
+)
+# versions 1 and 2 kept the key as an indexed primary key (1 also a count trigger)
+_MIGRATE = (
+    "INSERT INTO state (key, value) SELECT key, value FROM respondent ORDER BY rowid",
+    "DROP TABLE respondent",
     "DROP TRIGGER IF EXISTS respondent_count",
     "DROP TABLE IF EXISTS meta",
 )
-_UPSERT = (
-    "INSERT INTO respondent (key, value) VALUES (?, ?) "
-    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-)
-
-
-def _checked_rows(entries: Mapping[bytes, bytes]) -> Iterator[tuple[bytes, bytes]]:
-    """Rows in key order (better index locality); a bad entry raises midway, inside the txn."""
-    for key in sorted(entries, key=_sort_key):
-        value = entries[key]
-        check_entry(key, value)
-        yield key, value
-
-
-def _sort_key(key: object) -> bytes:
-    return key if isinstance(key, bytes) else b""
+_INSERT = "INSERT INTO state (id, key, value) VALUES (?, ?, ?)"
+_UPDATE = "UPDATE state SET value = ? WHERE id = ?"
 
 
 class SQLiteStore:
@@ -97,6 +88,11 @@ class SQLiteStore:
             raise StateStoreError(f"cannot open state store {self.path}: {exc}") from None
         limit = self._con.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._chunk = max(1, min(_GET_CHUNK, limit))
+        self._ids: dict[bytes, int] = {}
+        for row_id, key in self._con.execute("SELECT id, key FROM state ORDER BY id"):
+            self._ids[key] = row_id  # (a later row would win; put_many never writes one)
+        row = self._con.execute("SELECT max(id) FROM state").fetchone()
+        self._next_id = int(row[0] or 0) + 1
 
     @staticmethod
     def _setup(con: sqlite3.Connection) -> None:
@@ -112,10 +108,13 @@ class SQLiteStore:
         con.execute("BEGIN IMMEDIATE")  # takes the exclusive lock now, not at the first write
         try:
             version = con.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, _SCHEMA_VERSION):  # 1: migrated below
+            if version not in (0, 1, 2, _SCHEMA_VERSION):
                 raise sqlite3.OperationalError(f"unknown schema version {version}")
             for statement in _SCHEMA:
                 con.execute(statement)
+            if version in (1, 2):
+                for statement in _MIGRATE:
+                    con.execute(statement)
             con.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             con.execute("COMMIT")
         except BaseException:
@@ -128,46 +127,62 @@ class SQLiteStore:
         return self._con
 
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        keys = list(keys)
+        check_keys(keys)
         out: dict[bytes, bytes] = {}
         with self._lock:
             con = self._connection()
+            ids = self._ids
+            wanted = sorted({i for k in keys if (i := ids.get(k)) is not None})
             chunk = self._chunk
-            for start in range(0, len(keys), chunk):
-                part = keys[start : start + chunk]
+            for start in range(0, len(wanted), chunk):
+                part = wanted[start : start + chunk]
                 marks = ",".join("?" * len(part))
-                out.update(
-                    con.execute(
-                        f"SELECT key, value FROM respondent WHERE key IN ({marks})", part
-                    ).fetchall()
-                )
+                out.update(con.execute(f"SELECT key, value FROM state WHERE id IN ({marks})", part))
         return out
 
     def put_many(self, entries: Mapping[bytes, bytes]) -> None:
         if not entries:
             return
+        check_entries(entries)  # before the transaction: a bad batch writes nothing
         with self._lock:
             con = self._connection()
+            ids = self._ids
+            updates: list[tuple[bytes, int]] = []
+            inserts: list[tuple[int, bytes, bytes]] = []
+            fresh: dict[bytes, int] = {}
+            next_id = self._next_id
+            for key, value in entries.items():
+                row_id = ids.get(key)
+                if row_id is None:
+                    fresh[key] = next_id
+                    inserts.append((next_id, key, value))
+                    next_id += 1
+                else:
+                    updates.append((value, row_id))
+            updates.sort(key=lambda u: u[1])  # page order
             con.execute("BEGIN IMMEDIATE")
             try:
-                con.executemany(_UPSERT, _checked_rows(entries))
+                if updates:
+                    con.executemany(_UPDATE, updates)
+                if inserts:
+                    con.executemany(_INSERT, inserts)
                 con.execute("COMMIT")
             except BaseException:
                 if con.in_transaction:
                     con.execute("ROLLBACK")
                 raise
+            ids.update(fresh)  # only once the batch is durable
+            self._next_id = next_id
 
     def count(self) -> int:
         with self._lock:
-            # rows are never deleted, so rowids run 1..n without gaps (SQLite gives a new row
-            # max(rowid) + 1; an upsert that updates keeps its rowid): O(log n), not a scan
-            row = self._connection().execute("SELECT max(rowid) FROM respondent")
-            return int(row.fetchone()[0] or 0)
+            self._connection()
+            return len(self._ids)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All entries (a snapshot, in key order), for inspection and tests."""
         with self._lock:
-            rows = self._connection().execute("SELECT key, value FROM respondent ORDER BY key")
+            rows = self._connection().execute("SELECT key, value FROM state ORDER BY key")
             return iter(rows.fetchall())
 
     def close(self) -> None:
@@ -175,6 +190,7 @@ class SQLiteStore:
             if self._con is not None:
                 self._con.close()  # last connection: checkpoints and removes the WAL
                 self._con = None
+                self._ids = {}
 
     def __enter__(self) -> SQLiteStore:
         return self
