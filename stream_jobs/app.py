@@ -39,6 +39,12 @@ class _Boot(BootStrategy):
         # would join a second, empty consumer group and slow every start by a group join.
         return bool(self.app.tables)
 
+    def _should_enable_kafka_producer(self) -> bool:
+        # Same for its producer: the worker has its own. Faust's would connect with Faust's
+        # broker settings, not the worker's TLS/SASL ones (found by tests/stream_jobs/test_tls.py:
+        # the app failed to start against a broker that only speaks TLS).
+        return bool(self.app.tables)
+
 
 class GatewayApp(faust.App):  # type: ignore[misc]
     BootStrategy = _Boot

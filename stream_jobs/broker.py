@@ -66,11 +66,15 @@ class EmbeddedBroker:
         *,
         host: str = "127.0.0.1",
         port: int | None = None,
+        advertised_port: int | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         start_timeout: float = 10.0,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
+        # what the broker tells clients to connect to: another port when something (a TLS
+        # terminator, say) stands in front of it
+        self.advertised_port = advertised_port or self.port
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._start_timeout = start_timeout
@@ -99,6 +103,7 @@ class EmbeddedBroker:
         self.log_path = log_dir / f"broker-{self.port}.log"
         self._log = self.log_path.open("ab")
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         self._proc = subprocess.Popen(
             [
@@ -107,7 +112,7 @@ class EmbeddedBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],
