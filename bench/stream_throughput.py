@@ -164,10 +164,15 @@ async def main_async(args: argparse.Namespace) -> None:
                 )
             await preload(bs, names[0], records)
             await preload(bs, names[2], records)
-            t_pass = await passthrough(bs, names[2], names[3], n, f"copy{rep}")
+            # the memory broker slows down as it fills: alternate which side goes first
             state = Path(tempfile.mkdtemp(prefix="privgw-bench-"))
             try:
-                t_gw = await gateway(bs, names[0], names[1], n, f"gw{rep}", state)
+                if rep % 2 == 0:
+                    t_pass = await passthrough(bs, names[2], names[3], n, f"copy{rep}")
+                    t_gw = await gateway(bs, names[0], names[1], n, f"gw{rep}", state)
+                else:
+                    t_gw = await gateway(bs, names[0], names[1], n, f"gw{rep}", state)
+                    t_pass = await passthrough(bs, names[2], names[3], n, f"copy{rep}")
             finally:
                 shutil.rmtree(state, ignore_errors=True)
             r_pass, r_gw = n / t_pass, n / t_gw
