@@ -133,7 +133,7 @@ async def gateway(  # noqa: PLR0917
             s = worker.stats
             if share < 1.0 and s.published + s.dlq_total >= share * n:
                 break
-            if s.consumed >= n and s.consumed == s.published + s.dlq_total + s.held:
+            if s.consumed >= n and s.consumed == s.accounted:
                 break
             await asyncio.sleep(0.005)
         times.append(time.perf_counter() - t0)

@@ -402,6 +402,12 @@ class Policy(_Strict):
             )
         if self.output.pseudonym is Pseudonym.HMAC and rid is None:
             raise ValueError("output.pseudonym hmac needs input.respondent_id")
+        key = self.input.key_field
+        if key is not None and key != rid and key not in self.attributes:
+            raise ValueError(
+                f"input.key_field '{key}' is neither input.respondent_id nor an attribute; "
+                "name the field that identifies the respondent (usually input.respondent_id)"
+            )
         return self
 
     # -- derived views ---------------------------------------------------------------

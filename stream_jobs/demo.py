@@ -189,7 +189,7 @@ async def _demo(
         while not stop.is_set():
             await asyncio.sleep(0.1)
             st = worker.stats
-            done = st.consumed >= records and st.consumed == st.published + st.dlq_total + st.held
+            done = st.consumed >= records and st.consumed == st.accounted
             now = time.monotonic()
             if now - last >= 1.0 or done:
                 print(summary_line(worker, now - t0, sent[0]), flush=True)

@@ -84,8 +84,8 @@ async def ensure_topics(settings: WorkerSettings, topics: Topics) -> None:
         existing = set(await admin.list_topics())
         wanted = [
             NewTopic(t, settings.partitions, settings.replication_factor)
-            for t in (topics.input, topics.output, topics.dlq)
-            if t not in existing
+            for t in (topics.input, topics.output, topics.dlq, topics.repartition)
+            if t is not None and t not in existing
         ]
         if topics.meta not in existing:
             wanted.append(

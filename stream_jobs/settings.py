@@ -107,6 +107,7 @@ class WorkerSettings(BaseSettings):
         inp = self.input_topic or policy.input.topic
         out = self.output_topic or policy.output.topic
         return Topics(
+            repartition=f"{inp}.repartition" if policy.input.key_field is not None else None,
             input=inp,
             output=out,
             dlq=self.dlq_topic
@@ -142,17 +143,21 @@ class WorkerSettings(BaseSettings):
 
 
 class Topics:
-    """The four topics one worker touches."""
+    """The topics one worker touches."""
 
-    __slots__ = ("dlq", "input", "meta", "output")
+    __slots__ = ("dlq", "input", "meta", "output", "repartition")
 
-    def __init__(self, *, input: str, output: str, dlq: str, meta: str) -> None:
+    def __init__(
+        self, *, input: str, output: str, dlq: str, meta: str, repartition: str | None = None
+    ) -> None:
         self.input, self.output, self.dlq, self.meta = input, output, dlq, meta
+        # where records without a key are re-keyed to (policy input.key_field), else None
+        self.repartition = repartition
 
     def __repr__(self) -> str:
         return (
             f"Topics(input={self.input!r}, output={self.output!r}, dlq={self.dlq!r}, "
-            f"meta={self.meta!r})"
+            f"meta={self.meta!r}, repartition={self.repartition!r})"
         )
 
 

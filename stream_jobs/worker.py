@@ -34,7 +34,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowReport
 from gateway.policy import Policy
-from gateway.validation import Rejection, Validator
+from gateway.validation import DLQReason, Rejection, Validator, rejection
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.kafka import ensure_topics, make_consumer, make_producer
 from stream_jobs.meta import meta_message
@@ -44,6 +44,7 @@ from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
+_NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
 # A window allocates a few dicts per record; with CPython's default gen0 threshold (700) the
 # collector runs hundreds of times per window and walks the long-lived state each time. It
@@ -85,6 +86,7 @@ class WorkerStats:
     sticky_hits: int = 0
     commits: int = 0
     retries: int = 0  # re-sent windows and retried commits while the broker was away
+    repartitioned: int = 0  # keyless input records forwarded, keyed, to the repartition topic
     rewinds: int = 0  # partitions whose log restarted below consumed offsets
     flush_seconds: float = 0.0
     last_report: WindowReport | None = None
@@ -97,6 +99,11 @@ class WorkerStats:
     @property
     def dlq_total(self) -> int:
         return sum(self.dlq.values())
+
+    @property
+    def accounted(self) -> int:
+        """Consumed records whose fate is known: published, dead-lettered, held, forwarded."""
+        return self.published + self.dlq_total + self.held + self.repartitioned
 
 
 WindowObserver = Callable[[WindowReport, Flush, float], None]
@@ -140,6 +147,11 @@ class GatewayWorker:
         self._version_b = engine.version.encode()
         self._buffer = WindowBuffer(policy.window)
         self._dead: list[DeadLetter] = []
+        # keyless records to re-key: (key, raw value, source partition, source offset)
+        self._forward: list[tuple[bytes, bytes, int, int]] = []
+        key_field = policy.input.key_field
+        self._key_is_id = key_field is not None and key_field == policy.input.respondent_id
+        self._key_field = key_field
         self._lock = asyncio.Lock()
         self._epoch = 0
         self._stopping = asyncio.Event()
@@ -148,6 +160,7 @@ class GatewayWorker:
         self._producer: Any = None
         self._out_partitions: list[int] = []
         self._dlq_partitions: list[int] = []
+        self._repartition_partitions: list[int] = []
         self._partitioner = DefaultPartitioner()
         self.ready = asyncio.Event()
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
@@ -164,20 +177,27 @@ class GatewayWorker:
         await self._producer.start()
         self._out_partitions = sorted(await self._producer.partitions_for(self.topics.output))
         self._dlq_partitions = sorted(await self._producer.partitions_for(self.topics.dlq))
+        rekey = self.topics.repartition
+        if rekey is not None:
+            self._repartition_partitions = sorted(await self._producer.partitions_for(rekey))
+        sources = [self.topics.input] + ([rekey] if rekey is not None else [])
         key, value, headers = meta_message(self.engine.metadata())
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s)
         if s.workers is None:
-            self._consumer.subscribe([self.topics.input], listener=_Rebalance(self))
+            self._consumer.subscribe(sources, listener=_Rebalance(self))
             await self._consumer.start()
         else:
             # static assignment for brokers whose group coordination is unreliable: no joins
             # or rebalances; positions and commits still go through the group id
             await self._consumer.start()
-            parts = await self._producer.partitions_for(self.topics.input)
-            mine = s.static_partitions(parts)
-            self._consumer.assign([TopicPartition(self.topics.input, p) for p in mine])
-            self._on_assigned([TopicPartition(self.topics.input, p) for p in mine])
+            mine = [
+                TopicPartition(topic, p)
+                for topic in sources
+                for p in s.static_partitions(await self._producer.partitions_for(topic))
+            ]
+            self._consumer.assign(mine)
+            self._on_assigned(mine)
         log.info(
             "worker started: group %s, input %s, output %s, policy %s",
             s.group_id,
@@ -226,7 +246,7 @@ class GatewayWorker:
         try:
             if self._consumer is not None:
                 async with self._lock:
-                    if self._buffer.size or self._dead or self._buffer.opened_at is not None:
+                    if self._has_pending():
                         await self._flush(
                             FlushReason.SHUTDOWN, flush_all=self.settings.flush_held_on_shutdown
                         )
@@ -248,11 +268,16 @@ class GatewayWorker:
                     close()
             self._stopped.set()
 
+    def _has_pending(self) -> bool:
+        """Anything a flush would produce or commit: records, dead letters, forwards."""
+        buf = self._buffer
+        return bool(buf.size or self._dead or self._forward or buf.opened_at is not None)
+
     # -- rebalance ---------------------------------------------------------------------
     async def _on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         async with self._lock:
             self._epoch += 1
-            if self._buffer.size or self._dead or self._buffer.opened_at is not None:
+            if self._has_pending():
                 await self._flush(FlushReason.REVOKE)
             await self._settled()  # commit what was flushed before handing over
             handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
@@ -316,8 +341,11 @@ class GatewayWorker:
         validate = self._validator.decode_and_validate
         add = self._buffer.add
         stats = self.stats
+        rekey_from = self.topics.input if self.topics.repartition is not None else None
+        key_field = self._key_field or ""
         for tp, messages in batch.items():
             topic, partition = tp.topic, tp.partition
+            keyless_here = topic == rekey_from
             if messages and self._buffer.rewind((topic, partition), messages[0].offset):
                 self.stats.rewinds += 1
                 log.warning(
@@ -333,6 +361,9 @@ class GatewayWorker:
                     self._reject(res, m, topic, partition, now)  # type: ignore[arg-type]
                     continue
                 rid, values = res  # type: ignore[misc]
+                if keyless_here and not m.key:
+                    self._rekey(m, rid if self._key_is_id else values.get(key_field), topic, now)
+                    continue
                 add(
                     ValidRecord(
                         rid, values, SourceRef(topic, partition, m.offset, m.timestamp), now
@@ -344,6 +375,18 @@ class GatewayWorker:
                 if highwater is not None:
                     stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
         stats.valid = stats.consumed - stats.dlq_total
+
+    def _rekey(self, m: Any, key_value: object, topic: str, now: float) -> None:
+        """A valid record without a key: forwarded, keyed by the policy's key field, to the
+        repartition topic, where every record of a respondent lands on one partition; it is
+        protected when it comes back from there. Its input offset is committed once the
+        forward is acknowledged."""
+        if key_value is None:
+            self._reject(_NO_KEY_VALUE, m, topic, m.partition, now)
+            return
+        self._forward.append((str(key_value).encode(), m.value, m.partition, m.offset))
+        self._buffer.consumed(topic, m.partition, m.offset, now)
+        self.stats.repartitioned += 1
 
     def _reject(self, rej: Rejection, m: Any, topic: str, partition: int, now: float) -> None:
         self._dead.append(
@@ -369,6 +412,7 @@ class GatewayWorker:
         t0 = time.perf_counter()
         flush = self._buffer.take(reason)
         dead, self._dead = self._dead, []
+        forward, self._forward = self._forward, []
         result = None
         if flush.records:
             self._in_engine = len(flush.records)
@@ -397,6 +441,8 @@ class GatewayWorker:
                 futures += await self._produce(published, window_id)
             if dead:
                 futures += await self._produce_dead(dead)
+            if forward:
+                futures += await self._produce_forward(forward)
             return futures
 
         futures = await send()
@@ -526,6 +572,25 @@ class GatewayWorker:
                 (rec.key, rec.value, ts if ts >= 0 else None, headers)
             )
         return await self._send_batches(self.topics.output, by_partition)
+
+    async def _produce_forward(
+        self, forward: Sequence[tuple[bytes, bytes, int, int]]
+    ) -> list[Awaitable[Any]]:
+        topic = self.topics.repartition
+        assert topic is not None
+        parts = self._repartition_partitions
+        source = self.topics.input.encode()
+        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]] = {}
+        for key, value, partition, offset in forward:
+            headers = [
+                ("source_topic", source),
+                ("source_partition", str(partition).encode()),
+                ("source_offset", str(offset).encode()),
+            ]
+            by_partition.setdefault(int(self._partitioner(key, parts, parts)), []).append(
+                (key, value, None, headers)
+            )
+        return await self._send_batches(topic, by_partition)
 
     async def _produce_dead(self, dead: Sequence[DeadLetter]) -> list[Awaitable[Any]]:
         parts = self._dlq_partitions

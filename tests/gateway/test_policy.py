@@ -62,6 +62,10 @@ def test_version_is_stable_across_layout_and_changes_with_meaning() -> None:
             "exactly one of retention, epsilon, gamma",
         ),
         (BASE.replace("categories: [a, b, c]", "categories: [a, a, c]"), "lists a value twice"),
+        (
+            "input: {respondent_id: rid, key_field: ridd}\n" + BASE,
+            "input.key_field 'ridd' is neither input.respondent_id nor an attribute",
+        ),
         ("attributes: {}", "attributes: Dictionary should have at least 1 item"),
         ("- just\n- a list", "top level must be a mapping"),
         ("attributes: {a: [unclosed", "not valid YAML"),

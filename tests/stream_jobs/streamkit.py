@@ -198,9 +198,10 @@ async def run_until(
 
 
 def accounted(worker: GatewayWorker, total: int) -> bool:
-    """Every consumed record is published, dead-lettered or held, and all were consumed."""
+    """Every consumed record is published, dead-lettered, held or re-keyed, and all were
+    consumed."""
     st = worker.stats
-    return st.consumed >= total and st.consumed == st.published + st.dlq_total + st.held
+    return st.consumed >= total and st.consumed == st.accounted
 
 
 def published_qi_groups(
