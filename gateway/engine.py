@@ -105,6 +105,22 @@ def _group_key(group_id: str) -> bytes:
     return _GROUP_KEY_PREFIX + group_id.encode()
 
 
+_PARTITION_BYTES = 2  # partition-scoped respondent keys: partition (big-endian) + digest
+_DIGEST_BYTES = 32
+
+
+def state_key_partition(key: bytes) -> int | None:
+    """The input partition a state key belongs to, for an engine with ``partition_scope``:
+    respondent keys carry it in front of the digest, group ids as ``<partition>.<id>``.
+    None for keys of an engine without partition scope."""
+    if key.startswith(_GROUP_KEY_PREFIX):
+        head, dot, _ = key[len(_GROUP_KEY_PREFIX) :].partition(b".")
+        return int(head) if dot and head.isdigit() else None
+    if len(key) == _PARTITION_BYTES + _DIGEST_BYTES:
+        return int.from_bytes(key[:_PARTITION_BYTES], "big")
+    return None
+
+
 @dataclass(slots=True)
 class _StateView:
     """The window's decoded respondent states and which of them the window changed."""
@@ -214,7 +230,12 @@ class Engine:
         randomness: UniformSource | None = None,
         consistency_override: bool = False,
         frequencies: Mapping[str, Mapping[str, float]] | None = None,
+        partition_scope: bool = False,
     ) -> None:
+        """``partition_scope``: the state follows input partitions (scale-out with state that
+        moves with its partition): every state key names its record's partition
+        (:func:`state_key_partition`) and microaggregation groups are formed within one
+        partition, so a group's members and its registry entry always move together."""
         if policy.consistency.mode is ConsistencyMode.NONE and not consistency_override:
             raise PolicyError(
                 "consistency.mode none gives every release fresh randomness, which an "
@@ -229,6 +250,7 @@ class Engine:
         self.policy = policy
         self.version = policy.version
         self._keyring = keyring
+        self._partition_scope = partition_scope
         self._digests = _ValueDigests(keyring) if keyring is not None else None
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
         self._store = store if self._consistent else None
@@ -306,6 +328,11 @@ class Engine:
                 dkeys[i] = key
             for i in with_id:
                 dkeys[i] = rkeys[i]
+            if self._partition_scope:  # draws stay bound to the respondent alone
+                for i in with_id:
+                    src = records[i].source
+                    part = src.partition if src is not None else 0
+                    rkeys[i] = part.to_bytes(_PARTITION_BYTES, "big") + (rkeys[i] or b"")
         states: dict[bytes, dict[str, Any]] = {}
         if self._store is not None:
             wanted = sorted({key for key in rkeys if key is not None})
@@ -549,40 +576,66 @@ class Engine:
                 slots.append(i)
             members.append(slot_of[ident])
 
-        if len(slots) >= k:
-            xs = x[slots]
+        # slots by scope: one scope per window, or one per input partition
+        scopes: dict[int | None, list[int]] = {}
+        for s_index, i in enumerate(slots):
+            src = records[i].source
+            scope = src.partition if self._partition_scope and src is not None else None
+            scopes.setdefault(scope, []).append(s_index)
+        gid_of_slot: dict[int, str] = {}
+        masked_of_slot: dict[int, NDArray[np.float64]] = {}
+        originals: list[NDArray[np.float64]] = []
+        maskeds: list[NDArray[np.float64]] = []
+        for scope, scope_slots in sorted(scopes.items(), key=lambda kv: (kv[0] is None, kv[0])):
+            if len(scope_slots) < k:
+                continue  # these wait (below) for k new neighbours in their scope
+            xs = x[[slots[s_index] for s_index in scope_slots]]
             masked, labels = microaggregate(
                 xs,
                 k,
                 algorithm=policy.microaggregation.algorithm.value,
                 standardize=policy.microaggregation.standardize,
             )
+            originals.append(xs)
+            maskeds.append(masked)
             label_rows = labels if labels.ndim == 1 else labels[:, 0]
-            gids: dict[int, str] = {}
+            prefix = f"{scope}." if scope is not None else ""
             for g in np.unique(label_rows):
                 idx = np.flatnonzero(label_rows == g)
                 ident_bytes = b"".join(
-                    sorted(self._record_id(records[slots[s]], slots[s]).encode() for s in idx)
+                    sorted(
+                        self._record_id(
+                            records[slots[scope_slots[t]]], slots[scope_slots[t]]
+                        ).encode()
+                        for t in idx
+                    )
                 )
-                gids[int(g)] = hashlib.sha256(ident_bytes).hexdigest()[:16]
-                decision.groups.append((gids[int(g)], int(idx.size)))
-            joined: set[int] = set()
-            for i, s in zip(pending, members, strict=True):
-                for j, n in enumerate(names):
-                    out[n][i] = _num(masked[s, j])
-                gid = gids[int(label_rows[s])]
-                decision.group_of[i] = gid
-                if rkeys[i] is not None and s not in joined:
-                    joined.add(s)
-                    view.join(gid)
-            if (self._windows - 1) % policy.risk.sample_every == 0:
-                decision.measures = _window_measures(xs, masked, policy.risk.interval_pct)
-        else:
-            first_of_slot = set(slots)  # a slot reserved one departure, not one per record
-            for i in pending:
+                gid = prefix + hashlib.sha256(ident_bytes).hexdigest()[:16]
+                decision.groups.append((gid, int(idx.size)))
+                for t in idx:
+                    gid_of_slot[scope_slots[t]] = gid
+            for pos, s_index in enumerate(scope_slots):
+                masked_of_slot[s_index] = masked[pos]
+        joined: set[int] = set()
+        first_of_slot = set(slots)  # a slot reserved one departure, not one per record
+        for i, s_index in zip(pending, members, strict=True):
+            slot_gid = gid_of_slot.get(s_index)
+            if slot_gid is None:
                 held = self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
                 if held and i in first_of_slot:
                     self._undo_departure(records, rkeys, view, i)
+                continue
+            row = masked_of_slot[s_index]
+            for j, n in enumerate(names):
+                out[n][i] = _num(row[j])
+            decision.group_of[i] = slot_gid
+            if rkeys[i] is not None and s_index not in joined:
+                joined.add(s_index)
+                view.join(slot_gid)
+        if maskeds and (self._windows - 1) % policy.risk.sample_every == 0:
+            decision.measures = _window_measures(
+                np.vstack(originals), np.vstack(maskeds), policy.risk.interval_pct
+            )
         for i in deferred:  # no departure was reserved for these
             self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
         return decision

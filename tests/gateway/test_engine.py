@@ -257,3 +257,38 @@ def test_several_waves_of_one_respondent_in_one_window_count_once_towards_k() ->
                 members[(row["age"], row["hours"])].add(str(owner[row["record_id"]]))
     assert not held
     assert members and min(len(m) for m in members.values()) >= 3
+
+
+def _spread(records: list[ValidRecord], partitions: int) -> list[ValidRecord]:
+    """The same records, respondent r<i> on input partition i mod ``partitions``."""
+    return [
+        r._replace(source=SourceRef("in", int(str(r.respondent_id)[1:]) % partitions, k))
+        for k, r in enumerate(records)
+    ]
+
+
+def test_partition_scope_keeps_groups_and_state_within_a_partition() -> None:
+    """With state that follows input partitions, every state key names its partition and
+    every group is formed inside one partition; randomized response is the same draw as
+    without partition scope (bound to the respondent, not to where its state lives)."""
+    from gateway.engine import state_key_partition  # noqa: PLC0415
+
+    rng = np.random.default_rng(4)
+    records = _spread(_records(1, 60, rng), 3)
+    scoped_store, plain_store = DictStore(), DictStore()
+    scoped = Engine(_policy(), keyring=KEY, store=scoped_store, partition_scope=True)
+    plain = Engine(_policy(), keyring=KEY, store=plain_store)
+    res = scoped.protect_window(records, now=0.0)
+    rows = _rows(res)
+    assert len(rows) == 60 and not res.held
+    members: dict[str, set[int]] = defaultdict(set)
+    for row, rec in zip(rows, records, strict=True):
+        assert rec.source is not None
+        members[str((row["age"], row["hours"]))].add(rec.source.partition)
+    assert all(len(parts) == 1 for parts in members.values()), "a group spans partitions"
+    assert (res.report.min_group_size or 0) >= 3
+    partitions = {state_key_partition(key) for key in scoped_store.data}
+    assert partitions == {0, 1, 2}  # every key routable, respondents and groups alike
+    plain_rows = _rows(plain.protect_window(records, now=0.0))
+    assert [r["occ"] for r in rows] == [r["occ"] for r in plain_rows]
+    assert all(state_key_partition(key) is None for key in plain_store.data)
