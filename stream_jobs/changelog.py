@@ -77,6 +77,41 @@ class KafkaChangelog:
         await asyncio.gather(*futures)
 
 
+async def ensure_changelog_topic(settings: WorkerSettings, partitions: int) -> None:
+    """Create the compacted changelog topic (one partition per input partition) if missing."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
+    from aiokafka.errors import TopicAlreadyExistsError  # noqa: PLC0415
+
+    from stream_jobs.kafka import security_kwargs  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap,
+        request_timeout_ms=settings.request_timeout_ms,
+        **security_kwargs(settings),
+    )
+    await admin.start()
+    try:
+        topic = settings.changelog_topic
+        if topic in set(await admin.list_topics()):
+            return
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    topic,
+                    partitions,
+                    settings.replication_factor,
+                    topic_configs={"cleanup.policy": "compact"},
+                )
+            ]
+        )
+        for _, code, *_ in response.topic_errors:
+            if code and code != TopicAlreadyExistsError.errno:
+                raise RuntimeError(f"cannot create the changelog topic {topic} (error {code})")
+        log.info("created topic %s", topic)
+    finally:
+        await admin.close()
+
+
 async def restore_partitions(
     store: RocksStore,
     settings: WorkerSettings,

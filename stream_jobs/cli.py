@@ -49,6 +49,12 @@ def register(sub: Any) -> None:
         help="static assignment: this worker's index i (takes partitions p with p mod n = i)",
     )
     p.add_argument("--workers", type=int, help="static assignment: number of workers n")
+    p.add_argument(
+        "--state-backend",
+        choices=["sqlite", "partitioned"],
+        help="sqlite (default): one file per worker; partitioned: state per input partition, "
+        "with a changelog topic, restored when a partition is assigned",
+    )
     p.set_defaults(func=cmd_run)
 
     p = add_command(
@@ -109,11 +115,17 @@ def _settings(**overrides: Any) -> Any:
 def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     """Engine (keyed, with the durable state store) + worker for ``policy``."""
     from gateway.engine import Engine  # noqa: PLC0415
+    from state.partitioned_store import PartitionedStore  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
 
-    store = SQLiteStore(Path(settings.state_dir) / "state.db")
-    engine = Engine(policy, keyring=keyring, store=store)
+    store: Any
+    if settings.state_backend == "partitioned":
+        store = PartitionedStore(Path(settings.state_dir) / "partitions")
+        engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
+    else:
+        store = SQLiteStore(Path(settings.state_dir) / "state.db")
+        engine = Engine(policy, keyring=keyring, store=store)
     worker = GatewayWorker(policy, settings, engine)
     worker.closers.append(store.close)
     worker.state_store = store
@@ -140,6 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             worker_index=args.worker_index,
             workers=args.workers,
+            state_backend=args.state_backend,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         logging.getLogger().setLevel(settings.log_level)

@@ -39,6 +39,11 @@ class WorkerSettings(BaseSettings):
     replication_factor: int = Field(1, ge=1)
     create_topics: bool = Field(True, description="create missing topics at startup")
     state_dir: Path = Path("privgw-state")
+    state_backend: Literal["sqlite", "partitioned"] = Field(
+        "sqlite",
+        description="sqlite: one file per worker; partitioned: one RocksDB per input "
+        "partition with a changelog topic, restored when the partition is assigned",
+    )
 
     # -- metrics ------------------------------------------------------------------------
     metrics_port: int = Field(9464, ge=0, le=65535, description="0 disables the exporter")
@@ -117,6 +122,11 @@ class WorkerSettings(BaseSettings):
             or (policy.output.meta_topic if self.output_topic is None else None)
             or f"{out}.meta",
         )
+
+    @property
+    def changelog_topic(self) -> str:
+        """The partitioned backend's changelog: one partition per input partition."""
+        return f"{self.group_id}.state-changelog"
 
     def static_partitions(self, partitions: Iterable[int]) -> list[int]:
         """This worker's share under static assignment: p mod workers == worker_index."""

@@ -35,6 +35,8 @@ from aiokafka.partitioner import DefaultPartitioner
 from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowReport
 from gateway.policy import Policy
 from gateway.validation import DLQReason, Rejection, Validator, rejection
+from state.partitioned_store import PartitionedStore
+from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.kafka import ensure_topics, make_consumer, make_producer
 from stream_jobs.meta import meta_message
@@ -95,6 +97,7 @@ class WorkerStats:
     # (topic, partition) -> records behind the partition's high watermark after the last fetch
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     restore_remaining: int = 0  # changelog records still to replay (partitioned state)
+    restored: int = 0  # changelog records replayed since the start (partitioned state)
 
     @property
     def dlq_total(self) -> int:
@@ -117,7 +120,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._worker._on_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        self._worker._on_assigned(assigned)
+        await self._worker._on_assigned(assigned)
 
 
 class GatewayWorker:
@@ -181,6 +184,8 @@ class GatewayWorker:
         if rekey is not None:
             self._repartition_partitions = sorted(await self._producer.partitions_for(rekey))
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
+        if isinstance(self.state_store, PartitionedStore):
+            await self._wire_changelog(self.state_store)
         key, value, headers = meta_message(self.engine.metadata())
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s)
@@ -197,7 +202,7 @@ class GatewayWorker:
                 for p in s.static_partitions(await self._producer.partitions_for(topic))
             ]
             self._consumer.assign(mine)
-            self._on_assigned(mine)
+            await self._on_assigned(mine)
         log.info(
             "worker started: group %s, input %s, output %s, policy %s",
             s.group_id,
@@ -205,6 +210,14 @@ class GatewayWorker:
             self.topics.output,
             self._version,
         )
+
+    async def _wire_changelog(self, store: PartitionedStore) -> None:
+        partitions = len(await self._producer.partitions_for(self.topics.input))
+        if self.settings.create_topics:
+            await ensure_changelog_topic(self.settings, partitions)
+        topic, producer = self.settings.changelog_topic, self._producer
+        loop = asyncio.get_running_loop()
+        store.changelog_for = lambda p: KafkaChangelog(producer, loop, topic, [p])
 
     async def run(self) -> None:
         """Consume until :meth:`request_stop`; then flush, commit and close the clients."""
@@ -281,14 +294,60 @@ class GatewayWorker:
                 await self._flush(FlushReason.REVOKE)
             await self._settled()  # commit what was flushed before handing over
             handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
+            self._close_revoked_state(revoked)
             for tp in revoked:
                 self.stats.lag.pop((tp.topic, tp.partition), None)
             if handed:
                 log.info("revoked %d partitions; %d held records handed over", len(revoked), handed)
 
-    def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+    async def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
         self._epoch += 1
         log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
+        store = self.state_store
+        if not isinstance(store, PartitionedStore):
+            return
+        # the state of a partition is rebuilt from its changelog before any of its records
+        # is processed (aiokafka awaits this listener before fetching)
+        wanted = sorted({tp.partition for tp in assigned} - set(store.partitions))
+        remaining: dict[int, int] = {}
+
+        def progress(partition: int) -> Callable[[int], None]:
+            def report(left: int) -> None:
+                remaining[partition] = left
+                self.stats.restore_remaining = sum(remaining.values())
+
+            return report
+
+        t0 = time.perf_counter()
+        restored = 0
+        for partition in wanted:
+            local = store.open_partition(partition, fresh=True)
+            restored += await restore_partitions(
+                local,
+                self.settings,
+                self.settings.changelog_topic,
+                [partition],
+                progress=progress(partition),
+            )
+        self.stats.restore_remaining = 0
+        self.stats.restored += restored
+        if wanted:
+            log.info(
+                "restored the state of partitions %s: %d changelog records in %.1f s",
+                wanted,
+                restored,
+                time.perf_counter() - t0,
+            )
+
+    def _close_revoked_state(self, revoked: Sequence[TopicPartition]) -> None:
+        store = self.state_store
+        if not isinstance(store, PartitionedStore):
+            return
+        kept = {tp.partition for tp in self._consumer.assignment()} - {
+            tp.partition for tp in revoked
+        }
+        for partition in {tp.partition for tp in revoked} - kept:
+            store.close_partition(partition)
 
     async def _rewind_to_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
         assigned = self._consumer.assignment()
