@@ -96,7 +96,7 @@ async def main_async(n: int) -> None:
         remaining: list[int] = []
         t0 = time.perf_counter()
         read = await restore_partitions(
-            target, settings, TOPIC, list(range(PARTITIONS)), progress=remaining.append
+            dict.fromkeys(range(PARTITIONS), target), settings, TOPIC, progress=remaining.append
         )
         t_restore = time.perf_counter() - t0
         count = target.count()

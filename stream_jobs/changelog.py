@@ -113,20 +113,20 @@ async def ensure_changelog_topic(settings: WorkerSettings, partitions: int) -> N
 
 
 async def restore_partitions(
-    store: RocksStore,
+    stores: Mapping[int, RocksStore],
     settings: WorkerSettings,
     topic: str,
-    partitions: list[int],
     *,
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Apply ``partitions`` of the changelog ``topic`` to ``store``; returns records read.
+    """Apply each partition of the changelog ``topic`` named in ``stores`` to its store (one
+    store may serve several partitions); returns the records read.
 
     ``progress(remaining)`` is called as the restore goes (and with 0 at the end)."""
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in partitions]
+        tps = [TopicPartition(topic, p) for p in sorted(stores)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -144,7 +144,6 @@ async def restore_partitions(
         idle: set[TopicPartition] = set()
         while pending:
             batch = await consumer.getmany(*pending, timeout_ms=200, max_records=_RESTORE_BATCH)
-            entries = [(m.key, m.value) for messages in batch.values() for m in messages]
             for tp in list(pending):
                 if batch.get(tp):
                     idle.discard(tp)
@@ -152,9 +151,12 @@ async def restore_partitions(
                     if tp in idle:
                         pending.discard(tp)
                     idle.add(tp)
-            if entries:
+            for tp, messages in batch.items():
+                if not messages:
+                    continue
+                entries = [(m.key, m.value) for m in messages]
                 # the store's synced writes block: off the loop, which keeps serving
-                await loop.run_in_executor(None, store.restore, iter(entries))
+                await loop.run_in_executor(None, stores[tp.partition].restore, iter(entries))
                 total += len(entries)
                 remaining -= len(entries)
             now = time.monotonic()

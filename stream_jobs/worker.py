@@ -306,38 +306,30 @@ class GatewayWorker:
         store = self.state_store
         if not isinstance(store, PartitionedStore):
             return
-        # the state of a partition is rebuilt from its changelog before any of its records
-        # is processed (aiokafka awaits this listener before fetching)
-        wanted = sorted({tp.partition for tp in assigned} - set(store.partitions))
-        remaining: dict[int, int] = {}
+        # The state of a partition is rebuilt from its changelog before any of its records is
+        # processed: under the lock, so no window runs meanwhile, and the epoch moves again
+        # after it, so a batch fetched during the restore is dropped and read again.
+        async with self._lock:
+            wanted = sorted({tp.partition for tp in assigned} - set(store.partitions))
+            if wanted:
+                t0 = time.perf_counter()
+                restored = await restore_partitions(
+                    {p: store.open_partition(p, fresh=True) for p in wanted},
+                    self.settings,
+                    self.settings.changelog_topic,
+                    progress=self._restore_progress,
+                )
+                self.stats.restored += restored
+                log.info(
+                    "restored the state of partitions %s: %d changelog records in %.1f s",
+                    wanted,
+                    restored,
+                    time.perf_counter() - t0,
+                )
+            self._epoch += 1
 
-        def progress(partition: int) -> Callable[[int], None]:
-            def report(left: int) -> None:
-                remaining[partition] = left
-                self.stats.restore_remaining = sum(remaining.values())
-
-            return report
-
-        t0 = time.perf_counter()
-        restored = 0
-        for partition in wanted:
-            local = store.open_partition(partition, fresh=True)
-            restored += await restore_partitions(
-                local,
-                self.settings,
-                self.settings.changelog_topic,
-                [partition],
-                progress=progress(partition),
-            )
-        self.stats.restore_remaining = 0
-        self.stats.restored += restored
-        if wanted:
-            log.info(
-                "restored the state of partitions %s: %d changelog records in %.1f s",
-                wanted,
-                restored,
-                time.perf_counter() - t0,
-            )
+    def _restore_progress(self, remaining: int) -> None:
+        self.stats.restore_remaining = remaining
 
     def _close_revoked_state(self, revoked: Sequence[TopicPartition]) -> None:
         store = self.state_store

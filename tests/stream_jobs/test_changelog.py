@@ -50,7 +50,7 @@ async def _round_trip(bootstrap: str, topic: str, tmp: Path) -> None:
     remaining: list[int] = []
     everything = RocksStore(tmp / "everything")
     read = await restore_partitions(
-        everything, settings, topic, list(range(PARTITIONS)), progress=remaining.append
+        dict.fromkeys(range(PARTITIONS), everything), settings, topic, progress=remaining.append
     )
     assert read == 3500
     assert dict(everything.items()) == expected
@@ -61,7 +61,7 @@ async def _round_trip(bootstrap: str, topic: str, tmp: Path) -> None:
 
     # a worker that takes over partitions 0 and 2 gets exactly their respondents
     mine = RocksStore(tmp / "mine")
-    await restore_partitions(mine, settings, topic, [0, 2])
+    await restore_partitions({0: mine, 2: mine}, settings, topic)
     owned = {k: v for k, v in expected.items() if changelog.partition_of(k) in (0, 2)}
     assert dict(mine.items()) == owned
     assert 0 < len(owned) < len(expected)
