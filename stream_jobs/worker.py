@@ -450,6 +450,7 @@ class GatewayWorker:
                 offset=m.offset,
                 timestamp_ms=m.timestamp,
                 policy_version=self._version,
+                max_value_bytes=self.settings.max_message_bytes,
             )
         )
         self._buffer.consumed(topic, partition, m.offset, now)

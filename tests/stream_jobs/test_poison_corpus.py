@@ -21,6 +21,7 @@ from streamkit import (
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.dlq import TRUNCATED_PREFIX_BYTES
 from stream_jobs.simulator import PanelSurvey, encode, load_rows, poison_corpus
 
 pytestmark = pytest.mark.broker
@@ -70,6 +71,12 @@ def test_every_poison_class_is_dead_lettered_with_its_reason_and_coordinates(
         coord = f"{h['source_topic']}/{h['source_partition']}/{h['source_offset']}"
         got[coord] = h["reason"]
         assert h["error_class"] and h["policy_version"] == policy.version
+        if h["reason"] == "too_large":  # a prefix, and what identifies the whole record
+            assert h["truncated"] == "1" and len(m.value or b"") == TRUNCATED_PREFIX_BYTES
+            assert int(h["original_size"]) > settings.max_message_bytes
+            assert len(h["original_sha256"]) == 64
+        else:
+            assert "truncated" not in h
     assert got == {c: r for c, r in expected.items() if r is not None}
     published = {m.headers["record_id"].decode() for m in out}
     assert published == {c for c, r in expected.items() if r is None}
