@@ -177,6 +177,7 @@ class _WorkerCollector(Collector):
             ("windows_flushed", st.windows, "windows protected and flushed"),
             ("offset_commits", st.commits, "offset commits after acknowledged outputs"),
             ("records_repartitioned", st.repartitioned, "keyless records re-keyed (key_field)"),
+            ("delivery_retries", st.retries, "windows re-sent and commits retried (broker away)"),
             ("sticky_hits", st.sticky_hits, "values republished from state"),
             ("sticky_lookups", m.sticky_lookups, "values that could be served from state"),
             ("deferred_moves", m.deferred_moves, "changed QIs kept in their group for k"),

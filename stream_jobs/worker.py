@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+)
 from aiokafka.partitioner import DefaultPartitioner
 
 from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowReport
@@ -46,6 +52,16 @@ from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
+
+
+def _transient(err: KafkaError) -> bool:
+    """Worth waiting for: the broker is away or moving leaders (a batch that expired while it
+    was away raises KafkaTimeoutError, which aiokafka does not mark retriable). Anything else —
+    authorization, a record the broker refuses — fails the worker: offsets stay uncommitted,
+    and retrying forever would only hide it."""
+    return bool(err.retriable) or isinstance(err, KafkaTimeoutError | KafkaConnectionError)
+
+
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
 # A window allocates a few dicts per record; with CPython's default gen0 threshold (700) the
@@ -524,7 +540,7 @@ class GatewayWorker:
                 await asyncio.gather(*futures)
                 break
             except KafkaError as err:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or not _transient(err):
                     raise
                 log.warning(
                     "outputs of a window not acknowledged (%s); sending again in %.1f s",
@@ -548,7 +564,7 @@ class GatewayWorker:
                 log.info("commit skipped (%s): partitions reassigned", err.__class__.__name__)
                 break
             except KafkaError as err:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or not _transient(err):
                     raise
                 log.warning("commit failed (%s); retrying in %.1f s", err.__class__.__name__, delay)
                 self.stats.retries += 1
