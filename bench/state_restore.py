@@ -24,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
 from state.rocks_store import RocksStore
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.changelog import KafkaChangelog, restore_partitions
-from stream_jobs.kafka import make_consumer, make_producer
+from stream_jobs.kafka import create_missing_topics, make_consumer, make_producer
 from stream_jobs.settings import WorkerSettings
 
 PARTITIONS = 6
@@ -65,12 +65,10 @@ async def plain_read(settings: WorkerSettings, n: int) -> float:
 async def main_async(n: int) -> None:
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         settings = WorkerSettings(bootstrap=broker.bootstrap, max_poll_records=20_000)
-        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-        await admin.start()
-        await admin.create_topics(
-            [NewTopic(TOPIC, PARTITIONS, 1, topic_configs={"cleanup.policy": "compact"})]
+        await create_missing_topics(
+            settings,
+            [NewTopic(TOPIC, PARTITIONS, 1, topic_configs={"cleanup.policy": "compact"})],
         )
-        await admin.close()
         producer = make_producer(settings)
         await producer.start()
         changelog = KafkaChangelog(

@@ -20,10 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 
 from state.rocks_store import RocksStore
-from stream_jobs.kafka import make_consumer
+from stream_jobs.kafka import BatchItem, create_missing_topics, make_consumer, send_batches
 from stream_jobs.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -56,60 +57,25 @@ class KafkaChangelog:
         future.result(_WRITE_TIMEOUT_S)
 
     async def write_async(self, entries: Mapping[bytes, bytes]) -> None:
-        by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+        by_partition: dict[int, list[BatchItem]] = {}
         for key, value in entries.items():
-            by_partition.setdefault(self.partition_of(key), []).append((key, value))
-        futures = []
-        for partition, items in by_partition.items():
-            batch = self._producer.create_batch()
-            for key, value in items:
-                if batch.append(key=key, value=value, timestamp=None) is None:
-                    futures.append(
-                        await self._producer.send_batch(batch, self.topic, partition=partition)
-                    )
-                    batch = self._producer.create_batch()
-                    if batch.append(key=key, value=value, timestamp=None) is None:
-                        raise ValueError("a state entry is larger than a producer batch")
-            if batch.record_count():
-                futures.append(
-                    await self._producer.send_batch(batch, self.topic, partition=partition)
-                )
-        await asyncio.gather(*futures)
+            by_partition.setdefault(self.partition_of(key), []).append((key, value, None, []))
+        await asyncio.gather(*await send_batches(self._producer, self.topic, by_partition))
 
 
 async def ensure_changelog_topic(settings: WorkerSettings, partitions: int) -> None:
     """Create the compacted changelog topic (one partition per input partition) if missing."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
-    from aiokafka.errors import TopicAlreadyExistsError  # noqa: PLC0415
-
-    from stream_jobs.kafka import security_kwargs  # noqa: PLC0415
-
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.bootstrap,
-        request_timeout_ms=settings.request_timeout_ms,
-        **security_kwargs(settings),
+    await create_missing_topics(
+        settings,
+        [
+            NewTopic(
+                settings.changelog_topic,
+                partitions,
+                settings.replication_factor,
+                topic_configs={"cleanup.policy": "compact"},
+            )
+        ],
     )
-    await admin.start()
-    try:
-        topic = settings.changelog_topic
-        if topic in set(await admin.list_topics()):
-            return
-        response = await admin.create_topics(
-            [
-                NewTopic(
-                    topic,
-                    partitions,
-                    settings.replication_factor,
-                    topic_configs={"cleanup.policy": "compact"},
-                )
-            ]
-        )
-        for _, code, *_ in response.topic_errors:
-            if code and code != TopicAlreadyExistsError.errno:
-                raise RuntimeError(f"cannot create the changelog topic {topic} (error {code})")
-        log.info("created topic %s", topic)
-    finally:
-        await admin.close()
 
 
 async def restore_partitions(

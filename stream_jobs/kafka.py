@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -73,6 +74,20 @@ def make_producer(settings: WorkerSettings) -> Any:
 
 async def ensure_topics(settings: WorkerSettings, topics: Topics) -> None:
     """Create the worker's topics if missing; the metadata topic is compacted."""
+    rf = settings.replication_factor
+    await create_missing_topics(
+        settings,
+        [
+            NewTopic(t, settings.partitions, rf)
+            for t in (topics.input, topics.output, topics.dlq, topics.repartition)
+            if t is not None
+        ]
+        + [NewTopic(topics.meta, 1, rf, topic_configs={"cleanup.policy": "compact"})],
+    )
+
+
+async def create_missing_topics(settings: WorkerSettings, topics: Sequence[NewTopic]) -> None:
+    """Create those of ``topics`` that do not exist yet (a concurrent creator may win)."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap,
         client_id=f"{settings.client_id}-admin",
@@ -82,20 +97,7 @@ async def ensure_topics(settings: WorkerSettings, topics: Topics) -> None:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        wanted = [
-            NewTopic(t, settings.partitions, settings.replication_factor)
-            for t in (topics.input, topics.output, topics.dlq, topics.repartition)
-            if t is not None and t not in existing
-        ]
-        if topics.meta not in existing:
-            wanted.append(
-                NewTopic(
-                    topics.meta,
-                    1,
-                    settings.replication_factor,
-                    topic_configs={"cleanup.policy": "compact"},
-                )
-            )
+        wanted = [t for t in topics if t.name not in existing]
         if not wanted:
             return
         response = await admin.create_topics(wanted)
@@ -107,3 +109,38 @@ async def ensure_topics(settings: WorkerSettings, topics: Topics) -> None:
             log.info("created topic %s", name)
     finally:
         await admin.close()
+
+
+BatchItem = tuple[bytes | None, bytes, int | None, list[Any]]  # key, value, timestamp, headers
+
+
+async def send_batches(
+    producer: Any, topic: str, by_partition: Mapping[int, Sequence[BatchItem]]
+) -> list[Awaitable[Any]]:
+    """Send records as few producer batches per partition as fit; a record larger than a batch
+    goes alone. Returns the futures of the broker's acknowledgements."""
+    futures: list[Awaitable[Any]] = []
+    for partition, items in by_partition.items():
+        batch = producer.create_batch()
+        for key, value, ts, headers in items:
+            if batch.append(key=key, value=value, timestamp=ts, headers=headers) is not None:
+                continue
+            if batch.record_count():  # the batch is full: send it, start another
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=ts, headers=headers) is not None:
+                    continue
+            # larger than a batch: send it alone
+            futures.append(
+                await producer.send(
+                    topic,
+                    value=value,
+                    key=key,
+                    partition=partition,
+                    timestamp_ms=ts,
+                    headers=headers,
+                )
+            )
+        if batch.record_count():
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return futures

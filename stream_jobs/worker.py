@@ -44,7 +44,13 @@ from gateway.validation import DLQReason, Rejection, Validator, rejection
 from state.partitioned_store import PartitionedStore
 from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
-from stream_jobs.kafka import ensure_topics, make_consumer, make_producer
+from stream_jobs.kafka import (
+    BatchItem,
+    ensure_topics,
+    make_consumer,
+    make_producer,
+    send_batches,
+)
 from stream_jobs.meta import meta_message
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
@@ -631,7 +637,7 @@ class GatewayWorker:
     ) -> list[Awaitable[Any]]:
         wid = window_id.encode()
         ver = self._version_b
-        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]] = {}
+        by_partition: dict[int, list[BatchItem]] = {}
         for rec in published:
             ts = rec.source.timestamp_ms if rec.source is not None else -1
             headers = [("record_id", rec.record_id.encode()), ("policy_version", ver)]
@@ -648,7 +654,7 @@ class GatewayWorker:
         assert topic is not None
         parts = self._repartition_partitions
         source = self.topics.input.encode()
-        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]] = {}
+        by_partition: dict[int, list[BatchItem]] = {}
         for key, value, partition, offset in forward:
             headers = [
                 ("source_topic", source),
@@ -662,7 +668,7 @@ class GatewayWorker:
 
     async def _produce_dead(self, dead: Sequence[DeadLetter]) -> list[Awaitable[Any]]:
         parts = self._dlq_partitions
-        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]] = {}
+        by_partition: dict[int, list[BatchItem]] = {}
         for d in dead:
             by_partition.setdefault(parts[d.partition % len(parts)], []).append(
                 (d.key, d.value, d.timestamp_ms, d.headers)
@@ -670,36 +676,6 @@ class GatewayWorker:
         return await self._send_batches(self.topics.dlq, by_partition)
 
     async def _send_batches(
-        self,
-        topic: str,
-        by_partition: dict[int, list[tuple[bytes | None, bytes, int | None, list[Any]]]],
+        self, topic: str, by_partition: dict[int, list[BatchItem]]
     ) -> list[Awaitable[Any]]:
-        producer = self._producer
-        futures: list[Awaitable[Any]] = []
-        for partition, items in by_partition.items():
-            batch = producer.create_batch()
-            for key, value, ts, headers in items:
-                if batch.append(key=key, value=value, timestamp=ts, headers=headers) is not None:
-                    continue
-                if batch.record_count():  # the batch is full: send it, start another
-                    futures.append(await producer.send_batch(batch, topic, partition=partition))
-                    batch = producer.create_batch()
-                    if (
-                        batch.append(key=key, value=value, timestamp=ts, headers=headers)
-                        is not None
-                    ):
-                        continue
-                # larger than a batch: send it alone
-                futures.append(
-                    await producer.send(
-                        topic,
-                        value=value,
-                        key=key,
-                        partition=partition,
-                        timestamp_ms=ts,
-                        headers=headers,
-                    )
-                )
-            if batch.record_count():
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-        return futures
+        return await send_batches(self._producer, topic, by_partition)

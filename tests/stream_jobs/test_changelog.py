@@ -9,12 +9,12 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
 from state.rocks_store import RocksStore
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.changelog import KafkaChangelog, restore_partitions
-from stream_jobs.kafka import make_producer
+from stream_jobs.kafka import create_missing_topics, make_producer
 from stream_jobs.settings import WorkerSettings
 
 pytestmark = pytest.mark.broker
@@ -24,12 +24,10 @@ PARTITIONS = 4
 
 async def _round_trip(bootstrap: str, topic: str, tmp: Path) -> None:
     settings = WorkerSettings(bootstrap=bootstrap)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    await admin.create_topics(
-        [NewTopic(topic, PARTITIONS, 1, topic_configs={"cleanup.policy": "compact"})]
+    await create_missing_topics(
+        settings,
+        [NewTopic(topic, PARTITIONS, 1, topic_configs={"cleanup.policy": "compact"})],
     )
-    await admin.close()
     producer = make_producer(settings)
     await producer.start()
     loop = asyncio.get_running_loop()
