@@ -111,7 +111,6 @@ class WorkerStats:
     commits: int = 0
     retries: int = 0  # re-sent windows and retried commits while the broker was away
     repartitioned: int = 0  # keyless input records forwarded, keyed, to the repartition topic
-    rewinds: int = 0  # partitions whose log restarted below consumed offsets
     flush_seconds: float = 0.0
     last_report: WindowReport | None = None
     measures: dict[str, float] = field(default_factory=dict)
@@ -119,7 +118,6 @@ class WorkerStats:
     # (topic, partition) -> records behind the partition's high watermark after the last fetch
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     restore_remaining: int = 0  # changelog records still to replay (partitioned state)
-    restored: int = 0  # changelog records replayed since the start (partitioned state)
 
     @property
     def dlq_total(self) -> int:
@@ -341,7 +339,6 @@ class GatewayWorker:
                     self.settings.changelog_topic,
                     progress=self._restore_progress,
                 )
-                self.stats.restored += restored
                 log.info(
                     "restored the state of partitions %s: %d changelog records in %.1f s",
                     wanted,
@@ -371,10 +368,15 @@ class GatewayWorker:
             committed = await self._consumer.committed(tp)
             if committed is not None:
                 self._consumer.seek(tp, committed)
-            elif self.settings.auto_offset_reset == "earliest":
-                await self._consumer.seek_to_beginning(tp)
             else:
-                await self._consumer.seek_to_end(tp)
+                await self._seek_reset(tp)
+
+    async def _seek_reset(self, tp: TopicPartition) -> None:
+        """Where a partition with no usable position starts: as auto_offset_reset says."""
+        if self.settings.auto_offset_reset == "earliest":
+            await self._consumer.seek_to_beginning(tp)
+        else:
+            await self._consumer.seek_to_end(tp)
 
     async def _check_truncated_logs(self) -> None:
         """A partition whose high watermark fell below the offsets already consumed lost its
@@ -396,10 +398,7 @@ class GatewayWorker:
                 position,
                 "beginning" if self.settings.auto_offset_reset == "earliest" else "end",
             )
-            if self.settings.auto_offset_reset == "earliest":
-                await self._consumer.seek_to_beginning(tp)
-            else:
-                await self._consumer.seek_to_end(tp)
+            await self._seek_reset(tp)
             self._buffer.rewind((tp.topic, tp.partition), 0)
 
     # -- the hot path --------------------------------------------------------------------
@@ -420,7 +419,6 @@ class GatewayWorker:
             topic, partition = tp.topic, tp.partition
             keyless_here = topic == rekey_from
             if messages and self._buffer.rewind((topic, partition), messages[0].offset):
-                self.stats.rewinds += 1
                 log.warning(
                     "%s/%d restarted at offset %d, below offsets already consumed: the broker "
                     "lost its log or the topic was recreated; commits start again from there",
@@ -546,16 +544,7 @@ class GatewayWorker:
                 await asyncio.gather(*futures)
                 break
             except KafkaError as err:
-                if self._stopping.is_set() or not _transient(err):
-                    raise
-                log.warning(
-                    "outputs of a window not acknowledged (%s); sending again in %.1f s",
-                    err.__class__.__name__,
-                    delay,
-                )
-                self.stats.retries += 1
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX_S)
+                delay = await self._back_off(err, "outputs of a window not acknowledged", delay)
                 with contextlib.suppress(KafkaError):
                     futures = await send()
         delay = _RETRY_FIRST_S
@@ -570,17 +559,22 @@ class GatewayWorker:
                 log.info("commit skipped (%s): partitions reassigned", err.__class__.__name__)
                 break
             except KafkaError as err:
-                if self._stopping.is_set() or not _transient(err):
-                    raise
-                log.warning("commit failed (%s); retrying in %.1f s", err.__class__.__name__, delay)
-                self.stats.retries += 1
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX_S)
+                delay = await self._back_off(err, "commit failed", delay)
                 continue
             self._buffer.committed(commits)
             self.stats.commits += 1
             break
         self._account(report, flush, time.perf_counter() - t0, commits)
+
+    async def _back_off(self, err: KafkaError, what: str, delay: float) -> float:
+        """Wait ``delay`` before trying again if ``err`` is worth waiting out (else re-raise it);
+        returns the next delay."""
+        if self._stopping.is_set() or not _transient(err):
+            raise err
+        log.warning("%s (%s); trying again in %.1f s", what, err.__class__.__name__, delay)
+        self.stats.retries += 1
+        await asyncio.sleep(delay)
+        return min(delay * 2, _RETRY_MAX_S)
 
     async def _settled(self) -> None:
         """Wait for the window in flight, if any; its failure is the worker's failure."""
