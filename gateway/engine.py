@@ -589,7 +589,8 @@ class Engine:
         for scope, scope_slots in sorted(scopes.items(), key=lambda kv: (kv[0] is None, kv[0])):
             if len(scope_slots) < k:
                 continue  # these wait (below) for k new neighbours in their scope
-            xs = x[[slots[s_index] for s_index in scope_slots]]
+            rec_idx = [slots[s_index] for s_index in scope_slots]  # record index per row
+            xs = x[rec_idx]
             masked, labels = microaggregate(
                 xs,
                 k,
@@ -603,12 +604,7 @@ class Engine:
             for g in np.unique(label_rows):
                 idx = np.flatnonzero(label_rows == g)
                 ident_bytes = b"".join(
-                    sorted(
-                        self._record_id(
-                            records[slots[scope_slots[t]]], slots[scope_slots[t]]
-                        ).encode()
-                        for t in idx
-                    )
+                    sorted(self._record_id(records[rec_idx[t]], rec_idx[t]).encode() for t in idx)
                 )
                 gid = prefix + hashlib.sha256(ident_bytes).hexdigest()[:16]
                 decision.groups.append((gid, int(idx.size)))
