@@ -21,6 +21,7 @@ from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring, generate_secret_
 from gateway.policy import Policy, load_policy
 from stream_jobs.app import serve
 from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.cli import build_worker
 from stream_jobs.kafka import ensure_topics, make_producer
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate, produce_panel
@@ -159,14 +160,9 @@ async def _demo(
     out_path: Path,
     policy_name: str,
 ) -> int:
-    from gateway.engine import Engine  # noqa: PLC0415
-    from state.sqlite_store import SQLiteStore  # noqa: PLC0415
-
     topics = settings.topics(policy)
     await ensure_topics(settings, topics)
-    store = SQLiteStore(Path(settings.state_dir) / "state.db")
-    worker = GatewayWorker(policy, settings, Engine(policy, keyring=keyring, store=store))
-    worker.closers.append(store.close)
+    worker: GatewayWorker = build_worker(policy, settings, keyring)
     respondents = max(1, records // max(1, waves))
     survey = PanelSurvey(respondents=respondents, waves=waves + 1, seed=seed, rows=load_rows())
     stream = (r for _, r in zip(range(records), survey.records(), strict=False))
