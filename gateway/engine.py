@@ -409,25 +409,36 @@ class Engine:
 
         # -- state first (durable), then the caller produces the outputs ----------------
         if self._store is not None:
+            # A respondent's state is written only when it is new or its published values
+            # change: republishing an unchanged respondent costs no durable write (and no
+            # changelog record with partitioned state).
+            qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
             for pos, i in enumerate(pub_idx):
                 rkey = rkeys[i]
                 if rkey is None:
                     continue
-                st = states.setdefault(rkey, {})
+                st = states.get(rkey)
+                if st is None:
+                    st = states[rkey] = {}
+                    touched.add(rkey)
                 wave = records[i].values.get("wave")
                 if isinstance(wave, int | float) and math.isfinite(float(wave)):
                     w = int(wave)
-                    st["first_wave"] = min(int(st.get("first_wave", w)), w)
-                    st["last_wave"] = max(int(st.get("last_wave", w)), w)
-                digest = qi.digests.get(i)
-                if digest is not None and i in qi.group_of:
-                    gid = qi.group_of[i]
-                    if i not in qi.current_digest:  # a deferred move keeps its old mapping
-                        st.setdefault("qi", {}).setdefault(
-                            digest, [gid, [rows[pos][a] for a in self._qi_numeric]]
-                        )
-                    st["current"] = [gid, qi.current_digest.get(i, digest)]
-                touched.add(rkey)
+                    if w < st.get("first_wave", math.inf):
+                        st["first_wave"] = w
+                        touched.add(rkey)
+                digest = qi_digests.get(i)
+                if digest is not None and i in group_of:
+                    gid = group_of[i]
+                    if i not in current_digest:  # a deferred move keeps its old mapping
+                        known = st.setdefault("qi", {})
+                        if digest not in known:
+                            known[digest] = [gid, [rows[pos][a] for a in self._qi_numeric]]
+                            touched.add(rkey)
+                    current = [gid, current_digest.get(i, digest)]
+                    if st.get("current") != current:
+                        st["current"] = current
+                        touched.add(rkey)
             entries = {
                 key: orjson.dumps(states[key], option=orjson.OPT_SORT_KEYS) for key in touched
             }
