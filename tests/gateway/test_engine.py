@@ -142,6 +142,26 @@ def test_sticky_values_survive_waves_changes_and_reverts() -> None:
     assert one("a", 502)["occ"] == first["0"]["occ"]
 
 
+def test_republishing_unchanged_respondents_writes_no_state() -> None:
+    store = DictStore()
+    engine = Engine(_policy(), keyring=KEY, store=store)
+    engine.protect_window(_records(1, 30, np.random.default_rng(0)), now=0.0)
+    after_first = dict(store.data)
+    assert sum(len(k) == 32 for k in after_first) == 30  # one entry per respondent
+    puts = store.puts
+    engine.protect_window(_records(2, 30, np.random.default_rng(0), offset=100), now=1.0)
+    assert store.puts == puts and store.data == after_first  # nothing changed: no write
+
+    # one respondent changes occupation: exactly its entry is rewritten
+    changed = _records(3, 30, np.random.default_rng(0), offset=200)
+    rec = changed[4]
+    other = "b" if rec.values["occ"] == "a" else "a"
+    changed[4] = rec._replace(values={**rec.values, "occ": other})
+    engine.protect_window(changed, now=2.0)
+    rewritten = {k for k, v in store.data.items() if after_first.get(k) != v}
+    assert rewritten == {KEY.respondent_key("r4")}
+
+
 def test_matrix_change_keeps_published_values() -> None:
     store = DictStore()
     recs = _records(1, 40, np.random.default_rng(0))
