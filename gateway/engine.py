@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -128,15 +128,30 @@ class _StateView:
     states: dict[bytes, dict[str, Any]]
     sticky: bool
     touched: set[bytes] = field(default_factory=set)
-    # group id -> live members (respondents currently published with its centroid)
+    # group id -> live members (respondents currently published with its centroid), loaded
+    # only for the groups the window's respondents leave or join: an unchanged respondent's
+    # group is never read
     live: dict[str, int] = field(default_factory=dict)
     live_touched: set[str] = field(default_factory=set)
+    load_live: Callable[[Sequence[str]], dict[str, int]] | None = None
+    looked_up: set[str] = field(default_factory=set)
+
+    def prefetch(self, group_ids: Iterable[str]) -> None:
+        """Read the live counts of these groups from the store, in one batch."""
+        missing = sorted({g for g in group_ids if g not in self.looked_up})
+        self.looked_up.update(missing)
+        if missing and self.load_live is not None:
+            self.live.update(self.load_live(missing))
 
     def leave(self, group_id: str) -> None:
+        if group_id not in self.looked_up:
+            self.prefetch((group_id,))
         self.live[group_id] = self.live.get(group_id, 0) - 1
         self.live_touched.add(group_id)
 
     def join(self, group_id: str) -> None:
+        if group_id not in self.looked_up:
+            self.prefetch((group_id,))
         self.live[group_id] = self.live.get(group_id, 0) + 1
         self.live_touched.add(group_id)
 
@@ -152,6 +167,7 @@ class _QIDecision:
     group_of: dict[int, str] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)
     suppressed: list[int] = field(default_factory=list)
+    departed: list[int] = field(default_factory=list)  # left a group, published suppressed
     groups: list[tuple[str, int]] = field(default_factory=list)
     hits: int = 0
     deferred: int = 0
@@ -338,11 +354,11 @@ class Engine:
             wanted = sorted({key for key in rkeys if key is not None})
             for key, raw in self._store.get_many(wanted).items():
                 states[key] = orjson.loads(raw)
-        view = _StateView(states=states, sticky=sticky)
-        if self._store is not None:
-            gids = sorted({st["current"][0] for st in states.values() if st.get("current")})
-            for key, raw in self._store.get_many([_group_key(g) for g in gids]).items():
-                view.live[key[len(_GROUP_KEY_PREFIX) :].decode()] = int(orjson.loads(raw)["live"])
+        view = _StateView(
+            states=states,
+            sticky=sticky,
+            load_live=self._load_live if self._store is not None else None,
+        )
 
         # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
         qi = self._quasi_identifiers(records, rkeys, view, now=now, flush_all=flush_all)
@@ -439,6 +455,11 @@ class Engine:
                     if st.get("current") != current:
                         st["current"] = current
                         touched.add(rkey)
+            for i in qi.departed:  # no longer a live member of the group it left
+                rkey = rkeys[i]
+                st = states.get(rkey) if rkey is not None else None
+                if rkey is not None and st is not None and st.pop("current", None) is not None:
+                    touched.add(rkey)
             entries = {
                 key: orjson.dumps(states[key], option=orjson.OPT_SORT_KEYS) for key in touched
             }
@@ -482,6 +503,14 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ helpers
+    def _load_live(self, group_ids: Sequence[str]) -> dict[str, int]:
+        assert self._store is not None
+        found = self._store.get_many([_group_key(g) for g in group_ids])
+        return {
+            key[len(_GROUP_KEY_PREFIX) :].decode(): int(orjson.loads(raw)["live"])
+            for key, raw in found.items()
+        }
+
     def _record_id(self, record: ValidRecord, index: int) -> str:
         return record.source.record_id if record.source is not None else f"row/{index}"
 
@@ -522,6 +551,17 @@ class Engine:
                 tuple(row) if ok else () for row, ok in zip(x.tolist(), list(complete), strict=True)
             ]
             qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
+            # the live counts a move needs: the group left and, on a revert, the one rejoined
+            moves: set[str] = set()
+            for key, digest in zip(rkeys, qi_hex, strict=True):
+                st = states.get(key) if key is not None else None
+                now_in = st.get("current") if st is not None else None
+                if st is not None and now_in is not None and now_in[1] != digest:
+                    moves.add(now_in[0])
+                    back = st.get("qi", {}).get(digest)
+                    if back is not None:
+                        moves.add(back[0])
+            view.prefetch(moves)
         for i in range(len(records)):
             if not complete[i]:
                 suppressed.append(i)  # a missing quasi-identifier cannot be aggregated
@@ -547,6 +587,11 @@ class Engine:
                 if waiting is not None:
                     # same tuple: the same slot (and one departure); another one: next window
                     (pending if waiting == digest else deferred).append(i)
+                    continue
+                if first is not None:
+                    # another tuple after one already decided here (kept or rejoined): also
+                    # the next window's, which sees that decision as the respondent's current
+                    deferred.append(i)
                     continue
                 seen[key] = i
                 st = states.get(key, {})
@@ -623,14 +668,18 @@ class Engine:
                     gid_of_slot[scope_slots[t]] = gid
             for pos, s_index in enumerate(scope_slots):
                 masked_of_slot[s_index] = masked[pos]
+        view.prefetch(gid for gid, _ in decision.groups)  # a replayed window's groups exist
         joined: set[int] = set()
         first_of_slot = set(slots)  # a slot reserved one departure, not one per record
         for i, s_index in zip(pending, members, strict=True):
             slot_gid = gid_of_slot.get(s_index)
             if slot_gid is None:
                 held = self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
-                if held and i in first_of_slot:
-                    self._undo_departure(records, rkeys, view, i)
+                if i in first_of_slot:
+                    if held:
+                        self._undo_departure(records, rkeys, view, i)
+                    else:  # published suppressed: it has left its group for good
+                        decision.departed.append(i)
                 continue
             row = masked_of_slot[s_index]
             for j, n in enumerate(names):

@@ -56,6 +56,7 @@ class GatewayMachine(RuleBasedStateMachine):
         self.members: dict[tuple[object, object], set[str]] = defaultdict(set)
         self.owner: dict[str, str] = {}
         self.truth_log: dict[str, bytes] = {}  # record id -> the true values it carried
+        self.ages: dict[str, list[int]] = defaultdict(list)  # every age a respondent had
 
     def _send(self, rid: str) -> None:
         raw = orjson.dumps({"rid": rid, **self.truth[rid]})
@@ -86,9 +87,18 @@ class GatewayMachine(RuleBasedStateMachine):
     def change_value(self, data: st.DataObject, attr: str) -> None:
         rid = data.draw(st.sampled_from(sorted(self.truth)))
         if attr == "age":
+            self.ages[rid].append(int(self.truth[rid]["age"]))  # type: ignore[call-overload]
             self.truth[rid]["age"] = data.draw(st.integers(18, 80))
         else:
             self.truth[rid]["occ"] = data.draw(st.sampled_from("abcd"))
+        self._send(rid)
+
+    @precondition(lambda self: bool(self.ages))
+    @rule(data=st.data())
+    def revert_age(self, data: st.DataObject) -> None:
+        """Back to an earlier age: the respondent rejoins the group it had for it."""
+        rid = data.draw(st.sampled_from(sorted(self.ages)))
+        self.truth[rid]["age"] = data.draw(st.sampled_from(self.ages[rid]))
         self._send(rid)
 
     @rule(raw=st.sampled_from([b"{", b"", b'{"rid": "x", "age": "old"}', b"[1]"]))
@@ -133,6 +143,19 @@ class GatewayMachine(RuleBasedStateMachine):
         assert all(len(m) >= K for m in self.members.values())
 
     @invariant()
+    def live_counts_match_the_members(self) -> None:
+        """Each group's stored live count is the number of respondents it is current for."""
+        live: dict[str, int] = {}
+        current: dict[str, int] = defaultdict(int)
+        for key, raw in self.store.items():
+            value = orjson.loads(raw)
+            if key.startswith(b"group:"):
+                live[key[len(b"group:") :].decode()] = value["live"]
+            elif value.get("current"):
+                current[value["current"][0]] += 1
+        assert {g: n for g, n in live.items() if n} == dict(current)
+
+    @invariant()
     def every_record_is_accounted_for(self) -> None:
         published = set(self.first_copy)
         waiting = {r.source.record_id for r in [*self.held, *self.pending] if r.source}
@@ -140,5 +163,5 @@ class GatewayMachine(RuleBasedStateMachine):
         assert published | self.dead | waiting == self.sent
 
 
-GatewayMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+GatewayMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
 test_gateway_state_machine = GatewayMachine.TestCase
