@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -317,9 +318,14 @@ class Engine:
     ) -> WindowResult:
         policy = self.policy
         self._windows += 1
+        rids = [
+            f"{src.topic}/{src.partition}/{src.offset}" if (src := r.source) else f"row/{i}"
+            for i, r in enumerate(records)
+        ]
         window_id = hashlib.sha256(
             "|".join(
-                r.source.record_id if r.source else str(i) for i, r in enumerate(records)
+                rid if r.source else str(i)
+                for i, (rid, r) in enumerate(zip(rids, records, strict=True))
             ).encode()
         ).hexdigest()[:16]
 
@@ -337,9 +343,7 @@ class Engine:
             ):
                 rkeys[i] = key
             without = [i for i, n in enumerate(names) if n is None]
-            anon = kr.respondent_keys(
-                ["\x00record:" + self._record_id(records[i], i) for i in without]
-            )
+            anon = kr.respondent_keys(["\x00record:" + rids[i] for i in without])
             for i, key in zip(without, anon, strict=True):
                 dkeys[i] = key
             for i in with_id:
@@ -361,7 +365,7 @@ class Engine:
         )
 
         # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
-        qi = self._quasi_identifiers(records, rkeys, view, now=now, flush_all=flush_all)
+        qi = self._quasi_identifiers(records, rids, rkeys, view, now=now, flush_all=flush_all)
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
         pub_idx = [i for i in range(len(records)) if i not in held_set]
@@ -370,7 +374,7 @@ class Engine:
         # the output is built column by column, then zipped into rows once (in C)
         col_names: list[str] = ["record_id", "policy_version"]
         columns: list[list[Any]] = [
-            [self._record_id(records[i], i) for i in pub_idx],
+            [rids[i] for i in pub_idx],
             [self.version] * len(pub_idx),
         ]
         if policy.output.pseudonym is Pseudonym.HMAC and kr is not None:
@@ -384,12 +388,14 @@ class Engine:
 
         retention: dict[str, float] = {}
         touched = view.touched
-        value_maps = [records[i].values for i in pub_idx]
         dk = [dkeys[i] for i in pub_idx]
         rk = [rkeys[i] for i in pub_idx]
-        for name in self._published_attrs:
+        for name, values in zip(
+            self._published_attrs,
+            _columns([records[i].values for i in pub_idx], self._published_attrs),
+            strict=True,
+        ):
             attr = policy.attributes[name]
-            values = [m.get(name) for m in value_maps]
             if name in qi.values:
                 qv = qi.values[name]
                 out: list[Any] = [qv.get(i) for i in pub_idx]
@@ -468,18 +474,22 @@ class Engine:
             if entries:
                 self._store.put_many(entries)
 
-        published: list[PublishedRecord] = []
-        for row, i in zip(rows, pub_idx, strict=True):
-            out_key = row["pseudonym"].encode() if row.get("pseudonym") else None
-            published.append(
-                PublishedRecord(
-                    record_id=row["record_id"],
-                    key=out_key,
-                    value=orjson.dumps(row),
-                    source=records[i].source,
-                    suppressed=i in suppressed_set,
-                )
+        dumps = orjson.dumps
+        out_keys: list[bytes | None] = (
+            [p.encode() if p else None for p in columns[2]]
+            if col_names[2:3] == ["pseudonym"]
+            else [None] * len(pub_idx)
+        )
+        published = list(
+            map(
+                PublishedRecord,
+                columns[0],  # record ids
+                out_keys,
+                [dumps(row) for row in rows],
+                [records[i].source for i in pub_idx],
+                [i in suppressed_set for i in pub_idx],
             )
+        )
         sizes = [size for _, size in qi.groups]
         report = WindowReport(
             window_id=window_id,
@@ -511,12 +521,10 @@ class Engine:
             for key, raw in found.items()
         }
 
-    def _record_id(self, record: ValidRecord, index: int) -> str:
-        return record.source.record_id if record.source is not None else f"row/{index}"
-
     def _quasi_identifiers(
         self,
         records: Sequence[ValidRecord],
+        rids: Sequence[str],
         rkeys: Sequence[bytes | None],
         view: _StateView,
         *,
@@ -533,9 +541,8 @@ class Engine:
         if not names:
             return decision
         states, sticky = view.states, view.sticky
-        x = np.empty((len(records), len(names)))
-        for j, n in enumerate(names):
-            x[:, j] = np.array([r.values.get(n) for r in records], dtype=np.float64)  # None: nan
+        cols = _columns([r.values for r in records], names)
+        x = np.array(cols, dtype=np.float64).T.reshape(len(records), len(names))  # None: nan
         complete = np.asarray(np.isfinite(x).all(axis=1), dtype=np.bool_)
         pending: list[int] = []
         # a respondent's second, different new QI tuple in one window waits for the next
@@ -548,7 +555,8 @@ class Engine:
         if sticky and self._digests is not None:
             # one digest per distinct tuple of canonical texts (1.0 and 1 agree)
             rows = [
-                tuple(row) if ok else () for row, ok in zip(x.tolist(), list(complete), strict=True)
+                row if ok else ()
+                for row, ok in zip(zip(*cols, strict=True), complete.tolist(), strict=True)
             ]
             qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
             # the live counts a move needs: the group left and, on a revert, the one rejoined
@@ -659,9 +667,7 @@ class Engine:
             prefix = f"{scope}." if scope is not None else ""
             for g in np.unique(label_rows):
                 idx = np.flatnonzero(label_rows == g)
-                ident_bytes = b"".join(
-                    sorted(self._record_id(records[rec_idx[t]], rec_idx[t]).encode() for t in idx)
-                )
+                ident_bytes = b"".join(sorted(rids[rec_idx[t]].encode() for t in idx))
                 gid = prefix + hashlib.sha256(ident_bytes).hexdigest()[:16]
                 decision.groups.append((gid, int(idx.size)))
                 for t in idx:
@@ -731,9 +737,8 @@ class Engine:
         mech = self.mechanisms[name]
         codes_of = self._codes[name]
         missing_code = codes_of.get(MISSING_LABEL, -1)
-        codes = np.array(
-            [missing_code if v is None else codes_of[str(v)] for v in values], dtype=np.int64
-        )
+        code_list = [missing_code if v is None else codes_of[str(v)] for v in values]
+        codes = np.array(code_list, dtype=np.int64)
         out: list[Any] = [None] * len(values)
         fresh: list[int] = []
         fresh_keys: list[bytes] = []
@@ -741,12 +746,18 @@ class Engine:
         hits = 0
         if sticky and self._digests is not None:
             vds = self._digests.many(name, values)
-            for i, (key, (vd, vd_hex)) in enumerate(zip(keys, vds, strict=True)):
-                if codes[i] < 0:
+            empty: dict[str, Any] = {}
+            for i, key, (vd, vd_hex), code in zip(
+                range(len(values)), keys, vds, code_list, strict=True
+            ):
+                if code < 0:
                     continue
                 if key is not None:
                     digests[i] = vd_hex
-                    stored = states.get(key, {}).get("rr", {}).get(name, {}).get(vd_hex)
+                    st = states.get(key)
+                    stored = (
+                        st.get("rr", empty).get(name, empty).get(vd_hex) if st is not None else None
+                    )
                     if stored is not None:
                         out[i] = stored[0]
                         hits += 1
@@ -755,7 +766,7 @@ class Engine:
                 fresh_keys.append((draw_keys[i] or b"") + vd)
             u = self._rand.uniform(f"rr/{name}", len(fresh), fresh_keys) if fresh else np.empty(0)
         else:
-            fresh = [i for i in range(len(values)) if codes[i] >= 0]
+            fresh = [i for i, code in enumerate(code_list) if code >= 0]
             u = self._rand.uniform(f"rr/{name}", len(fresh)) if fresh else np.empty(0)
         if fresh:
             drawn = mech.apply(codes[fresh], u)
@@ -768,13 +779,14 @@ class Engine:
                     st = states.setdefault(key, {})
                     st.setdefault("rr", {}).setdefault(name, {})[digests[i]] = [out[i], version]
                     touched.add(key)
-        observed = [
-            (values[i] is None and out[i] is None)
-            or (values[i] is not None and str(values[i]) == out[i])
-            for i in range(len(values))
-            if codes[i] >= 0
-        ]
-        retention = float(np.mean(observed)) if observed else None
+        # retention: the share published as its true category (an unknown label: not kept)
+        published = np.array(
+            [codes_of.get(MISSING_LABEL if o is None else o, -2) for o in out], dtype=np.int64
+        )
+        randomized = codes >= 0
+        retention = (
+            float(np.mean(published[randomized] == codes[randomized])) if randomized.any() else None
+        )
         return out, hits, retention
 
     def _noise(
@@ -826,6 +838,19 @@ class Engine:
                     ] = out[i]
                     touched.add(key)
         return out, hits
+
+
+def _columns(maps: Sequence[Mapping[str, object]], names: Sequence[str]) -> list[list[Any]]:
+    """The values of ``names`` in every map, as one list per name (missing: None)."""
+    if not maps:
+        return [[] for _ in names]
+    if len(names) == 1:
+        return [[m.get(names[0]) for m in maps]]
+    try:  # validated records carry every policy attribute: one C-level call per record
+        get = operator.itemgetter(*names)
+        return [list(col) for col in zip(*map(get, maps), strict=True)]
+    except KeyError:  # some maps lack some names (file rows, optional fields)
+        return [[m.get(n) for m in maps] for n in names]
 
 
 def _num(v: float | np.floating[Any]) -> float | None:
