@@ -542,7 +542,8 @@ class Engine:
         states, sticky = view.states, view.sticky
         cols = _columns([r.values for r in records], names)
         x = np.array(cols, dtype=np.float64).T.reshape(len(records), len(names))  # None: nan
-        complete = np.asarray(np.isfinite(x).all(axis=1), dtype=np.bool_)
+        # a Python list: indexed once per record below, a numpy scalar each time is slower
+        complete: list[bool] = np.asarray(np.isfinite(x).all(axis=1), dtype=np.bool_).tolist()
         pending: list[int] = []
         # a respondent's second, different new QI tuple in one window waits for the next
         # one: two slots of one respondent could land in one group and count twice towards k
@@ -554,8 +555,7 @@ class Engine:
         if sticky and self._digests is not None:
             # one digest per distinct tuple of canonical texts (1.0 and 1 agree)
             rows = [
-                row if ok else ()
-                for row, ok in zip(zip(*cols, strict=True), complete.tolist(), strict=True)
+                row if ok else () for row, ok in zip(zip(*cols, strict=True), complete, strict=True)
             ]
             qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
             # the live counts a move needs: the group left and, on a revert, the one rejoined
