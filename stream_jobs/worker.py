@@ -83,6 +83,51 @@ _TRIM_THRESHOLD_BYTES = 256 << 20
 _TOP_PAD_BYTES = 64 << 20
 
 
+class _Collector:
+    """Cyclic garbage collection between windows rather than inside them.
+
+    A window keeps tens of thousands of young container objects alive while the engine works
+    (decoded states, value tuples, output rows), and an automatic generation-0 collection that
+    fires in the middle of it walks all of them — about 10 ms a window, 5-6 % of the engine's
+    time (bench/stream_throughput.py's engine-alone figure: 28.6 against 26.9 µs/record). Once
+    the window is done, reference counting has freed them, so the worker turns automatic
+    collection off while it runs and collects after every window instead: generation 0 each
+    time, 1 every 10th, 2 every 100th, and at least every few seconds while idle, so cycles the
+    clients make when no records arrive are collected too. Automatic collection is restored
+    when the worker stops.
+    """
+
+    __slots__ = ("_count", "_last", "_was_enabled")
+    IDLE_SECONDS = 5.0
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._last = 0.0
+        self._was_enabled = gc.isenabled()
+
+    def start(self, now: float) -> None:
+        self._was_enabled = gc.isenabled()
+        self._last = now
+        gc.disable()
+
+    def stop(self) -> None:
+        if self._was_enabled:
+            gc.enable()
+
+    def after_window(self, now: float) -> None:
+        self._collect(now)
+
+    def tick(self, now: float) -> None:
+        if now - self._last >= self.IDLE_SECONDS:
+            self._collect(now)
+
+    def _collect(self, now: float) -> None:
+        self._count += 1
+        n = self._count
+        gc.collect(2 if n % 100 == 0 else 1 if n % 10 == 0 else 0)
+        self._last = now
+
+
 def _tune_memory() -> None:
     gc.freeze()  # what start-up allocated (modules, policy, clients) is never garbage
     if gc.get_threshold()[0] < _GC_THRESHOLDS[0]:
@@ -189,11 +234,13 @@ class GatewayWorker:
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
         self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
         self._in_engine = 0  # records of the window being protected (neither held nor out)
+        self._gc = _Collector()
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
         _tune_memory()
+        self._gc.start(time.monotonic())
         if s.create_topics:
             await ensure_topics(s, self.topics)
         self._producer = make_producer(s)
@@ -263,6 +310,8 @@ class GatewayWorker:
                     reason = self._buffer.due(self._clock())
                     if reason is not None:
                         await self._flush(reason)
+                    else:
+                        self._gc.tick(time.monotonic())
                     if not self.ready.is_set() and self._consumer.assignment():
                         self.ready.set()
         finally:
@@ -299,6 +348,7 @@ class GatewayWorker:
             for close in self.closers:
                 with contextlib.suppress(Exception):
                     close()
+            self._gc.stop()
             self._stopped.set()
 
     def _has_pending(self) -> bool:
@@ -502,6 +552,7 @@ class GatewayWorker:
                 )
             finally:
                 self._in_engine = 0
+                self._gc.after_window(time.monotonic())
         commits = self._buffer.complete(flush, result.held if result is not None else ())
         await self._settled()  # outputs and commits stay in window order
         published = result.published if result is not None else ()

@@ -1,0 +1,40 @@
+"""The worker's garbage collection between windows (stream_jobs.worker._Collector)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from stream_jobs.worker import _Collector
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def _cycle() -> weakref.ref[_Node]:
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def test_collects_cycles_after_each_window_and_when_idle_then_restores_gc() -> None:
+    assert gc.isenabled()
+    collector = _Collector()
+    collector.start(now=0.0)
+    try:
+        assert not gc.isenabled()  # no automatic collection inside a window
+        ref = _cycle()
+        assert ref() is not None  # reference counting alone does not free a cycle
+        collector.after_window(now=1.0)
+        assert ref() is None  # a window's cyclic garbage is collected right after it
+
+        ref = _cycle()
+        collector.tick(now=1.0 + _Collector.IDLE_SECONDS / 2)
+        assert ref() is not None  # not yet: the worker was busy a moment ago
+        collector.tick(now=1.0 + _Collector.IDLE_SECONDS)
+        assert ref() is None  # idle for a while: collected anyway
+    finally:
+        collector.stop()
+    assert gc.isenabled()
