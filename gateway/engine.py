@@ -121,6 +121,53 @@ def state_key_partition(key: bytes) -> int | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class LiveCountAudit:
+    """Each group's stored live-member count against the respondents whose current group it
+    is (:func:`audit_live_counts`). Group ids are keyed digests of record ids, not data."""
+
+    respondents: int
+    groups: int
+    drifted: Mapping[str, tuple[int, int]]  # group id -> (stored, actual)
+
+    @property
+    def consistent(self) -> bool:
+        return not self.drifted
+
+    def repairs(self) -> dict[bytes, bytes]:
+        """The registry entries that set every drifted count to its actual value."""
+        return {
+            _group_key(gid): orjson.dumps({"live": actual})
+            for gid, (_, actual) in self.drifted.items()
+        }
+
+
+def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
+    """Compare the stored live counts with the respondents' current groups, over every entry
+    of a state store (a snapshot, taken with no worker writing). Counts drifted in versions
+    before 2026-11-23 when a respondent left a group and was published suppressed, or joined
+    two groups in one window."""
+    stored: dict[str, int] = {}
+    actual: dict[str, int] = {}
+    respondents = 0
+    for key, raw in entries:
+        value = orjson.loads(raw)
+        if key.startswith(_GROUP_KEY_PREFIX):
+            stored[key[len(_GROUP_KEY_PREFIX) :].decode()] = int(value["live"])
+            continue
+        respondents += 1
+        current = value.get("current")
+        if current:
+            actual[current[0]] = actual.get(current[0], 0) + 1
+    groups = stored.keys() | actual.keys()
+    drifted = {
+        gid: (stored.get(gid, 0), actual.get(gid, 0))
+        for gid in sorted(groups)
+        if stored.get(gid, 0) != actual.get(gid, 0)
+    }
+    return LiveCountAudit(respondents=respondents, groups=len(groups), drifted=drifted)
+
+
 @dataclass(slots=True)
 class _StateView:
     """The window's decoded respondent states and which of them the window changed."""

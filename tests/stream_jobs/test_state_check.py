@@ -1,0 +1,81 @@
+"""`privgw state-check`: group live counts in a real SQLite state file, checked and repaired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from gateway.cli import main
+from gateway.engine import Engine, SourceRef, ValidRecord, audit_live_counts
+from gateway.keyed import Keyring
+from gateway.policy import policy_from_yaml
+from state.sqlite_store import SQLiteStore
+
+POLICY = policy_from_yaml(
+    """
+input: {respondent_id: rid}
+window: {max_records: 1000, max_seconds: 1, max_hold_seconds: 10, on_hold_timeout: suppress}
+microaggregation: {k: 3}
+attributes:
+  age:   {role: quasi_identifier, type: numeric, method: microaggregation}
+  hours: {role: quasi_identifier, type: numeric, method: microaggregation}
+"""
+)
+
+
+def _fill(state_dir: Path) -> None:
+    rng = np.random.default_rng(3)
+    records = [
+        ValidRecord(
+            f"r{i}",
+            {"age": int(rng.integers(18, 80)), "hours": int(rng.integers(1, 60))},
+            SourceRef("in", 0, i),
+            0.0,
+        )
+        for i in range(40)
+    ]
+    with SQLiteStore(state_dir / "state.db") as store:
+        engine = Engine(POLICY, keyring=Keyring(b"state-check-secret-0123456789"), store=store)
+        engine.protect_window(records, now=0.0)
+
+
+def _drift(state_dir: Path) -> None:
+    """What an earlier version could leave behind: one group counted one member too many."""
+    with SQLiteStore(state_dir / "state.db") as store:
+        key, raw = next((k, v) for k, v in store.items() if k.startswith(b"group:"))
+        store.put_many({key: orjson.dumps({"live": orjson.loads(raw)["live"] + 1})})
+
+
+def test_consistent_state_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fill(tmp_path)
+    assert main(["state-check", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "40 respondents" in out and "consistent" in out
+
+
+def test_drift_is_reported_then_repaired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fill(tmp_path)
+    _drift(tmp_path)
+    assert main(["state-check", "--state-dir", str(tmp_path)]) == 1
+    assert "live counts differ from the members in 1 group (by 1 in all)" in capsys.readouterr().out
+    with SQLiteStore(tmp_path / "state.db") as store:
+        assert not audit_live_counts(store.items()).consistent  # a check writes nothing
+
+    assert main(["state-check", "--state-dir", str(tmp_path), "--repair"]) == 0
+    assert "rewrote the live counts of 1 group" in capsys.readouterr().out
+    with SQLiteStore(tmp_path / "state.db") as store:
+        assert audit_live_counts(store.items()).consistent
+    assert main(["state-check", "--state-dir", str(tmp_path)]) == 0
+
+
+def test_missing_state_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["state-check", "--state-dir", str(tmp_path / "nowhere")]) == 2
+    assert "no state file" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()  # nothing created
