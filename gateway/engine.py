@@ -190,16 +190,19 @@ class _StateView:
         if missing and self.load_live is not None:
             self.live.update(self.load_live(missing))
 
-    def leave(self, group_id: str) -> None:
+    def members(self, group_id: str, default: int) -> int:
+        """Live members of a group (read once from the store; ``default`` if it has no
+        registry entry)."""
         if group_id not in self.looked_up:
             self.prefetch((group_id,))
-        self.live[group_id] = self.live.get(group_id, 0) - 1
+        return self.live.get(group_id, default)
+
+    def leave(self, group_id: str) -> None:
+        self.live[group_id] = self.members(group_id, 0) - 1
         self.live_touched.add(group_id)
 
     def join(self, group_id: str) -> None:
-        if group_id not in self.looked_up:
-            self.prefetch((group_id,))
-        self.live[group_id] = self.live.get(group_id, 0) + 1
+        self.live[group_id] = self.members(group_id, 0) + 1
         self.live_touched.add(group_id)
 
 
@@ -364,10 +367,7 @@ class Engine:
     ) -> WindowResult:
         policy = self.policy
         self._windows += 1
-        rids = [
-            f"{src.topic}/{src.partition}/{src.offset}" if (src := r.source) else f"row/{i}"
-            for i, r in enumerate(records)
-        ]
+        rids = [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
         window_id = hashlib.sha256(
             "|".join(
                 rid if r.source else str(i)
@@ -605,7 +605,8 @@ class Engine:
                 row if ok else () for row, ok in zip(zip(*cols, strict=True), complete, strict=True)
             ]
             qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
-            # the live counts a move needs: the group left and, on a revert, the one rejoined
+            # the live counts a move needs, read in one batch rather than one by one: the
+            # group left and, on a revert, the one rejoined
             moves: set[str] = set()
             for key, digest in zip(rkeys, qi_hex, strict=True):
                 st = states.get(key) if key is not None else None
@@ -653,7 +654,7 @@ class Engine:
                 stored = st.get("qi", {}).get(digest)
                 cur_gid = current[0] if current is not None else None
                 moving = cur_gid is not None and (stored is None or stored[0] != cur_gid)
-                if current is not None and moving and view.live.get(current[0], k + 1) - 1 < k:
+                if current is not None and moving and view.members(current[0], k + 1) - 1 < k:
                     # leaving would drop the current group below k live members: stay in it
                     stored = st["qi"][current[1]]
                     decision.current_digest[i] = current[1]
