@@ -70,11 +70,6 @@ def _transient(err: KafkaError) -> bool:
 
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
-# A window allocates a few dicts per record; with CPython's default gen0 threshold (700) the
-# collector runs hundreds of times per window and walks the long-lived state each time. It
-# cost a third of the engine's time (bench/stream_throughput.py); reference counting frees
-# almost everything anyway, so the worker collects far less often.
-_GC_THRESHOLDS = (50_000, 20, 100)
 # Each window allocates and frees megabytes of small objects; glibc's default 128 KiB trim
 # threshold hands the heap top back to the kernel after every window and page-faults it in
 # again on the next (measured: orjson.dumps of 5,000 output rows 3.7 µs/row, 0.5 with this).
@@ -86,15 +81,16 @@ _TOP_PAD_BYTES = 64 << 20
 class _Collector:
     """Cyclic garbage collection between windows rather than inside them.
 
-    A window keeps tens of thousands of young container objects alive while the engine works
-    (decoded states, value tuples, output rows), and an automatic generation-0 collection that
-    fires in the middle of it walks all of them — about 10 ms a window, 5-6 % of the engine's
-    time (bench/stream_throughput.py's engine-alone figure: 28.6 against 26.9 µs/record). Once
-    the window is done, reference counting has freed them, so the worker turns automatic
-    collection off while it runs and collects after every window instead: generation 0 each
-    time, 1 every 10th, 2 every 100th, and at least every few seconds while idle, so cycles the
-    clients make when no records arrive are collected too. Automatic collection is restored
-    when the worker stops.
+    A window allocates a few dicts per record and keeps tens of thousands of young container
+    objects alive while the engine works (decoded states, value tuples, output rows). With
+    CPython's default thresholds the collector ran hundreds of times per window (a third of the
+    engine's time); with raised ones a generation-0 collection still fired in the middle of most
+    windows and walked all of them — about 10 ms a window, 5-6 % of the engine's time (engine
+    alone on 200,000 panel records: 28.6 against 26.9 µs/record). Once the window is done,
+    reference counting has freed them, so the worker turns automatic collection off while it
+    runs and collects after every window instead: generation 0 each time, 1 every 10th, 2 every
+    100th, and at least every few seconds while idle, so cycles the clients make when no
+    records arrive are collected too. Automatic collection is restored when the worker stops.
     """
 
     __slots__ = ("_count", "_last", "_was_enabled")
@@ -130,8 +126,6 @@ class _Collector:
 
 def _tune_memory() -> None:
     gc.freeze()  # what start-up allocated (modules, policy, clients) is never garbage
-    if gc.get_threshold()[0] < _GC_THRESHOLDS[0]:
-        gc.set_threshold(*_GC_THRESHOLDS)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # not glibc: leave malloc alone
             libc = ctypes.CDLL(None)
