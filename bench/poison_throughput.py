@@ -91,17 +91,16 @@ async def one(
     t_read = await plain_read(settings, f"{name}.in", len(records))
     state = Path(tempfile.mkdtemp(prefix="privgw-poison-"))
     try:
-        t_gateway = float(
-            await stream_throughput.gateway(
-                bootstrap,
-                f"{name}.in",
-                f"{name}.out",
-                len(records),
-                f"{name}-g",
-                state,
-                share=SHARE,
-            )
+        timing = await stream_throughput.gateway(
+            bootstrap,
+            f"{name}.in",
+            f"{name}.out",
+            len(records),
+            f"{name}-g",
+            state,
+            share=SHARE,
         )
+        t_gateway = timing.seconds
         return t_gateway, t_read
     finally:
         shutil.rmtree(state, ignore_errors=True)

@@ -12,6 +12,10 @@ consumer owns its partitions until every output record is acknowledged by the br
 * privgw: the gateway worker (validation, windows, keyed sticky RR, MDAV, SQLite state with
   fsync per window, DLQ, commits after acknowledgement).
 
+Each side also reports the CPU seconds it used while timed: this process's (user + system)
+and the broker's. A side whose CPU is close to its wall time is CPU-bound on its one Python
+thread of execution (the GIL); a side with much less waits on the broker.
+
 The figure that matters is the ratio (target: privgw >= 0.5x the passthrough); absolute
 records/s depend on the machine and its load. The default is 200,000 records: at 60,000 the
 passthrough is over in well under a second and its rate swung from 37k to 97k rec/s between
@@ -27,12 +31,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
+import resource
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,6 +65,37 @@ assert _spec is not None and _spec.loader is not None
 risk_overhead = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(risk_overhead)
 PARTITIONS = 3
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class CpuClock:
+    """CPU seconds of this process and of the broker since ``start``."""
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self.broker_pid = broker_pid
+        self.start()
+
+    def _read(self) -> tuple[float, float]:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        broker = 0.0
+        if self.broker_pid is not None:
+            with open(f"/proc/{self.broker_pid}/stat") as f:  # utime, stime: fields 14, 15
+                fields = f.read().rpartition(")")[2].split()
+            broker = (int(fields[11]) + int(fields[12])) / _TICKS
+        return ru.ru_utime + ru.ru_stime, broker
+
+    def start(self) -> None:
+        self._own, self._broker = self._read()
+
+    def elapsed(self) -> tuple[float, float]:
+        own, broker = self._read()
+        return own - self._own, broker - self._broker
+
+
+class Timing(NamedTuple):
+    seconds: float
+    cpu: float  # this process, user + system
+    broker_cpu: float
 
 
 async def preload(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
@@ -70,7 +108,9 @@ async def preload(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]
         await producer.stop()
 
 
-async def passthrough(bootstrap: str, src: str, dst: str, n: int, group: str) -> float:
+async def passthrough(
+    bootstrap: str, src: str, dst: str, n: int, group: str, *, broker_pid: int | None = None
+) -> Timing:
     consumer = AIOKafkaConsumer(
         src,
         bootstrap_servers=bootstrap,
@@ -90,6 +130,7 @@ async def passthrough(bootstrap: str, src: str, dst: str, n: int, group: str) ->
         while not consumer.assignment():
             await consumer.getmany(timeout_ms=50, max_records=1)  # joins the group
         await consumer.seek_to_beginning()
+        clock = CpuClock(broker_pid)
         t0 = time.perf_counter()
         copied = 0
         while copied < n:
@@ -108,15 +149,22 @@ async def passthrough(bootstrap: str, src: str, dst: str, n: int, group: str) ->
             await asyncio.gather(*futures)
             if batch:
                 await consumer.commit()
-        return time.perf_counter() - t0
+        return Timing(time.perf_counter() - t0, *clock.elapsed())
     finally:
         await consumer.stop()
         await producer.stop()
 
 
 async def gateway(  # noqa: PLR0917
-    bootstrap: str, src: str, dst: str, n: int, group: str, state: Path, share: float = 1.0
-) -> float:
+    bootstrap: str,
+    src: str,
+    dst: str,
+    n: int,
+    group: str,
+    state: Path,
+    share: float = 1.0,
+    broker_pid: int | None = None,
+) -> Timing:
     """Seconds until every record is accounted for (published, dead-lettered or held) — or,
     with ``share`` < 1, until that share of them is published or dead-lettered."""
     policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
@@ -138,10 +186,11 @@ async def gateway(  # noqa: PLR0917
     )
     worker.closers.append(store.close)
     stop = asyncio.Event()
-    times: list[float] = []
+    times: list[Timing] = []
 
     async def watch() -> None:
         await worker.ready.wait()
+        clock = CpuClock(broker_pid)
         t0 = time.perf_counter()
         while True:
             s = worker.stats
@@ -150,7 +199,7 @@ async def gateway(  # noqa: PLR0917
             if s.consumed >= n and s.consumed == s.accounted:
                 break
             await asyncio.sleep(0.005)
-        times.append(time.perf_counter() - t0)
+        times.append(Timing(time.perf_counter() - t0, *clock.elapsed()))
         stop.set()
 
     watcher = asyncio.create_task(watch())
@@ -187,22 +236,33 @@ async def main_async(args: argparse.Namespace) -> None:
             await preload(bs, names[2], records)
             # the memory broker slows down as it fills: alternate which side goes first
             state = Path(tempfile.mkdtemp(prefix="privgw-bench-"))
+            pid = broker.pid
             try:
                 if rep % 2 == 0:
-                    t_pass = await passthrough(bs, names[2], names[3], n, f"copy{rep}")
-                    t_gw = await gateway(bs, names[0], names[1], n, f"gw{rep}", state)
+                    t_pass = await passthrough(
+                        bs, names[2], names[3], n, f"copy{rep}", broker_pid=pid
+                    )
+                    t_gw = await gateway(
+                        bs, names[0], names[1], n, f"gw{rep}", state, broker_pid=pid
+                    )
                 else:
-                    t_gw = await gateway(bs, names[0], names[1], n, f"gw{rep}", state)
-                    t_pass = await passthrough(bs, names[2], names[3], n, f"copy{rep}")
+                    t_gw = await gateway(
+                        bs, names[0], names[1], n, f"gw{rep}", state, broker_pid=pid
+                    )
+                    t_pass = await passthrough(
+                        bs, names[2], names[3], n, f"copy{rep}", broker_pid=pid
+                    )
             finally:
                 shutil.rmtree(state, ignore_errors=True)
-            r_pass, r_gw = n / t_pass, n / t_gw
+            r_pass, r_gw = n / t_pass.seconds, n / t_gw.seconds
             r_engine = n / engine_alone(records)
             ratios.append(r_gw / r_pass)
             print(
-                f"run {rep + 1}: passthrough {r_pass:>9,.0f} rec/s ({t_pass:.2f} s)   "
-                f"privgw {r_gw:>9,.0f} rec/s ({t_gw:.2f} s)   ratio {r_gw / r_pass:.2f}"
-                f"  (target >= 0.5)   engine alone {r_engine:>9,.0f} rec/s"
+                f"run {rep + 1}: passthrough {r_pass:>9,.0f} rec/s ({t_pass.seconds:.2f} s)   "
+                f"privgw {r_gw:>9,.0f} rec/s ({t_gw.seconds:.2f} s)   ratio {r_gw / r_pass:.2f}"
+                f"  (target >= 0.5)   engine alone {r_engine:>9,.0f} rec/s\n"
+                f"       CPU s (this process / broker): passthrough {t_pass.cpu:.2f} / "
+                f"{t_pass.broker_cpu:.2f}   privgw {t_gw.cpu:.2f} / {t_gw.broker_cpu:.2f}"
             )
         if len(ratios) > 1:
             # the passthrough's rate swings most on a shared machine: judge the median

@@ -87,6 +87,11 @@ class EmbeddedBroker:
         return f"{self.host}:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (benchmarks read its CPU time)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

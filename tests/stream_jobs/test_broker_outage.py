@@ -83,11 +83,14 @@ def test_worker_reconnects_after_a_broker_restart_without_restarting(
             worker,
             log,
         )
+        pid = broker.pid
         broker.stop()
         t_down = time.monotonic()
+        assert pid is not None and broker.pid is None
         time.sleep(3.0)  # the worker's fetches, sends and commits fail meanwhile
         assert worker.poll() is None, log.read_text()[-3000:]
         broker.start()  # same port, empty
+        assert broker.pid not in (None, pid)
         _recreate_topics(broker.bootstrap, unique_name, policy)
         # the new log restarts at offset 0; produced once the worker has seen the empty
         # topic, and fewer per partition than it consumed before, so that it cannot take the
