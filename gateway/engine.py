@@ -105,6 +105,20 @@ def _group_key(group_id: str) -> bytes:
     return _GROUP_KEY_PREFIX + group_id.encode()
 
 
+def _group_id(key: bytes) -> str:
+    """The group id of a registry key (the inverse of :func:`_group_key`)."""
+    return key[len(_GROUP_KEY_PREFIX) :].decode()
+
+
+def _live_entry(count: int) -> bytes:
+    """A group's registry value: its live-member count."""
+    return orjson.dumps({"live": count})
+
+
+def _live_count(raw: bytes) -> int:
+    return int(orjson.loads(raw)["live"])
+
+
 _PARTITION_BYTES = 2  # partition-scoped respondent keys: partition (big-endian) + digest
 _DIGEST_BYTES = 32
 
@@ -136,10 +150,7 @@ class LiveCountAudit:
 
     def repairs(self) -> dict[bytes, bytes]:
         """The registry entries that set every drifted count to its actual value."""
-        return {
-            _group_key(gid): orjson.dumps({"live": actual})
-            for gid, (_, actual) in self.drifted.items()
-        }
+        return {_group_key(gid): _live_entry(actual) for gid, (_, actual) in self.drifted.items()}
 
 
 def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
@@ -151,12 +162,11 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
     actual: dict[str, int] = {}
     respondents = 0
     for key, raw in entries:
-        value = orjson.loads(raw)
         if key.startswith(_GROUP_KEY_PREFIX):
-            stored[key[len(_GROUP_KEY_PREFIX) :].decode()] = int(value["live"])
+            stored[_group_id(key)] = _live_count(raw)
             continue
         respondents += 1
-        current = value.get("current")
+        current = orjson.loads(raw).get("current")
         if current:
             actual[current[0]] = actual.get(current[0], 0) + 1
     groups = stored.keys() | actual.keys()
@@ -516,7 +526,7 @@ class Engine:
                 key: orjson.dumps(states[key], option=orjson.OPT_SORT_KEYS) for key in touched
             }
             for gid in view.live_touched:
-                entries[_group_key(gid)] = orjson.dumps({"live": view.live[gid]})
+                entries[_group_key(gid)] = _live_entry(view.live[gid])
             if entries:
                 self._store.put_many(entries)
 
@@ -562,10 +572,7 @@ class Engine:
     def _load_live(self, group_ids: Sequence[str]) -> dict[str, int]:
         assert self._store is not None
         found = self._store.get_many([_group_key(g) for g in group_ids])
-        return {
-            key[len(_GROUP_KEY_PREFIX) :].decode(): int(orjson.loads(raw)["live"])
-            for key, raw in found.items()
-        }
+        return {_group_id(key): _live_count(raw) for key, raw in found.items()}
 
     def _quasi_identifiers(
         self,
