@@ -433,14 +433,15 @@ class Engine:
             [rids[i] for i in pub_idx],
             [self.version] * len(pub_idx),
         ]
+        out_keys: list[bytes | None] = [None] * len(pub_idx)  # the output records' keys
         if policy.output.pseudonym is Pseudonym.HMAC and kr is not None:
+            pseudonyms = [
+                kr.pseudonym(rid) if (rid := records[i].respondent_id) is not None else None
+                for i in pub_idx
+            ]
             col_names.append("pseudonym")
-            columns.append(
-                [
-                    kr.pseudonym(rid) if (rid := records[i].respondent_id) is not None else None
-                    for i in pub_idx
-                ]
-            )
+            columns.append(pseudonyms)
+            out_keys = [p.encode() if p else None for p in pseudonyms]
 
         retention: dict[str, float] = {}
         touched = view.touched
@@ -531,11 +532,6 @@ class Engine:
                 self._store.put_many(entries)
 
         dumps = orjson.dumps
-        out_keys: list[bytes | None] = (
-            [p.encode() if p else None for p in columns[2]]
-            if col_names[2:3] == ["pseudonym"]
-            else [None] * len(pub_idx)
-        )
         published = list(
             map(
                 PublishedRecord,

@@ -162,6 +162,16 @@ def test_republishing_unchanged_respondents_writes_no_state() -> None:
     assert rewritten == {KEY.respondent_key("r4")}
 
 
+def test_hmac_pseudonym_is_published_and_keys_the_output_record() -> None:
+    engine = Engine(_policy("output: {pseudonym: hmac}\n" + POLICY), keyring=KEY)
+    res = engine.protect_window(_records(1, 12, np.random.default_rng(0)), now=0.0)
+    assert len(res.published) == 12
+    for rec, row in zip(res.published, _rows(res), strict=True):
+        rid = f"r{int(rec.record_id.rpartition('/')[2])}"
+        assert row["pseudonym"] == KEY.pseudonym(rid) != rid
+        assert rec.key == row["pseudonym"].encode()
+
+
 def test_matrix_change_keeps_published_values() -> None:
     store = DictStore()
     recs = _records(1, 40, np.random.default_rng(0))
