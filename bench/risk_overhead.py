@@ -26,12 +26,18 @@ from gateway.policy import policy_from_yaml
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.worker import _Collector, _tune_memory  # the worker's own settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NEVER = 10**9
 
 
-def run(text: str, every: int, records: list[tuple[bytes, bytes]]) -> float:
+def run(
+    text: str, every: int, records: list[tuple[bytes, bytes]], *, like_worker: bool = False
+) -> float:
+    """Seconds for the engine to protect the records in windows. ``like_worker``: garbage
+    collection and malloc as the stream worker runs them (collected between windows, and that
+    collection timed too), so the figure compares with the worker's."""
     policy = policy_from_yaml(text.replace("sample_every: 1", f"sample_every: {every}"))
     validator = Validator(policy)
     valid = []
@@ -42,10 +48,18 @@ def run(text: str, every: int, records: list[tuple[bytes, bytes]]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         store = SQLiteStore(Path(tmp) / "state.db")
         engine = Engine(policy, keyring=Keyring(b"bench-secret-0123456789"), store=store)
+        collector = _Collector() if like_worker else None
+        if collector is not None:
+            _tune_memory()
+            collector.start(time.monotonic())
         t0 = time.perf_counter()
         for start in range(0, len(valid), size):
             engine.protect_window(valid[start : start + size], now=0.0, flush_all=True)
+            if collector is not None:
+                collector.after_window(time.monotonic())
         elapsed = time.perf_counter() - t0
+        if collector is not None:
+            collector.stop()
         store.close()
     return elapsed
 
