@@ -715,12 +715,15 @@ class Engine:
             maskeds.append(masked)
             label_rows = labels if labels.ndim == 1 else labels[:, 0]
             prefix = f"{scope}." if scope is not None else ""
-            for g in np.unique(label_rows):
-                idx = np.flatnonzero(label_rows == g)
-                ident_bytes = b"".join(sorted(rids[rec_idx[t]].encode() for t in idx))
+            # each group's rows, label by label, in one sort (a scan per label was quadratic:
+            # ~1 s for the 33,000 groups of 100,000 rows at k = 3)
+            order = np.argsort(label_rows, kind="stable")
+            for idx in np.split(order, np.flatnonzero(np.diff(label_rows[order])) + 1):
+                rows_of_group: list[int] = idx.tolist()
+                ident_bytes = b"".join(sorted(rids[rec_idx[t]].encode() for t in rows_of_group))
                 gid = prefix + hashlib.sha256(ident_bytes).hexdigest()[:16]
-                decision.groups.append((gid, int(idx.size)))
-                for t in idx:
+                decision.groups.append((gid, len(rows_of_group)))
+                for t in rows_of_group:
                     gid_of_slot[scope_slots[t]] = gid
             for pos, s_index in enumerate(scope_slots):
                 masked_of_slot[s_index] = masked[pos]
