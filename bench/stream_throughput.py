@@ -110,10 +110,9 @@ async def preload(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]
         await producer.stop()
 
 
-async def passthrough(
-    bootstrap: str, src: str, dst: str, n: int, group: str, *, broker_pid: int | None = None
-) -> Timing:
-    consumer = AIOKafkaConsumer(
+def bench_consumer(bootstrap: str, src: str, group: str) -> AIOKafkaConsumer:
+    """A consumer with the worker's fetch settings, committing by hand."""
+    return AIOKafkaConsumer(
         src,
         bootstrap_servers=bootstrap,
         group_id=group,
@@ -125,6 +124,12 @@ async def passthrough(
         fetch_max_bytes=64 * 1024 * 1024,
         max_partition_fetch_bytes=16 * 1024 * 1024,
     )
+
+
+async def passthrough(
+    bootstrap: str, src: str, dst: str, n: int, group: str, *, broker_pid: int | None = None
+) -> Timing:
+    consumer = bench_consumer(bootstrap, src, group)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
     await consumer.start()

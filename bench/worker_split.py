@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.keyed import Keyring
@@ -137,18 +137,7 @@ async def split_worker(  # noqa: PLR0917
     here, there = ctx.Pipe()
     child = ctx.Process(target=protect_batches, args=(there, state, src), daemon=True)
     child.start()
-    consumer = AIOKafkaConsumer(
-        src,
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        session_timeout_ms=3000,
-        heartbeat_interval_ms=500,
-        max_poll_records=5000,
-        fetch_max_bytes=64 * 1024 * 1024,
-        max_partition_fetch_bytes=16 * 1024 * 1024,
-    )
+    consumer = stream_throughput.bench_consumer(bootstrap, src, group)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1024 * 1024
     )
