@@ -70,6 +70,13 @@ PARTITIONS = 3
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds another process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:  # utime, stime: fields 14, 15
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 class CpuClock:
     """CPU seconds of this process and of the broker since ``start``."""
 
@@ -79,11 +86,7 @@ class CpuClock:
 
     def _read(self) -> tuple[float, float]:
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        broker = 0.0
-        if self.broker_pid is not None:
-            with open(f"/proc/{self.broker_pid}/stat") as f:  # utime, stime: fields 14, 15
-                fields = f.read().rpartition(")")[2].split()
-            broker = (int(fields[11]) + int(fields[12])) / _TICKS
+        broker = process_cpu_seconds(self.broker_pid) if self.broker_pid is not None else 0.0
         return ru.ru_utime + ru.ru_stime, broker
 
     def start(self) -> None:

@@ -63,6 +63,7 @@ assert _spec is not None and _spec.loader is not None
 stream_throughput = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stream_throughput)
 CpuClock, Timing = stream_throughput.CpuClock, stream_throughput.Timing
+process_cpu_seconds = stream_throughput.process_cpu_seconds
 
 
 def _pack(items: Sequence[bytes | None]) -> tuple[bytes, bytes]:
@@ -77,12 +78,6 @@ def _unpack(lengths: bytes, blob: bytes) -> list[bytes | None]:
     ends = list(accumulate(0 if s == _NONE else s for s in sizes))
     starts = [0, *ends[:-1]]
     return [None if s == _NONE else blob[a:b] for s, a, b in zip(sizes, starts, ends, strict=True)]
-
-
-def _proc_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:  # utime, stime: fields 14, 15
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / stream_throughput._TICKS
 
 
 def protect_batches(conn: Connection, state: Path, topic: str) -> None:
@@ -151,7 +146,7 @@ async def split_worker(  # noqa: PLR0917
             await consumer.getmany(timeout_ms=50, max_records=1)  # joins the group
         await consumer.seek_to_beginning()
         clock = CpuClock(broker_pid)
-        child_cpu0 = _proc_cpu(child.pid)  # type: ignore[arg-type]
+        child_cpu0 = process_cpu_seconds(child.pid)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         commits: asyncio.Queue[dict[Any, int]] = asyncio.Queue()  # one per batch, in order
 
@@ -198,7 +193,7 @@ async def split_worker(  # noqa: PLR0917
 
         await asyncio.gather(feed(), drain())
         timing = Timing(time.perf_counter() - t0, *clock.elapsed())
-        child_cpu = _proc_cpu(child.pid) - child_cpu0  # type: ignore[arg-type]
+        child_cpu = process_cpu_seconds(child.pid) - child_cpu0  # type: ignore[arg-type]
         here.send(None)
         return timing, child_cpu
     finally:
