@@ -25,8 +25,8 @@ from gateway.keyed import Keyring
 from gateway.policy import policy_from_yaml
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
+from stream_jobs.memory import Collector, tune_memory  # the worker's own settings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
-from stream_jobs.worker import _Collector, _tune_memory  # the worker's own settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NEVER = 10**9
@@ -48,9 +48,9 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         store = SQLiteStore(Path(tmp) / "state.db")
         engine = Engine(policy, keyring=Keyring(b"bench-secret-0123456789"), store=store)
-        collector = _Collector() if like_worker else None
+        collector = Collector() if like_worker else None
         if collector is not None:
-            _tune_memory()
+            tune_memory()
             collector.start(time.monotonic())
         t0 = time.perf_counter()
         for start in range(0, len(valid), size):

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
-import gc
 import logging
-import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
@@ -38,7 +35,13 @@ from aiokafka.errors import (
 )
 from aiokafka.partitioner import DefaultPartitioner
 
-from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowReport
+from gateway.engine import (
+    PublishedRecord,
+    SourceRef,
+    ValidRecord,
+    WindowReport,
+    WindowResult,
+)
 from gateway.policy import Policy
 from gateway.validation import DLQReason, Rejection, Validator, rejection
 from state.partitioned_store import PartitionedStore
@@ -51,6 +54,7 @@ from stream_jobs.kafka import (
     make_producer,
     send_batches,
 )
+from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
@@ -58,6 +62,7 @@ from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
+_ENGINE_POLL_MS = 5  # the same while a window is in the engine
 
 
 def _transient(err: KafkaError) -> bool:
@@ -70,67 +75,6 @@ def _transient(err: KafkaError) -> bool:
 
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
-# Each window allocates and frees megabytes of small objects; glibc's default 128 KiB trim
-# threshold hands the heap top back to the kernel after every window and page-faults it in
-# again on the next (measured: orjson.dumps of 5,000 output rows 3.7 µs/row, 0.5 with this).
-_M_TRIM_THRESHOLD, _M_TOP_PAD = -1, -2  # mallopt parameters (malloc.h)
-_TRIM_THRESHOLD_BYTES = 256 << 20
-_TOP_PAD_BYTES = 64 << 20
-
-
-class _Collector:
-    """Cyclic garbage collection between windows rather than inside them.
-
-    A window allocates a few dicts per record and keeps tens of thousands of young container
-    objects alive while the engine works (decoded states, value tuples, output rows). With
-    CPython's default thresholds the collector ran hundreds of times per window (a third of the
-    engine's time); with raised ones a generation-0 collection still fired in the middle of most
-    windows and walked all of them — about 10 ms a window, 5-6 % of the engine's time (engine
-    alone on 200,000 panel records: 28.6 against 26.9 µs/record). Once the window is done,
-    reference counting has freed them, so the worker turns automatic collection off while it
-    runs and collects after every window instead: generation 0 each time, 1 every 10th, 2 every
-    100th, and at least every few seconds while idle, so cycles the clients make when no
-    records arrive are collected too. Automatic collection is restored when the worker stops.
-    """
-
-    __slots__ = ("_count", "_last", "_was_enabled")
-    IDLE_SECONDS = 5.0
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._last = 0.0
-        self._was_enabled = gc.isenabled()
-
-    def start(self, now: float) -> None:
-        self._was_enabled = gc.isenabled()
-        self._last = now
-        gc.disable()
-
-    def stop(self) -> None:
-        if self._was_enabled:
-            gc.enable()
-
-    def after_window(self, now: float) -> None:
-        self._collect(now)
-
-    def tick(self, now: float) -> None:
-        if now - self._last >= self.IDLE_SECONDS:
-            self._collect(now)
-
-    def _collect(self, now: float) -> None:
-        self._count += 1
-        n = self._count
-        gc.collect(2 if n % 100 == 0 else 1 if n % 10 == 0 else 0)
-        self._last = now
-
-
-def _tune_memory() -> None:
-    gc.freeze()  # what start-up allocated (modules, policy, clients) is never garbage
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):  # not glibc: leave malloc alone
-            libc = ctypes.CDLL(None)
-            libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
-            libc.mallopt(_M_TOP_PAD, _TOP_PAD_BYTES)
 
 
 @dataclass(slots=True)
@@ -171,6 +115,33 @@ class WorkerStats:
 WindowObserver = Callable[[WindowReport, Flush, float], None]
 
 
+class WindowEngine(Protocol):
+    """What the worker needs of an engine: ``gateway.engine.Engine`` in the worker's process,
+    or ``stream_jobs.engine_process.EngineProcess`` in a child of its own."""
+
+    version: str
+
+    def metadata(self) -> dict[str, object]: ...
+
+    def protect_window(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> WindowResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Protecting:
+    """A window handed to the engine, and what goes out with it."""
+
+    flush: Flush
+    dead: list[DeadLetter]
+    forward: list[tuple[bytes, bytes, int, int]]
+    future: asyncio.Future[WindowResult] | None  # None: nothing to protect
+    t0: float
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: GatewayWorker) -> None:
         self._worker = worker
@@ -189,7 +160,7 @@ class GatewayWorker:
         self,
         policy: Policy,
         settings: WorkerSettings,
-        engine: Engine,
+        engine: WindowEngine,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -228,12 +199,13 @@ class GatewayWorker:
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
         self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
         self._in_engine = 0  # records of the window being protected (neither held nor out)
-        self._gc = _Collector()
+        self._protecting: _Protecting | None = None  # the window in the engine
+        self._gc = Collector()
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        _tune_memory()
+        tune_memory()
         self._gc.start(time.monotonic())
         if s.create_topics:
             await ensure_topics(s, self.topics)
@@ -285,6 +257,9 @@ class GatewayWorker:
         try:
             while not self._stopping.is_set():
                 epoch = self._epoch
+                if self._protecting is not None and self._protecting.done():
+                    async with self._lock:
+                        await self._protected()  # its outputs go out as soon as it is done
                 batch = await self._consumer.getmany(
                     timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_poll_records
                 )
@@ -300,10 +275,11 @@ class GatewayWorker:
                     if batch:
                         self._ingest(batch)
                     else:
+                        await self._protected()
                         await self._check_truncated_logs()
                     reason = self._buffer.due(self._clock())
                     if reason is not None:
-                        await self._flush(reason)
+                        await self._protected(then=reason)  # one window at a time in the engine
                     else:
                         self._gc.tick(time.monotonic())
                     if not self.ready.is_set() and self._consumer.assignment():
@@ -348,7 +324,13 @@ class GatewayWorker:
     def _has_pending(self) -> bool:
         """Anything a flush would produce or commit: records, dead letters, forwards."""
         buf = self._buffer
-        return bool(buf.size or self._dead or self._forward or buf.opened_at is not None)
+        return bool(
+            buf.size
+            or self._dead
+            or self._forward
+            or buf.opened_at is not None
+            or self._protecting is not None
+        )
 
     # -- rebalance ---------------------------------------------------------------------
     async def _on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
@@ -447,6 +429,8 @@ class GatewayWorker:
 
     # -- the hot path --------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
+        if self._protecting is not None:
+            return _ENGINE_POLL_MS  # come back soon to send the window the engine finishes
         deadline = self._buffer.deadline()
         if deadline is None:
             return _POLL_MS
@@ -522,32 +506,62 @@ class GatewayWorker:
         log.debug("dead-lettered %s/%d/%d: %s", topic, partition, m.offset, rej.reason.value)
 
     async def _flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
-        """Protect the window, then hand its outputs to the producer. Their acknowledgement
-        and the commit that follows run in the background (:meth:`_settle`) while the next
-        window is being protected; at most one window is in flight."""
+        """Protect everything buffered and wait for it (revocation, shutdown): the window in
+        the engine first, if any, then the rest."""
+        await self._protected()
+        self._protect(reason, flush_all=flush_all)
+        await self._protected()
+
+    def _protect(self, reason: FlushReason, *, flush_all: bool = False) -> None:
+        """Hand the buffered window to the engine's thread and return at once: the event loop
+        goes on fetching and validating the next window meanwhile (on another core when the
+        engine runs in its own process). One window at a time is in the engine;
+        :meth:`_protected` finishes it."""
+        assert self._protecting is None, "one window at a time in the engine"
         t0 = time.perf_counter()
         flush = self._buffer.take(reason)
         dead, self._dead = self._dead, []
         forward, self._forward = self._forward, []
-        result = None
+        future: asyncio.Future[WindowResult] | None = None
         if flush.records:
             self._in_engine = len(flush.records)
+            # in the engine's own thread: the event loop keeps heartbeating, fetching and
+            # settling the previous window while this one is protected and fsynced
+            future = asyncio.get_running_loop().run_in_executor(
+                self._engine_thread,
+                functools.partial(
+                    self.engine.protect_window,
+                    flush.records,
+                    now=self._clock(),
+                    flush_all=flush_all,
+                ),
+            )
+        self._protecting = _Protecting(flush, dead, forward, future, t0)
+
+    async def _protected(self, then: FlushReason | None = None) -> None:
+        """Finish the window in the engine, if any: keep what it holds, then hand its outputs
+        to the producer. Their acknowledgement and the commit that follows run in the
+        background (:meth:`_settle`) while the next window is being protected; at most one
+        window is in flight. ``then``: protect what is buffered next (its reason), handing it
+        to the engine before this window's outputs are produced, so the engine does not wait
+        for the producer."""
+        p, self._protecting = self._protecting, None
+        if p is None:
+            if then is not None:
+                self._protect(then)
+            return
+        flush, dead, forward, t0 = p.flush, p.dead, p.forward, p.t0
+        result = None
+        if p.future is not None:
             try:
-                # in the engine's own thread: the event loop keeps heartbeating, fetching and
-                # settling the previous window while this one is protected and fsynced
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._engine_thread,
-                    functools.partial(
-                        self.engine.protect_window,
-                        flush.records,
-                        now=self._clock(),
-                        flush_all=flush_all,
-                    ),
-                )
+                result = await p.future
             finally:
                 self._in_engine = 0
-                self._gc.after_window(time.monotonic())
         commits = self._buffer.complete(flush, result.held if result is not None else ())
+        if then is not None:
+            self._protect(then)
+        if p.future is not None:
+            self._gc.after_window(time.monotonic())
         await self._settled()  # outputs and commits stay in window order
         published = result.published if result is not None else ()
         window_id = result.report.window_id if result is not None else ""

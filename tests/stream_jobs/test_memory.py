@@ -1,11 +1,11 @@
-"""The worker's garbage collection between windows (stream_jobs.worker._Collector)."""
+"""The worker's garbage collection between windows (stream_jobs.memory.Collector)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from stream_jobs.worker import _Collector
+from stream_jobs.memory import Collector
 
 
 class _Node:
@@ -21,7 +21,7 @@ def _cycle() -> weakref.ref[_Node]:
 
 def test_collects_cycles_after_each_window_and_when_idle_then_restores_gc() -> None:
     assert gc.isenabled()
-    collector = _Collector()
+    collector = Collector()
     collector.start(now=0.0)
     try:
         assert not gc.isenabled()  # no automatic collection inside a window
@@ -31,9 +31,9 @@ def test_collects_cycles_after_each_window_and_when_idle_then_restores_gc() -> N
         assert ref() is None  # a window's cyclic garbage is collected right after it
 
         ref = _cycle()
-        collector.tick(now=1.0 + _Collector.IDLE_SECONDS / 2)
+        collector.tick(now=1.0 + Collector.IDLE_SECONDS / 2)
         assert ref() is not None  # not yet: the worker was busy a moment ago
-        collector.tick(now=1.0 + _Collector.IDLE_SECONDS)
+        collector.tick(now=1.0 + Collector.IDLE_SECONDS)
         assert ref() is None  # idle for a while: collected anyway
     finally:
         collector.stop()
