@@ -147,6 +147,11 @@ class Keyring:
     def __reduce__(self) -> str:
         raise TypeError("a Keyring holds the secret and cannot be pickled")
 
+    def reveal(self) -> bytes:
+        """The secret itself, for handing to the engine's own child process over a private
+        pipe (``stream_jobs.engine_process``). Never log, store or send it anywhere else."""
+        return self._secret
+
     @property
     def fingerprint(self) -> str:
         """8 hex digits identifying the secret without revealing it."""

@@ -56,6 +56,12 @@ def register(sub: Any) -> None:
         help="sqlite (default): one file per worker; partitioned: state per input partition, "
         "with a changelog topic, restored when a partition is assigned",
     )
+    p.add_argument(
+        "--engine",
+        choices=["auto", "thread", "process"],
+        help="where the engine runs: process (its own child process, a second core), thread "
+        "(the worker's process), auto (default: process with sqlite state and 2+ cores)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = add_command(
@@ -136,6 +142,15 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
 
     store: Any
+    if settings.engine_in_process:
+        from stream_jobs.engine_process import EngineProcess, EngineSpec  # noqa: PLC0415
+
+        state_path = Path(settings.state_dir) / "state.db"
+        proc = EngineProcess(EngineSpec(policy, state_path, keyring.reveal()))
+        worker = GatewayWorker(policy, settings, proc)
+        worker.closers.append(proc.close)
+        worker.state_store = proc  # count() answers from the child's store
+        return worker
     if settings.state_backend == "partitioned":
         store = PartitionedStore(Path(settings.state_dir) / "partitions")
         engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
@@ -169,6 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             worker_index=args.worker_index,
             workers=args.workers,
             state_backend=args.state_backend,
+            engine=args.engine,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         logging.getLogger().setLevel(settings.log_level)

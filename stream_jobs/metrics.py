@@ -104,11 +104,13 @@ class GatewayMetrics:
         """Observe the worker's windows and export its figures at scrape time."""
         if self._collector is not None:
             raise RuntimeError("these metrics are attached to a worker already")
-        engine = worker.engine
         policy = worker.policy
         self._k = policy.microaggregation.k
+        rr = worker.engine.metadata()["randomized_response"]
         self._sticky_attrs = (
-            len(engine.mechanisms)
+            len(rr)
+            if isinstance(rr, dict)
+            else 0
             + sum(1 for a in policy.attributes.values() if a.noise is not None)
             + (1 if policy.microaggregated else 0)
         )

@@ -9,6 +9,7 @@ pseudonyms and randomness is read separately by ``gateway.keyed.load_secret``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal, Self
@@ -43,6 +44,13 @@ class WorkerSettings(BaseSettings):
         "sqlite",
         description="sqlite: one file per worker; partitioned: one RocksDB per input "
         "partition with a changelog topic, restored when the partition is assigned",
+    )
+
+    engine: Literal["auto", "thread", "process"] = Field(
+        "auto",
+        description="process: the engine and its SQLite state in a child process, so that "
+        "protection and the Kafka clients use two cores; thread: in the worker's process; "
+        "auto: process with the sqlite backend on a machine with two cores or more",
     )
 
     # -- metrics ------------------------------------------------------------------------
@@ -103,11 +111,23 @@ class WorkerSettings(BaseSettings):
                 f"worker_index must be in 0..{self.workers - 1} for {self.workers} workers, "
                 f"got {self.worker_index}"
             )
+        if self.engine == "process" and self.state_backend != "sqlite":
+            raise ValueError(
+                "engine process needs state_backend sqlite (the partitioned backend writes "
+                "its changelog through the worker's producer); set engine to thread or auto"
+            )
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")
         return self
 
     # -- derived -------------------------------------------------------------------------
+    @property
+    def engine_in_process(self) -> bool:
+        """Whether the engine runs in a child process of its own (``engine``, resolved)."""
+        if self.engine == "auto":
+            return self.state_backend == "sqlite" and (os.cpu_count() or 1) >= 2
+        return self.engine == "process"
+
     def topics(self, policy: Policy) -> Topics:
         inp = self.input_topic or policy.input.topic
         out = self.output_topic or policy.output.topic

@@ -18,11 +18,10 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import Policy
-from state.sqlite_store import SQLiteStore
 from stream_jobs.app import serve
+from stream_jobs.cli import build_worker
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.worker import GatewayWorker
@@ -157,11 +156,9 @@ def settings_for(bootstrap: str, name: str, state_dir: Path, **extra: Any) -> Wo
 
 
 def make_worker(policy: Policy, settings: WorkerSettings, secret: str) -> GatewayWorker:
-    store = SQLiteStore(Path(settings.state_dir) / "state.db")
-    engine = Engine(policy, keyring=Keyring(secret.encode()), store=store)
-    worker = GatewayWorker(policy, settings, engine)
-    worker.closers.append(store.close)
-    worker.state_store = store
+    """The worker ``privgw run`` builds: SQLite state, the engine where ``settings.engine``
+    puts it (by default in a child process)."""
+    worker: GatewayWorker = build_worker(policy, settings, Keyring(secret.encode()))
     return worker
 
 

@@ -57,12 +57,15 @@ def _bad_records(good: bytes) -> list[tuple[bytes | None, bytes | None, str]]:
     ]
 
 
+@pytest.mark.parametrize("engine", ["thread", "process"])
 def test_panel_is_protected_counted_grouped_and_reconstructable(
-    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path, engine: str
 ) -> None:
     policy = load_policy(ADULT)
     k = policy.microaggregation.k
-    settings = settings_for(broker.bootstrap, unique_name, tmp_path, flush_held_on_shutdown=True)
+    settings = settings_for(
+        broker.bootstrap, unique_name, tmp_path, flush_held_on_shutdown=True, engine=engine
+    )
     topics = settings.topics(policy)
     create_topics(policy, settings)
     survey = list(PanelSurvey(respondents=700, waves=3, seed=11, rows=load_rows()).records())

@@ -1,0 +1,318 @@
+"""The engine in a process of its own, so protection and the Kafka clients use two cores.
+
+The worker is CPU-bound on one Python thread: the engine (about two thirds of its CPU) and the
+event loop (fetching, decoding, validating, producing, settling) take turns holding the GIL.
+``EngineProcess`` is a front with the engine's interface — ``version``, ``metadata()``,
+``protect_window()`` — whose engine and state store live in a spawned child. The worker calls
+it from its engine thread exactly as it calls an in-process ``Engine``; while the child
+protects a window, that thread waits on a pipe without the GIL and the event loop keeps
+fetching and validating the next one. Everything else — windows, holds, dead letters, commits
+after acknowledgement — stays in the worker, unchanged.
+
+The pipe carries one request at a time (a lock serializes the engine thread and scrape-time
+``count()``): a pickled ``(op, …)`` tuple, answered with ``("ok", …)`` or
+``("error", class name, message)``. A window travels as columns in ``marshal`` form (exact for
+the str/int/float/None/bool values validation produces; pickle if anything else appears),
+which costs ~2 µs a record on both sides against ~8 µs for pickled ``ValidRecord`` tuples; the
+result comes back as columns that point into the request, so held records are the worker's
+own objects again.
+
+The child owns the SQLite state store, whose exclusive lock keeps any second opener out. It
+dies with the worker (``PR_SET_PDEATHSIG``), so a worker killed with SIGKILL leaves no engine
+behind to write state after its replacement has started; it ignores SIGINT and SIGTERM, so a
+Ctrl-C or a group-wide TERM reaches the worker, which closes it in order. The deployment
+secret goes to the child inside the pickled start-up message over the private pipe, never on
+its command line or in its environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import marshal
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowResult
+from gateway.errors import PrivgwError
+from gateway.keyed import Keyring
+from gateway.policy import Policy
+from stream_jobs.memory import Collector, tune_memory
+
+__all__ = ["EngineProcess", "EngineProcessError", "EngineSpec"]
+
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+_MARSHAL, _PICKLE = b"m", b"p"
+
+
+class EngineProcessError(PrivgwError):
+    """The engine's child process failed or exited. Carries the class of the child's
+    exception, and its message when it is one of privgw's own, never its traceback."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What the child needs to build the engine: policy, secret, SQLite state file."""
+
+    policy: Policy
+    state_path: Path
+    secret: bytes = field(repr=False)
+
+    def build(self) -> tuple[Engine, Any]:
+        from state.sqlite_store import SQLiteStore  # noqa: PLC0415
+
+        store = SQLiteStore(self.state_path)
+        return Engine(self.policy, keyring=Keyring(self.secret), store=store), store
+
+
+# -- the window on the wire ----------------------------------------------------------------
+def _encode_window(records: Sequence[ValidRecord]) -> bytes:
+    sources = [r.source for r in records]
+    columns = (
+        [r.respondent_id for r in records],
+        [r.values if type(r.values) is dict else dict(r.values) for r in records],
+        [s.topic if s is not None else None for s in sources],
+        [s.partition if s is not None else 0 for s in sources],
+        [s.offset if s is not None else 0 for s in sources],
+        [s.timestamp_ms if s is not None else -1 for s in sources],
+        [r.arrived_at for r in records],
+    )
+    try:
+        return _MARSHAL + marshal.dumps(columns)
+    except ValueError:  # a value of a type marshal does not know
+        return _PICKLE + pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode_window(blob: bytes) -> list[ValidRecord]:
+    body = memoryview(blob)[1:]
+    columns = marshal.loads(body) if blob[:1] == _MARSHAL else pickle.loads(body)
+    ids, values, topics, partitions, offsets, stamps, arrived = columns
+    return [
+        ValidRecord(rid, vals, SourceRef(t, p, o, ts) if t is not None else None, at)
+        for rid, vals, t, p, o, ts, at in zip(
+            ids, values, topics, partitions, offsets, stamps, arrived, strict=True
+        )
+    ]
+
+
+def _encode_result(records: Sequence[ValidRecord], result: WindowResult) -> tuple[bytes, bytes]:
+    by_source = {id(r.source): i for i, r in enumerate(records) if r.source is not None}
+    by_record = {id(r): i for i, r in enumerate(records)}
+    pub = result.published
+    columns = (
+        [p.record_id for p in pub],
+        [p.key for p in pub],
+        [p.value for p in pub],
+        [by_source[id(p.source)] if p.source is not None else -1 for p in pub],
+        [p.suppressed for p in pub],
+        [by_record[id(h)] for h in result.held],
+    )
+    return marshal.dumps(columns), pickle.dumps(result.report, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode_result(records: Sequence[ValidRecord], columns: bytes, report: bytes) -> WindowResult:
+    rids, keys, values, origin, suppressed, held = marshal.loads(columns)
+    published = [
+        PublishedRecord(rid, key, value, records[i].source if i >= 0 else None, sup)
+        for rid, key, value, i, sup in zip(rids, keys, values, origin, suppressed, strict=True)
+    ]
+    return WindowResult(
+        published=published, held=[records[i] for i in held], report=pickle.loads(report)
+    )
+
+
+# -- the child -----------------------------------------------------------------------------
+def _die_with_parent(parent: int) -> None:
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _serve(conn: Connection, parent: int) -> None:
+    """The child's loop: build the engine, then answer requests until told to close or the
+    pipe closes."""
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    store = None
+    try:
+        op, spec = pickle.loads(conn.recv_bytes())
+        if op != "start" or not isinstance(spec, EngineSpec):
+            raise ValueError("the engine process expects a start request first")
+        engine, store = spec.build()
+        conn.send_bytes(pickle.dumps(("ok", engine.version, engine.metadata())))
+        tune_memory()
+        collector = Collector()
+        collector.start(time.monotonic())
+        while True:
+            try:
+                request = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                return
+            try:
+                reply = _answer(request, engine, store, collector)
+            except Exception as err:  # reported to the worker, which stops
+                reply = ("error", type(err).__name__, _message(err))
+            conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+            if request[0] == "close":
+                return
+    except Exception as err:  # start-up failed: say why before exiting
+        with contextlib.suppress(OSError):
+            conn.send_bytes(pickle.dumps(("error", type(err).__name__, _message(err))))
+    finally:
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.close()
+
+
+def _message(err: Exception) -> str:
+    """Our own messages name settings and never values; a library's may quote an input value
+    (numpy's "could not convert string to float: …"), so only its class crosses over."""
+    if isinstance(err, PrivgwError):
+        return str(err)
+    return "message withheld (it may quote an input value)"
+
+
+def _answer(
+    request: tuple[Any, ...], engine: Engine, store: Any, collector: Collector
+) -> tuple[Any, ...]:
+    op = request[0]
+    if op == "protect":
+        _, blob, now, flush_all = request
+        records = _decode_window(blob)
+        result = engine.protect_window(records, now=now, flush_all=flush_all)
+        columns, report = _encode_result(records, result)
+        del records, result
+        collector.after_window(time.monotonic())
+        return ("ok", columns, report)
+    if op == "count":
+        return ("ok", store.count())
+    if op == "close":
+        store.close()
+        return ("ok",)
+    raise ValueError(f"unknown engine request {op!r}")
+
+
+# -- the worker's side -----------------------------------------------------------------------
+class EngineProcess:
+    """An ``Engine`` in a spawned child process; same calls, same results.
+
+    Start it from the thread that lives as long as the worker (the main thread): the child is
+    killed when the thread that started it exits.
+    """
+
+    def __init__(self, spec: EngineSpec) -> None:
+        # A child of its own (python -m), not multiprocessing's spawn: that re-imports the
+        # caller's __main__, which breaks any script without a __main__ guard.
+        parent_end, child_end = socket.socketpair()
+        self._conn = Connection(parent_end.detach())
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(child_end.fileno()), str(os.getpid())],
+                pass_fds=(child_end.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child_end.close()
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            with self._lock:
+                self._send(("start", spec))
+                _, self.version, self._metadata = self._reply("start")
+        except BaseException:
+            self._closed = True
+            self._conn.close()
+            self._reap(5.0)
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def metadata(self) -> dict[str, object]:
+        return dict(self._metadata)
+
+    def protect_window(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> WindowResult:
+        request = ("protect", _encode_window(records), now, flush_all)
+        with self._lock:
+            self._send(request)
+            _, columns, report = self._reply("protect_window")
+        return _decode_result(records, columns, report)
+
+    def count(self) -> int:
+        """Respondents in the child's state store (for the metrics exporter)."""
+        with self._lock:
+            self._send(("count",))
+            return int(self._reply("count")[1])
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close the store in the child and wait for it to exit."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with contextlib.suppress(EngineProcessError):
+                self._send(("close",))
+                self._reply("close")
+            self._conn.close()
+        self._reap(timeout)
+
+    def _reap(self, timeout: float) -> None:
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _send(self, request: tuple[Any, ...]) -> None:
+        if self._closed and request[0] != "close":
+            raise EngineProcessError("the engine process is closed")
+        try:
+            self._conn.send_bytes(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            raise self._exited() from None
+
+    def _reply(self, what: str) -> tuple[Any, ...]:
+        try:
+            reply: tuple[Any, ...] = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            raise self._exited() from None
+        if reply[0] == "error":
+            raise EngineProcessError(f"{what} failed in the engine process: {reply[1]}: {reply[2]}")
+        return reply
+
+    def _exited(self) -> EngineProcessError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(1.0)
+        return EngineProcessError(
+            f"the engine process exited (exit code {self._proc.returncode}); the worker stops "
+            "and its uncommitted records are read again after a restart"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m stream_jobs.engine_process FD PARENT_PID`` (started by ``EngineProcess``)."""
+    fd, parent = (int(a) for a in (argv if argv is not None else sys.argv[1:]))
+    _serve(Connection(fd), parent)
+
+
+if __name__ == "__main__":  # run the package's copy, whose classes the pickles name
+    from stream_jobs import engine_process  # noqa: PLW0406
+
+    engine_process.main()

@@ -1,0 +1,177 @@
+"""The engine in its own process (stream_jobs.engine_process): same results as in-process,
+failures reported without values, a child that cannot outlive its worker."""
+
+from __future__ import annotations
+
+import decimal
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.keyed import Keyring
+from gateway.policy import load_policy
+from gateway.validation import Validator
+from state.sqlite_store import SQLiteStore
+from stream_jobs.engine_process import (
+    EngineProcess,
+    EngineProcessError,
+    EngineSpec,
+    _decode_window,
+    _encode_window,
+)
+from stream_jobs.simulator import PanelSurvey, encode, load_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+ADULT = ROOT / "deploy" / "policies" / "adult.yaml"
+SECRET = b"engine-process-test-secret-0123456789"
+
+
+def _panel(n: int, *, seed: int = 5) -> list[ValidRecord]:
+    policy = load_policy(ADULT)
+    validator = Validator(policy)
+    survey = PanelSurvey(respondents=max(1, n // 3), waves=3, seed=seed, rows=load_rows())
+    out = []
+    for offset, (key, value) in enumerate([encode(r) for r in survey.records()][:n]):
+        rid, values = validator.decode_and_validate(value, key)  # type: ignore[misc]
+        out.append(ValidRecord(rid, values, SourceRef("in", offset % 3, offset, 1000), 0.5))
+    return out
+
+
+@pytest.fixture
+def engine_process(tmp_path: Path):  # type: ignore[no-untyped-def]
+    proc = EngineProcess(EngineSpec(load_policy(ADULT), tmp_path / "child.db", SECRET))
+    yield proc
+    proc.close()
+
+
+def test_windows_protected_in_the_child_match_the_engine_in_process(
+    engine_process: EngineProcess, tmp_path: Path
+) -> None:
+    policy = load_policy(ADULT)
+    store = SQLiteStore(tmp_path / "local.db")
+    local = Engine(policy, keyring=Keyring(SECRET), store=store)
+    assert engine_process.version == local.version
+    assert engine_process.metadata() == local.metadata()
+    records = _panel(1200)
+    # windows of 7 leave records waiting for a group of k = 5: holds travel back and forth
+    held_child: list[ValidRecord] = []
+    held_local: list[ValidRecord] = []
+    saw_held = False
+    for start in range(0, len(records), 7):
+        chunk = records[start : start + 7]
+        last = start + 7 >= len(records)
+        got = engine_process.protect_window([*held_child, *chunk], now=1.0, flush_all=last)
+        want = local.protect_window([*held_local, *chunk], now=1.0, flush_all=last)
+        assert got.published == want.published
+        assert got.report == want.report
+        assert [h.source for h in got.held] == [h.source for h in want.held]
+        # held records come back as the caller's own objects, not copies
+        window = {id(r) for r in [*held_child, *chunk]}
+        assert all(id(h) in window for h in got.held)
+        saw_held = saw_held or bool(got.held)
+        held_child, held_local = list(got.held), list(want.held)
+    assert saw_held and not held_child
+    assert engine_process.count() == store.count()
+    engine_process.close()
+    store.close()
+    with SQLiteStore(tmp_path / "child.db") as a, SQLiteStore(tmp_path / "local.db") as b:
+        assert dict(a.items()) == dict(b.items())
+
+
+def test_a_window_keeps_values_marshal_cannot_carry() -> None:
+    records = _panel(3)
+    odd = records[0]._replace(values={**records[0].values, "wave": decimal.Decimal("2")})
+    blob = _encode_window([odd, *records[1:]])
+    assert blob[:1] == b"p"  # fell back to pickle
+    assert _decode_window(blob) == [odd, *records[1:]]
+    assert _encode_window(records)[:1] == b"m"
+    assert _decode_window(_encode_window(records)) == records
+
+
+def test_an_engine_failure_is_reported_without_the_value(
+    engine_process: EngineProcess,
+) -> None:
+    bad = _panel(6)
+    bad[2] = bad[2]._replace(values={**bad[2].values, "age": "forty-two-years"})
+    with pytest.raises(EngineProcessError) as err:
+        engine_process.protect_window(bad, now=0.0)
+    assert "forty-two" not in str(err.value)
+    assert "ValueError" in str(err.value) or "TypeError" in str(err.value)
+    # the child is still there and serves the next window
+    assert len(engine_process.protect_window(_panel(6), now=0.0).published) >= 0
+    assert engine_process.count() >= 0
+
+
+def test_a_dead_child_is_an_error_not_a_hang(engine_process: EngineProcess) -> None:
+    os.kill(engine_process.pid, signal.SIGKILL)
+    with pytest.raises(EngineProcessError, match="exited"):
+        engine_process.protect_window(_panel(10), now=0.0)
+
+
+def test_a_second_engine_on_the_same_state_is_refused(
+    engine_process: EngineProcess, tmp_path: Path
+) -> None:
+    with pytest.raises(EngineProcessError, match="in use by another process"):
+        EngineProcess(EngineSpec(load_policy(ADULT), tmp_path / "child.db", SECRET))
+
+
+def test_the_secret_is_not_on_the_childs_command_line_or_in_its_environment(
+    engine_process: EngineProcess,
+) -> None:
+    for part in ("cmdline", "environ"):
+        assert SECRET not in Path(f"/proc/{engine_process.pid}/{part}").read_bytes()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"  # exited, not yet reaped
+
+
+def test_the_child_dies_with_a_worker_killed_mid_window(tmp_path: Path) -> None:
+    """Killed with SIGKILL while its engine protects a window, a worker takes the child with
+    it: no engine lives on to write that window's state after a replacement has started."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from pathlib import Path
+        from gateway.policy import load_policy
+        from stream_jobs.engine_process import EngineProcess, EngineSpec
+        from test_engine_process import _panel
+        records = _panel(20000)
+        proc = EngineProcess(EngineSpec(load_policy({str(ADULT)!r}),
+                                        Path({str(tmp_path / "s.db")!r}), {SECRET!r}))
+        print(proc.pid, flush=True)
+        proc.protect_window(records, now=0.0, flush_all=True)
+        print("done", flush=True)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        time.sleep(0.3)  # the window is on its way to the child, or being protected
+        assert not _gone(child)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 1.0  # far less than protecting 20,000 records takes
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _gone(child)
+        assert parent.stdout.read() == ""  # the window never completed
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+    with SQLiteStore(tmp_path / "s.db") as store:  # free for the next worker, and untouched
+        assert store.count() == 0
