@@ -46,7 +46,7 @@ from typing import Any
 
 from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowResult
 from gateway.errors import PrivgwError
-from gateway.keyed import Keyring
+from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring
 from gateway.policy import Policy
 from stream_jobs.memory import Collector, tune_memory
 
@@ -207,6 +207,15 @@ def _answer(
 
 
 # -- the worker's side -----------------------------------------------------------------------
+def _child_environment() -> dict[str, str]:
+    """The worker's environment without the secret (the child gets it in its start-up
+    message), importing this very copy of privgw first."""
+    env = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, SECRET_FILE_ENV)}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 class EngineProcess:
     """An ``Engine`` in a spawned child process; same calls, same results.
 
@@ -224,6 +233,7 @@ class EngineProcess:
                 [sys.executable, "-m", __name__, str(child_end.fileno()), str(os.getpid())],
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
+                env=_child_environment(),
             )
         finally:
             child_end.close()

@@ -123,10 +123,18 @@ def test_a_second_engine_on_the_same_state_is_refused(
 
 
 def test_the_secret_is_not_on_the_childs_command_line_or_in_its_environment(
-    engine_process: EngineProcess,
+    secret_env: str, tmp_path: Path
 ) -> None:
-    for part in ("cmdline", "environ"):
-        assert SECRET not in Path(f"/proc/{engine_process.pid}/{part}").read_bytes()
+    # the worker's own environment holds a secret (PRIVGW_SECRET); the child's does not
+    proc = EngineProcess(EngineSpec(load_policy(ADULT), tmp_path / "s.db", secret_env.encode()))
+    try:
+        for part in ("cmdline", "environ"):
+            raw = Path(f"/proc/{proc.pid}/{part}").read_bytes()
+            assert secret_env.encode() not in raw
+            assert b"PRIVGW_SECRET" not in raw
+        assert proc.count() == 0  # and it works, with the secret from its start-up message
+    finally:
+        proc.close()
 
 
 def _gone(pid: int) -> bool:
