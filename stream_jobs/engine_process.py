@@ -197,7 +197,7 @@ def _answer(
         columns, report = _encode_result(records, result)
         del records, result
         collector.after_window(time.monotonic())
-        return ("ok", columns, report)
+        return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())
     if op == "close":
@@ -239,6 +239,7 @@ class EngineProcess:
             child_end.close()
         self._lock = threading.Lock()
         self._closed = False
+        self._count = 0
         try:
             with self._lock:
                 self._send(("start", spec))
@@ -262,14 +263,20 @@ class EngineProcess:
         request = ("protect", _encode_window(records), now, flush_all)
         with self._lock:
             self._send(request)
-            _, columns, report = self._reply("protect_window")
+            _, columns, report, self._count = self._reply("protect_window")
         return _decode_result(records, columns, report)
 
     def count(self) -> int:
-        """Respondents in the child's state store (for the metrics exporter)."""
-        with self._lock:
+        """Entries in the child's state store (for the metrics exporter). While a window is in
+        the child, the count after the last one: a scrape does not wait for the engine."""
+        if not self._lock.acquire(blocking=False):
+            return self._count
+        try:
             self._send(("count",))
-            return int(self._reply("count")[1])
+            self._count = int(self._reply("count")[1])
+            return self._count
+        finally:
+            self._lock.release()
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the store in the child and wait for it to exit."""

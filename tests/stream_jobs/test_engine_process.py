@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -83,6 +84,28 @@ def test_windows_protected_in_the_child_match_the_engine_in_process(
     store.close()
     with SQLiteStore(tmp_path / "child.db") as a, SQLiteStore(tmp_path / "local.db") as b:
         assert dict(a.items()) == dict(b.items())
+
+
+def test_a_scrape_does_not_wait_for_the_window_in_the_child(
+    engine_process: EngineProcess,
+) -> None:
+    engine_process.protect_window(_panel(600), now=0.0, flush_all=True)
+    before = engine_process.count()
+    assert before > 0
+    big = _panel(20000, seed=9)  # new respondents: more than a second in the child
+    window = threading.Thread(
+        target=engine_process.protect_window, args=(big,), kwargs={"now": 0.0, "flush_all": True}
+    )
+    window.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    during = engine_process.count()
+    waited = time.monotonic() - t0
+    in_flight = window.is_alive()
+    window.join()
+    assert in_flight, "the window had finished before the scrape: nothing was tested"
+    assert during == before and waited < 0.5
+    assert engine_process.count() > before
 
 
 def test_a_window_keeps_values_marshal_cannot_carry() -> None:
