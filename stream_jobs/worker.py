@@ -200,6 +200,9 @@ class GatewayWorker:
         self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
         self._in_engine = 0  # records of the window being protected (neither held nor out)
         self._protecting: _Protecting | None = None  # the window in the engine
+        # a window the engine failed on: its records are out of the buffer but neither
+        # published nor held, so nothing after them may be committed (they are read again)
+        self._engine_failed = False
         self._gc = Collector()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -274,8 +277,7 @@ class GatewayWorker:
                         continue
                     if batch:
                         self._ingest(batch)
-                    else:
-                        await self._protected()
+                    elif self._protecting is None:  # (a window in the engine is not waited for)
                         await self._check_truncated_logs()
                     reason = self._buffer.due(self._clock())
                     if reason is not None:
@@ -298,7 +300,12 @@ class GatewayWorker:
         try:
             if self._consumer is not None:
                 async with self._lock:
-                    if self._has_pending():
+                    if self._engine_failed:
+                        log.error(
+                            "the engine failed on a window: nothing more is protected or "
+                            "committed; its records and those after them are read again"
+                        )
+                    elif self._has_pending():
                         await self._flush(
                             FlushReason.SHUTDOWN, flush_all=self.settings.flush_held_on_shutdown
                         )
@@ -555,6 +562,9 @@ class GatewayWorker:
         if p.future is not None:
             try:
                 result = await p.future
+            except BaseException:
+                self._engine_failed = True
+                raise
             finally:
                 self._in_engine = 0
         commits = self._buffer.complete(flush, result.held if result is not None else ())

@@ -1,0 +1,96 @@
+"""A window the engine fails on is read again, never skipped: the failing worker stops without
+protecting or committing what it fetched after that window, and the next worker in the group
+publishes every record."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from streamkit import (
+    consume_all,
+    create_topics,
+    make_worker,
+    produce,
+    run_until,
+    settings_for,
+    small_window_policy,
+)
+
+from gateway.engine import Engine, ValidRecord, WindowResult
+from gateway.keyed import Keyring
+from gateway.policy import load_policy
+from state.sqlite_store import SQLiteStore
+from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.worker import GatewayWorker
+
+pytestmark = pytest.mark.broker
+
+CHUNKS, CHUNK = 6, 40
+
+
+class FailsOnWindow:
+    """The engine, failing on its ``n``-th window after taking a while (so the worker has
+    fetched and buffered the next records by then)."""
+
+    def __init__(self, engine: Engine, n: int) -> None:
+        self._engine, self._n, self.calls = engine, n, 0
+        self.version = engine.version
+
+    def metadata(self) -> dict[str, object]:
+        return self._engine.metadata()
+
+    def protect_window(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> WindowResult:
+        self.calls += 1
+        if self.calls == self._n:
+            time.sleep(2.0)
+            raise RuntimeError("injected engine failure")
+        return self._engine.protect_window(records, now=now, flush_all=flush_all)
+
+
+def test_records_of_a_failed_window_are_read_again_not_skipped(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    policy = load_policy(small_window_policy(tmp_path, CHUNK))
+    settings = settings_for(
+        broker.bootstrap, unique_name, tmp_path / "state", flush_held_on_shutdown=True
+    )
+    topics = settings.topics(policy)
+    create_topics(policy, settings)
+    survey = PanelSurvey(respondents=CHUNKS * CHUNK, waves=1, seed=3, rows=load_rows())
+    inputs = [encode(r) for r in survey.records()][: CHUNKS * CHUNK]
+    sent: list[Any] = []
+
+    def feed() -> None:  # a window's worth at a time, so the failure lands mid-stream
+        for start in range(0, len(inputs), CHUNK):
+            sent.extend(produce(broker.bootstrap, topics.input, inputs[start : start + CHUNK]))
+            time.sleep(0.4)
+
+    store = SQLiteStore(Path(settings.state_dir) / "state.db")
+    failing = FailsOnWindow(Engine(policy, keyring=Keyring(secret_env.encode()), store=store), 2)
+    first = GatewayWorker(policy, settings, failing)
+    first.closers.append(store.close)
+    code = asyncio.run(run_until(first, lambda w: w._stopped.is_set(), during=feed, timeout=30))
+    assert code == 1 and failing.calls >= 2
+    assert len(sent) == len(inputs)
+
+    # the next worker of the group (state kept) takes over from the last commit
+    second = make_worker(policy, settings, secret_env)
+
+    def caught_up(w: GatewayWorker) -> bool:
+        st = w.stats
+        return st.consumed > 0 and st.consumed == st.accounted and not any(st.lag.values())
+
+    assert asyncio.run(run_until(second, caught_up, timeout=60)) == 0
+    out = consume_all(broker.bootstrap, topics.output)
+    published = {orjson.loads(m.value)["record_id"] for m in out if m.value is not None}
+    expected = {f"{topics.input}/{s.partition}/{s.offset}" for s in sent}
+    assert expected <= published, f"{len(expected - published)} records never published"
