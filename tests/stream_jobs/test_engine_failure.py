@@ -91,6 +91,10 @@ def test_records_of_a_failed_window_are_read_again_not_skipped(
 
     assert asyncio.run(run_until(second, caught_up, timeout=60)) == 0
     out = consume_all(broker.bootstrap, topics.output)
-    published = {orjson.loads(m.value)["record_id"] for m in out if m.value is not None}
+    copies: dict[str, set[bytes]] = {}
+    for m in out:
+        assert m.value is not None
+        copies.setdefault(orjson.loads(m.value)["record_id"], set()).add(m.value)
     expected = {f"{topics.input}/{s.partition}/{s.offset}" for s in sent}
-    assert expected <= published, f"{len(expected - published)} records never published"
+    assert expected <= copies.keys(), f"{len(expected - copies.keys())} records never published"
+    assert all(len(v) == 1 for v in copies.values()), "a record published twice, differently"
