@@ -3,13 +3,13 @@
 The worker is CPU-bound on one Python thread: the engine (about two thirds of its CPU) and the
 event loop (fetching, decoding, validating, producing, settling) take turns holding the GIL.
 ``EngineProcess`` is a front with the engine's interface — ``version``, ``metadata()``,
-``protect_window()`` — whose engine and state store live in a spawned child. The worker calls
+``protect_window()`` — whose engine and state store live in a child process. The worker calls
 it from its engine thread exactly as it calls an in-process ``Engine``; while the child
-protects a window, that thread waits on a pipe without the GIL and the event loop keeps
+protects a window, that thread waits on a socket without the GIL and the event loop keeps
 fetching and validating the next one. Everything else — windows, holds, dead letters, commits
 after acknowledgement — stays in the worker, unchanged.
 
-The pipe carries one request at a time (a lock serializes the engine thread and scrape-time
+The socket pair carries one request at a time (a lock serializes the engine thread and scrape-time
 ``count()``): a pickled ``(op, …)`` tuple, answered with ``("ok", …)`` or
 ``("error", class name, message)``. A window travels as columns in ``marshal`` form (exact for
 the str/int/float/None/bool values validation produces; pickle if anything else appears),
@@ -21,7 +21,7 @@ The child owns the SQLite state store, whose exclusive lock keeps any second ope
 dies with the worker (``PR_SET_PDEATHSIG``), so a worker killed with SIGKILL leaves no engine
 behind to write state after its replacement has started; it ignores SIGINT and SIGTERM, so a
 Ctrl-C or a group-wide TERM reaches the worker, which closes it in order. The deployment
-secret goes to the child inside the pickled start-up message over the private pipe, never on
+secret goes to the child inside the pickled start-up message over the private socket, never on
 its command line or in its environment.
 """
 
@@ -143,7 +143,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _serve(conn: Connection, parent: int) -> None:
     """The child's loop: build the engine, then answer requests until told to close or the
-    pipe closes."""
+    socket closes."""
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -217,7 +217,7 @@ def _child_environment() -> dict[str, str]:
 
 
 class EngineProcess:
-    """An ``Engine`` in a spawned child process; same calls, same results.
+    """An ``Engine`` in a child process of its own; same calls, same results.
 
     Start it from the thread that lives as long as the worker (the main thread): the child is
     killed when the thread that started it exits.
