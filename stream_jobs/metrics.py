@@ -107,10 +107,9 @@ class GatewayMetrics:
         policy = worker.policy
         self._k = policy.microaggregation.k
         rr = worker.engine.metadata()["randomized_response"]
+        rr_attrs = len(rr) if isinstance(rr, dict) else 0
         self._sticky_attrs = (
-            len(rr)
-            if isinstance(rr, dict)
-            else 0
+            rr_attrs
             + sum(1 for a in policy.attributes.values() if a.noise is not None)
             + (1 if policy.microaggregated else 0)
         )
