@@ -149,7 +149,7 @@ class Keyring:
 
     def reveal(self) -> bytes:
         """The secret itself, for handing to the engine's own child process over a private
-        pipe (``stream_jobs.engine_process``). Never log, store or send it anywhere else."""
+        socket (``stream_jobs.engine_process``). Never log, store or send it anywhere else."""
         return self._secret
 
     @property

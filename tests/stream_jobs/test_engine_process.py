@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def _panel(n: int, *, seed: int = 5) -> list[ValidRecord]:
 
 
 @pytest.fixture
-def engine_process(tmp_path: Path):  # type: ignore[no-untyped-def]
+def engine_process(tmp_path: Path) -> Iterator[EngineProcess]:
     proc = EngineProcess(EngineSpec(load_policy(ADULT), tmp_path / "child.db", SECRET))
     yield proc
     proc.close()
