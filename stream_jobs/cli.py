@@ -141,21 +141,19 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
 
-    store: Any
+    engine: Any
+    store: Any  # what the worker closes at the end and the exporter counts
+    sqlite_path = Path(settings.state_dir) / "state.db"
     if settings.engine_in_process:
         from stream_jobs.engine_process import EngineProcess, EngineSpec  # noqa: PLC0415
 
-        state_path = Path(settings.state_dir) / "state.db"
-        proc = EngineProcess(EngineSpec(policy, state_path, keyring.reveal()))
-        worker = GatewayWorker(policy, settings, proc)
-        worker.closers.append(proc.close)
-        worker.state_store = proc  # count() answers from the child's store
-        return worker
-    if settings.state_backend == "partitioned":
+        # engine and store in one child: it counts its store and closes both
+        engine = store = EngineProcess(EngineSpec(policy, sqlite_path, keyring.reveal()))
+    elif settings.state_backend == "partitioned":
         store = PartitionedStore(Path(settings.state_dir) / "partitions")
         engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
     else:
-        store = SQLiteStore(Path(settings.state_dir) / "state.db")
+        store = SQLiteStore(sqlite_path)
         engine = Engine(policy, keyring=keyring, store=store)
     worker = GatewayWorker(policy, settings, engine)
     worker.closers.append(store.close)
