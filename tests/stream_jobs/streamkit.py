@@ -18,12 +18,15 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from gateway.engine import SourceRef, ValidRecord
 from gateway.keyed import Keyring
-from gateway.policy import Policy
+from gateway.policy import Policy, load_policy
+from gateway.validation import Validator
 from stream_jobs.app import serve
 from stream_jobs.cli import build_worker
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import WorkerSettings
+from stream_jobs.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.worker import GatewayWorker
 
 
@@ -311,3 +314,16 @@ def small_window_policy(tmp: Path, max_records: int) -> Path:
     path = tmp / "policy.yaml"
     path.write_text(text.replace(old, f"window: {{max_records: {max_records}, max_seconds: 1,"))
     return path
+
+
+def validated_panel(n: int, *, seed: int = 5) -> list[ValidRecord]:
+    """``n`` records of a 3-wave simulated panel, validated against the Adult policy, with
+    source coordinates on 3 partitions: what the worker hands the engine."""
+    root = Path(__file__).resolve().parents[2]
+    validator = Validator(load_policy(root / "deploy" / "policies" / "adult.yaml"))
+    survey = PanelSurvey(respondents=max(1, n // 3), waves=3, seed=seed, rows=load_rows())
+    out = []
+    for offset, (key, value) in enumerate([encode(r) for r in survey.records()][:n]):
+        rid, values = validator.decode_and_validate(value, key)  # type: ignore[misc]
+        out.append(ValidRecord(rid, values, SourceRef("in", offset % 3, offset, 1000), 0.5))
+    return out

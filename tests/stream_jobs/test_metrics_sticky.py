@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+from streamkit import validated_panel
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
 from stream_jobs.metrics import GatewayMetrics
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.windows import Flush, FlushReason
 from stream_jobs.worker import GatewayWorker
 
@@ -23,12 +22,7 @@ ADULT = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yam
 
 def test_sticky_hits_never_exceed_the_lookups_counted(tmp_path: Path) -> None:
     policy = load_policy(ADULT)
-    validator = Validator(policy)
-    records = []
-    survey = PanelSurvey(respondents=400, waves=3, seed=4, rows=load_rows())
-    for offset, (key, value) in enumerate(encode(r) for r in survey.records()):
-        rid, values = validator.decode_and_validate(value, key)  # type: ignore[misc]
-        records.append(ValidRecord(rid, values, SourceRef("in", 0, offset), 0.0))
+    records = validated_panel(1200, seed=4)  # 400 respondents, one wave per window below
     with SQLiteStore(tmp_path / "s.db") as store:
         engine = Engine(policy, keyring=Keyring(b"metrics-test-secret-0123456789"), store=store)
         worker = GatewayWorker(policy, WorkerSettings(metrics_port=0), engine)
