@@ -198,7 +198,6 @@ class GatewayWorker:
         self.ready = asyncio.Event()
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
         self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
-        self._in_engine = 0  # records of the window being protected (neither held nor out)
         self._protecting: _Protecting | None = None  # the window in the engine
         # a window the engine failed on: its records are out of the buffer but neither
         # published nor held, so nothing after them may be committed (they are read again)
@@ -531,7 +530,6 @@ class GatewayWorker:
         forward, self._forward = self._forward, []
         future: asyncio.Future[WindowResult] | None = None
         if flush.records:
-            self._in_engine = len(flush.records)
             # in the engine's own thread: the event loop keeps heartbeating, fetching and
             # settling the previous window while this one is protected and fsynced
             future = asyncio.get_running_loop().run_in_executor(
@@ -565,8 +563,6 @@ class GatewayWorker:
             except BaseException:
                 self._engine_failed = True
                 raise
-            finally:
-                self._in_engine = 0
         commits = self._buffer.complete(flush, result.held if result is not None else ())
         if then is not None:
             self._protect(then)
@@ -655,7 +651,8 @@ class GatewayWorker:
         self, report: WindowReport | None, flush: Flush, elapsed: float, commits: dict[TP, int]
     ) -> None:
         st = self.stats
-        st.held = len(self._buffer.held) + self._in_engine
+        in_engine = len(self._protecting.flush.records) if self._protecting is not None else 0
+        st.held = len(self._buffer.held) + in_engine  # in the engine: neither held nor out
         st.flush_seconds += elapsed
         if report is None:
             return
