@@ -87,6 +87,8 @@ class WindowReport:
     risk_sampled: bool = False
     measures: Mapping[str, float] = field(default_factory=dict)
     retention: Mapping[str, float] = field(default_factory=dict)
+    # records randomized per RR attribute: what ``retention`` is a share of (merging shards)
+    randomized: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,9 @@ class WindowResult:
     held: Sequence[ValidRecord]
     report: WindowReport
     rows: Sequence[dict[str, Any]] = ()  # the published values, decoded (file workflow)
+    # a risk-sampled window's microaggregated records, true and masked (rows alike): what its
+    # measures are computed from, so that shards' windows can be measured as one
+    aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
 
 _QI_DIGEST_ATTR = "\x00quasi-identifiers"
@@ -232,6 +237,7 @@ class _QIDecision:
     hits: int = 0
     deferred: int = 0
     measures: dict[str, float] = field(default_factory=dict)
+    aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
 
 def _mechanism_version(mech: RRMechanism) -> str:
@@ -307,11 +313,16 @@ class Engine:
         consistency_override: bool = False,
         frequencies: Mapping[str, Mapping[str, float]] | None = None,
         partition_scope: bool = False,
+        measure_risk: bool = True,
     ) -> None:
         """``partition_scope``: the state follows input partitions (scale-out with state that
         moves with its partition): every state key names its record's partition
         (:func:`state_key_partition`) and microaggregation groups are formed within one
-        partition, so a group's members and its registry entry always move together."""
+        partition, so a group's members and its registry entry always move together.
+
+        ``measure_risk=False``: a risk-sampled window returns its microaggregated records
+        (``WindowResult.aggregated``) without measuring them — a shard of a window
+        (:mod:`gateway.shards`), measured once the shards' results are merged."""
         if policy.consistency.mode is ConsistencyMode.NONE and not consistency_override:
             raise PolicyError(
                 "consistency.mode none gives every release fresh randomness, which an "
@@ -327,6 +338,7 @@ class Engine:
         self.version = policy.version
         self._keyring = keyring
         self._partition_scope = partition_scope
+        self._measure_risk = measure_risk
         self._digests = _ValueDigests(keyring) if keyring is not None else None
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
         self._store = store if self._consistent else None
@@ -378,12 +390,6 @@ class Engine:
         policy = self.policy
         self._windows += 1
         rids = [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
-        window_id = hashlib.sha256(
-            "|".join(
-                rid if r.source else str(i)
-                for i, (rid, r) in enumerate(zip(rids, records, strict=True))
-            ).encode()
-        ).hexdigest()[:16]
 
         kr = self._keyring
         sticky = self._consistent and kr is not None
@@ -444,6 +450,7 @@ class Engine:
             out_keys = [p.encode() if p else None for p in pseudonyms]
 
         retention: dict[str, float] = {}
+        randomized: dict[str, int] = {}
         touched = view.touched
         dk = [dkeys[i] for i in pub_idx]
         rk = [rkeys[i] for i in pub_idx]
@@ -460,7 +467,7 @@ class Engine:
                 out, hits, ret = self._randomize(name, values, rk, dk, view)
                 sticky_hits += hits
                 if ret is not None:
-                    retention[name] = ret
+                    retention[name], randomized[name] = ret
             elif attr.method is Method.NOISE:
                 out, hits = self._noise(name, values, rk, dk, view)
                 sticky_hits += hits
@@ -544,7 +551,7 @@ class Engine:
         )
         sizes = [size for _, size in qi.groups]
         report = WindowReport(
-            window_id=window_id,
+            window_id=window_id(records),
             records_in=len(records),
             published=len(published),
             held=len(held_idx),
@@ -556,12 +563,14 @@ class Engine:
             risk_sampled=bool(qi.measures),
             measures=qi.measures,
             retention=retention,
+            randomized=randomized,
         )
         return WindowResult(
             published=published,
             held=[records[i] for i in held_idx],
             report=report,
             rows=rows,
+            aggregated=qi.aggregated,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -747,10 +756,17 @@ class Engine:
             if rkeys[i] is not None and s_index not in joined:
                 joined.add(s_index)
                 view.join(slot_gid)
-        if maskeds and (self._windows - 1) % policy.risk.sample_every == 0:
-            decision.measures = _window_measures(
-                np.vstack(originals), np.vstack(maskeds), policy.risk.interval_pct
+        if (self._windows - 1) % policy.risk.sample_every == 0:
+            # sampled windows return their aggregated records, also none, so that every
+            # shard of a window says that it was sampled
+            width = len(names)
+            both = (
+                np.vstack(originals) if originals else np.empty((0, width)),
+                np.vstack(maskeds) if maskeds else np.empty((0, width)),
             )
+            decision.aggregated = both
+            if self._measure_risk:
+                decision.measures = window_measures(*both, policy.risk.interval_pct)
         for i in deferred:  # no departure was reserved for these
             self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
         return decision
@@ -785,7 +801,7 @@ class Engine:
         keys: Sequence[bytes | None],
         draw_keys: Sequence[bytes | None],
         view: _StateView,
-    ) -> tuple[list[Any], int, float | None]:
+    ) -> tuple[list[Any], int, tuple[float, int] | None]:
         states, sticky, touched = view.states, view.sticky, view.touched
         mech = self.mechanisms[name]
         codes_of = self._codes[name]
@@ -837,9 +853,8 @@ class Engine:
             [codes_of.get(MISSING_LABEL if o is None else o, -2) for o in out], dtype=np.int64
         )
         randomized = codes >= 0
-        retention = (
-            float(np.mean(published[randomized] == codes[randomized])) if randomized.any() else None
-        )
+        n = int(randomized.sum())
+        retention = (float(np.mean(published[randomized] == codes[randomized])), n) if n else None
         return out, hits, retention
 
     def _noise(
@@ -906,10 +921,17 @@ def _num(v: float | np.floating[Any]) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _window_measures(
+def window_id(records: Sequence[ValidRecord]) -> str:
+    """A window's id: a digest of its records' ids (positions for records without a source),
+    the same for the same records whichever engine or shards protect them."""
+    text = "|".join(r.source.record_id if r.source else str(i) for i, r in enumerate(records))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def window_measures(
     x: NDArray[np.float64], masked: NDArray[np.float64], p_pct: float
 ) -> dict[str, float]:
-    """Utility and risk of the records microaggregated in this window."""
+    """Utility and risk of the records microaggregated in a window (true and masked rows)."""
     if x.shape[0] < 2:
         return {}
     return {
