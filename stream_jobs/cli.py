@@ -62,6 +62,13 @@ def register(sub: Any) -> None:
         help="where the engine runs: process (its own child process, a second core), thread "
         "(the worker's process), auto (default: process with sqlite state and 2+ cores)",
     )
+    p.add_argument(
+        "--engine-shards",
+        type=int,
+        help="respondents split over N engines, each with a state file of its own (N "
+        "processes with --engine process): windows use N cores. Fixed for the life of a "
+        "state dir (env PRIVGW_ENGINE_SHARDS; default: what the state dir holds, else 1)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = add_command(
@@ -137,28 +144,57 @@ def _settings(**overrides: Any) -> Any:
 def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     """Engine (keyed, with the durable state store) + worker for ``policy``."""
     from gateway.engine import Engine  # noqa: PLC0415
+    from gateway.shards import ShardedEngine  # noqa: PLC0415
+    from state.layout import resolve_shards, shard_paths  # noqa: PLC0415
     from state.partitioned_store import PartitionedStore  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
 
     engine: Any
     store: Any  # what the worker closes at the end and the exporter counts
-    sqlite_path = Path(settings.state_dir) / "state.db"
-    if settings.engine_in_process:
-        from stream_jobs.engine_process import EngineProcess, EngineSpec  # noqa: PLC0415
-
-        # engine and store in one child: it counts its store and closes both
-        engine = store = EngineProcess(EngineSpec(policy, sqlite_path, keyring.reveal()))
-    elif settings.state_backend == "partitioned":
-        store = PartitionedStore(Path(settings.state_dir) / "partitions")
+    state_dir = Path(settings.state_dir)
+    if settings.state_backend == "partitioned":
+        store = PartitionedStore(state_dir / "partitions")
         engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
     else:
-        store = SQLiteStore(sqlite_path)
-        engine = Engine(policy, keyring=keyring, store=store)
+        paths = shard_paths(state_dir, resolve_shards(state_dir, settings.engine_shards))
+        if settings.engine_in_process:
+            from stream_jobs.engine_process import (  # noqa: PLC0415
+                EngineProcess,
+                EngineShards,
+                EngineSpec,
+            )
+
+            # engines and stores in children: they count their stores and close both
+            specs = [EngineSpec(policy, path, keyring.reveal()) for path in paths]
+            engine = store = EngineProcess(specs[0]) if len(specs) == 1 else EngineShards(specs)
+        elif len(paths) == 1:
+            store = SQLiteStore(paths[0])
+            engine = Engine(policy, keyring=keyring, store=store)
+        else:
+            stores = [SQLiteStore(path) for path in paths]
+            store = _Stores(stores)
+            engine = ShardedEngine(
+                [Engine(policy, keyring=keyring, store=s, measure_risk=False) for s in stores]
+            )
     worker = GatewayWorker(policy, settings, engine)
     worker.closers.append(store.close)
     worker.state_store = store
     return worker
+
+
+class _Stores:
+    """The shards' stores in this process, counted and closed as one (the thread engine)."""
+
+    def __init__(self, stores: list[Any]) -> None:
+        self.stores = stores
+
+    def count(self) -> int:
+        return sum(s.count() for s in self.stores)
+
+    def close(self) -> None:
+        for s in self.stores:
+            s.close()
 
 
 # -- run ---------------------------------------------------------------------------------
@@ -183,6 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             workers=args.workers,
             state_backend=args.state_backend,
             engine=args.engine,
+            engine_shards=args.engine_shards,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         logging.getLogger().setLevel(settings.log_level)
@@ -249,31 +286,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- state-check ---------------------------------------------------------------------------
 def cmd_state_check(args: argparse.Namespace) -> int:
     """Exit 0: consistent (or repaired); 1: drifted counts found and left as they are."""
-    from gateway.engine import audit_live_counts  # noqa: PLC0415
+    from state.layout import shard_paths, stored_shards  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
 
     settings = _settings(state_dir=args.state_dir)
-    path = Path(settings.state_dir) / "state.db"
-    if not path.is_file():
+    state_dir = Path(settings.state_dir)
+    shards = stored_shards(state_dir)
+    if shards is None:
         raise PrivgwError(
-            f"--state-dir: no state file {path}; give the directory the worker's "
+            f"--state-dir: no state file in {state_dir}; give the directory the worker's "
             "--state-dir / PRIVGW_STATE_DIR names (the sqlite backend)"
         )
-    with SQLiteStore(path) as store:
-        audit = audit_live_counts(store.items())
-        print(f"{audit.respondents} respondents, {audit.groups} groups in {path}")
-        if audit.consistent:
-            print("live counts: consistent")
-            return 0
-        off = sum(abs(stored - actual) for stored, actual in audit.drifted.values())
-        print(
-            f"live counts differ from the members in {_groups(len(audit.drifted))} "
-            f"(by {off} in all)"
-        )
-        if not args.repair:
-            print("run again with --repair, with the worker stopped, to rewrite them")
-            return 1
-        store.put_many(audit.repairs())
+    # a group and all its members live in one shard's file: each file is audited alone
+    status = 0
+    for path in shard_paths(state_dir, shards):
+        with SQLiteStore(path) as store:
+            status = max(status, _check_store(store, path, repair=args.repair))
+    return status
+
+
+def _check_store(store: Any, path: Path, *, repair: bool) -> int:
+    from gateway.engine import audit_live_counts  # noqa: PLC0415
+
+    audit = audit_live_counts(store.items())
+    print(f"{audit.respondents} respondents, {audit.groups} groups in {path}")
+    if audit.consistent:
+        print("live counts: consistent")
+        return 0
+    off = sum(abs(stored - actual) for stored, actual in audit.drifted.values())
+    print(f"live counts differ from the members in {_groups(len(audit.drifted))} (by {off} in all)")
+    if not repair:
+        print("run again with --repair, with the worker stopped, to rewrite them")
+        return 1
+    store.put_many(audit.repairs())
     print(f"rewrote the live counts of {_groups(len(audit.drifted))}")
     return 0
 

@@ -111,7 +111,7 @@ def run_demo(
     keyring = Keyring(_secret(data_dir))
     # A fresh state per demo run: the embedded broker forgets everything when it stops.
     state_dir = data_dir / "demo-state"
-    for leftover in state_dir.glob("state.db*"):
+    for leftover in state_dir.glob("state*.db*"):
         leftover.unlink()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_path = data_dir / f"protected-{stamp}.jsonl"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import marshal
 import os
 import pickle
@@ -48,9 +49,10 @@ from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, Wind
 from gateway.errors import PrivgwError
 from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring
 from gateway.policy import Policy
+from gateway.shards import merge, route
 from stream_jobs.memory import Collector, tune_memory
 
-__all__ = ["EngineProcess", "EngineProcessError", "EngineSpec"]
+__all__ = ["EngineProcess", "EngineProcessError", "EngineShards", "EngineSpec"]
 
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _MARSHAL, _PICKLE = b"m", b"p"
@@ -68,12 +70,16 @@ class EngineSpec:
     policy: Policy
     state_path: Path
     secret: bytes = field(repr=False)
+    measure_risk: bool = True  # False for a shard: the merged window is measured
 
     def build(self) -> tuple[Engine, Any]:
         from state.sqlite_store import SQLiteStore  # noqa: PLC0415
 
         store = SQLiteStore(self.state_path)
-        return Engine(self.policy, keyring=Keyring(self.secret), store=store), store
+        engine = Engine(
+            self.policy, keyring=Keyring(self.secret), store=store, measure_risk=self.measure_risk
+        )
+        return engine, store
 
 
 # -- the window on the wire ----------------------------------------------------------------
@@ -118,17 +124,22 @@ def _encode_result(records: Sequence[ValidRecord], result: WindowResult) -> tupl
         [p.suppressed for p in pub],
         [by_record[id(h)] for h in result.held],
     )
-    return marshal.dumps(columns), pickle.dumps(result.report, protocol=pickle.HIGHEST_PROTOCOL)
+    extra = (result.report, result.aggregated)
+    return marshal.dumps(columns), pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _decode_result(records: Sequence[ValidRecord], columns: bytes, report: bytes) -> WindowResult:
+def _decode_result(records: Sequence[ValidRecord], columns: bytes, extra: bytes) -> WindowResult:
     rids, keys, values, origin, suppressed, held = marshal.loads(columns)
     published = [
         PublishedRecord(rid, key, value, records[i].source if i >= 0 else None, sup)
         for rid, key, value, i, sup in zip(rids, keys, values, origin, suppressed, strict=True)
     ]
+    report, aggregated = pickle.loads(extra)
     return WindowResult(
-        published=published, held=[records[i] for i in held], report=pickle.loads(report)
+        published=published,
+        held=[records[i] for i in held],
+        report=report,
+        aggregated=aggregated,
     )
 
 
@@ -260,11 +271,27 @@ class EngineProcess:
     def protect_window(
         self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
     ) -> WindowResult:
+        self.submit(records, now=now, flush_all=flush_all)
+        return self.collect(records)
+
+    def submit(self, records: Sequence[ValidRecord], *, now: float, flush_all: bool) -> None:
+        """Hand a window to the child and return; ``collect`` waits for its result. The
+        engine is this process's until then (``count`` answers from its last figure)."""
         request = ("protect", _encode_window(records), now, flush_all)
-        with self._lock:
+        self._lock.acquire()
+        try:
             self._send(request)
-            _, columns, report, self._count = self._reply("protect_window")
-        return _decode_result(records, columns, report)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def collect(self, records: Sequence[ValidRecord]) -> WindowResult:
+        """The result of the window ``submit`` handed over (the same ``records``)."""
+        try:
+            _, columns, extra, self._count = self._reply("protect_window")
+        finally:
+            self._lock.release()
+        return _decode_result(records, columns, extra)
 
     def count(self) -> int:
         """Entries in the child's state store (for the metrics exporter). While a window is in
@@ -321,6 +348,64 @@ class EngineProcess:
             f"the engine process exited (exit code {self._proc.returncode}); the worker stops "
             "and its uncommitted records are read again after a restart"
         )
+
+
+class EngineShards:
+    """Engines over shards of respondents (:mod:`gateway.shards`), one child process and
+    SQLite file each, protecting their parts of a window at the same time; same interface as
+    ``EngineProcess``. The window's risk is measured here, over all shards' records."""
+
+    def __init__(self, specs: Sequence[EngineSpec]) -> None:
+        self.shards: list[EngineProcess] = []
+        try:
+            for spec in specs:
+                self.shards.append(EngineProcess(dataclasses.replace(spec, measure_risk=False)))
+        except BaseException:
+            self.close()
+            raise
+        self.version = self.shards[0].version
+        self._interval_pct = specs[0].policy.risk.interval_pct
+
+    @property
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.shards]
+
+    def metadata(self) -> dict[str, object]:
+        return self.shards[0].metadata()
+
+    def protect_window(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> WindowResult:
+        parts = route(records, len(self.shards))
+        windows = [[records[i] for i in idx] for idx in parts]
+        # every shard gets every window, an empty one too: their risk sampling stays in step
+        error: BaseException | None = None
+        submitted: list[EngineProcess] = []
+        for shard, window in zip(self.shards, windows, strict=True):
+            try:
+                shard.submit(window, now=now, flush_all=flush_all)
+            except BaseException as err:
+                error = err
+                break
+            submitted.append(shard)
+        # each window handed over is collected (its reply read, its lock released) whatever
+        # failed; the first failure is what the worker sees
+        results: list[WindowResult] = []
+        for shard, window in zip(submitted, windows, strict=False):
+            try:
+                results.append(shard.collect(window))
+            except BaseException as err:
+                error = error or err
+        if error is not None:
+            raise error
+        return merge(records, parts, results, interval_pct=self._interval_pct)
+
+    def count(self) -> int:
+        return sum(s.count() for s in self.shards)
+
+    def close(self, timeout: float = 30.0) -> None:
+        for shard in self.shards:
+            shard.close(timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

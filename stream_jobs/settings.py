@@ -18,6 +18,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.policy import Policy
+from gateway.shards import MAX_SHARDS
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -58,6 +59,14 @@ class WorkerSettings(BaseSettings):
         description="process: the engine and its SQLite state in a child process, so that "
         "protection and the Kafka clients use two cores; thread: in the worker's process; "
         "auto: process with the sqlite backend on a machine with two cores or more",
+    )
+    engine_shards: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SHARDS,
+        description="respondents split over this many engines, each with a SQLite file of its "
+        "own (one process each with engine process): a window's protection uses that many "
+        "cores. Fixed for the life of a state dir; default: what the state dir holds, else 1",
     )
 
     # -- metrics ------------------------------------------------------------------------
@@ -122,6 +131,11 @@ class WorkerSettings(BaseSettings):
             raise ValueError(
                 "engine process needs state_backend sqlite (the partitioned backend writes "
                 "its changelog through the worker's producer); set engine to thread or auto"
+            )
+        if (self.engine_shards or 1) > 1 and self.state_backend != "sqlite":
+            raise ValueError(
+                "engine_shards needs state_backend sqlite (the partitioned backend shards its "
+                "state by input partition already); unset engine_shards"
             )
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")

@@ -20,10 +20,12 @@ from streamkit import validated_panel
 from gateway.engine import Engine, ValidRecord
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
+from gateway.shards import ShardedEngine
 from state.sqlite_store import SQLiteStore
 from stream_jobs.engine_process import (
     EngineProcess,
     EngineProcessError,
+    EngineShards,
     EngineSpec,
     _decode_window,
     _encode_window,
@@ -195,3 +197,55 @@ def test_the_child_dies_with_a_worker_killed_mid_window(tmp_path: Path) -> None:
             parent.stdout.close()
     with SQLiteStore(tmp_path / "s.db") as store:  # free for the next worker, and untouched
         assert store.count() == 0
+
+
+def _shard_specs(tmp_path: Path, n: int) -> list[EngineSpec]:
+    return [EngineSpec(load_policy(ADULT), tmp_path / f"shard{i}.db", SECRET) for i in range(n)]
+
+
+def test_shards_in_processes_match_shards_in_process(tmp_path: Path) -> None:
+    policy = load_policy(ADULT)
+    local_stores = [SQLiteStore(tmp_path / f"local{i}.db") for i in range(3)]
+    local = ShardedEngine(
+        [Engine(policy, keyring=Keyring(SECRET), store=s, measure_risk=False) for s in local_stores]
+    )
+    shards = EngineShards(_shard_specs(tmp_path, 3))
+    try:
+        assert len(set(shards.pids)) == 3 and shards.version == local.version
+        records = validated_panel(3000)
+        held_child: list[ValidRecord] = []
+        held_local: list[ValidRecord] = []
+        saw_held = False
+        for start in range(0, len(records), 40):  # ~13 a shard: holds at k = 5
+            chunk = records[start : start + 40]
+            last = start + 40 >= len(records)
+            got = shards.protect_window([*held_child, *chunk], now=1.0, flush_all=last)
+            want = local.protect_window([*held_local, *chunk], now=1.0, flush_all=last)
+            assert got.published == want.published
+            assert got.report == want.report
+            assert [h.source for h in got.held] == [h.source for h in want.held]
+            saw_held = saw_held or bool(got.held)
+            held_child, held_local = list(got.held), list(want.held)
+        assert saw_held and not held_child
+        assert shards.count() == sum(s.count() for s in local_stores)
+    finally:
+        shards.close()
+        for store in local_stores:
+            store.close()
+    for i in range(3):
+        child, local_db = tmp_path / f"shard{i}.db", tmp_path / f"local{i}.db"
+        with SQLiteStore(child) as a, SQLiteStore(local_db) as b:
+            assert dict(a.items()) == dict(b.items())
+
+
+def test_a_dead_shard_fails_the_window_and_the_others_still_close(tmp_path: Path) -> None:
+    shards = EngineShards(_shard_specs(tmp_path, 2))
+    try:
+        os.kill(shards.pids[1], signal.SIGKILL)
+        with pytest.raises(EngineProcessError, match="exited"):
+            shards.protect_window(validated_panel(60), now=0.0)
+        # the live shard's reply was read and its lock released: it still answers
+        assert shards.shards[0].count() > 0
+    finally:
+        shards.close(timeout=5.0)
+    assert shards.shards[0]._proc.returncode == 0

@@ -57,14 +57,26 @@ def _bad_records(good: bytes) -> list[tuple[bytes | None, bytes | None, str]]:
     ]
 
 
-@pytest.mark.parametrize("engine", ["thread", "process"])
-def test_panel_is_protected_counted_grouped_and_reconstructable(
-    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path, engine: str
+@pytest.mark.parametrize(
+    ("engine", "shards"), [("thread", None), ("process", None), ("process", 2), ("thread", 2)]
+)
+def test_panel_is_protected_counted_grouped_and_reconstructable(  # noqa: PLR0917
+    broker: EmbeddedBroker,
+    unique_name: str,
+    secret_env: str,
+    tmp_path: Path,
+    engine: str,
+    shards: int | None,
 ) -> None:
     policy = load_policy(ADULT)
     k = policy.microaggregation.k
     settings = settings_for(
-        broker.bootstrap, unique_name, tmp_path, flush_held_on_shutdown=True, engine=engine
+        broker.bootstrap,
+        unique_name,
+        tmp_path,
+        flush_held_on_shutdown=True,
+        engine=engine,
+        engine_shards=shards,
     )
     topics = settings.topics(policy)
     create_topics(policy, settings)

@@ -12,6 +12,8 @@ from gateway.cli import main
 from gateway.engine import Engine, SourceRef, ValidRecord, audit_live_counts
 from gateway.keyed import Keyring
 from gateway.policy import policy_from_yaml
+from gateway.shards import ShardedEngine
+from state.layout import shard_paths
 from state.sqlite_store import SQLiteStore
 
 POLICY = policy_from_yaml(
@@ -26,9 +28,9 @@ attributes:
 )
 
 
-def _fill(state_dir: Path) -> None:
+def _records() -> list[ValidRecord]:
     rng = np.random.default_rng(3)
-    records = [
+    return [
         ValidRecord(
             f"r{i}",
             {"age": int(rng.integers(18, 80)), "hours": int(rng.integers(1, 60))},
@@ -37,14 +39,20 @@ def _fill(state_dir: Path) -> None:
         )
         for i in range(40)
     ]
+
+
+KEYRING = Keyring(b"state-check-secret-0123456789")
+
+
+def _fill(state_dir: Path) -> None:
     with SQLiteStore(state_dir / "state.db") as store:
-        engine = Engine(POLICY, keyring=Keyring(b"state-check-secret-0123456789"), store=store)
-        engine.protect_window(records, now=0.0)
+        engine = Engine(POLICY, keyring=KEYRING, store=store)
+        engine.protect_window(_records(), now=0.0)
 
 
-def _drift(state_dir: Path) -> None:
+def _drift(state_dir: Path, name: str = "state.db") -> None:
     """What an earlier version could leave behind: one group counted one member too many."""
-    with SQLiteStore(state_dir / "state.db") as store:
+    with SQLiteStore(state_dir / name) as store:
         key, raw = next((k, v) for k, v in store.items() if k.startswith(b"group:"))
         store.put_many({key: orjson.dumps({"live": orjson.loads(raw)["live"] + 1})})
 
@@ -79,3 +87,22 @@ def test_missing_state_file_is_a_clear_error(
     assert main(["state-check", "--state-dir", str(tmp_path / "nowhere")]) == 2
     assert "no state file" in capsys.readouterr().err
     assert not (tmp_path / "nowhere").exists()  # nothing created
+
+
+def test_every_shard_of_a_sharded_state_is_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stores = [SQLiteStore(p) for p in shard_paths(tmp_path, 2)]
+    engines = [Engine(POLICY, keyring=KEYRING, store=s, measure_risk=False) for s in stores]
+    ShardedEngine(engines).protect_window(_records(), now=0.0)
+    for store in stores:
+        store.close()
+    _drift(tmp_path, "state.shard-1-of-2.db")
+    assert main(["state-check", "--state-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "state.shard-0-of-2.db" in out and "state.shard-1-of-2.db" in out
+    assert out.count("live counts: consistent") == 1
+    assert main(["state-check", "--state-dir", str(tmp_path), "--repair"]) == 0
+    assert "rewrote the live counts of 1 group" in capsys.readouterr().out
+    assert main(["state-check", "--state-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("live counts: consistent") == 2
