@@ -52,7 +52,7 @@ from gateway.policy import load_policy
 from stream_jobs.app import serve
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.cli import build_worker
-from stream_jobs.engine_process import EngineProcess
+from stream_jobs.engine_process import EngineProcess, EngineShards
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
@@ -175,10 +175,11 @@ async def gateway(  # noqa: PLR0917
     share: float = 1.0,
     broker_pid: int | None = None,
     engine: str = "auto",
+    shards: int | None = None,
 ) -> Timing:
     """Seconds until every record is accounted for (published, dead-lettered or held) — or,
-    with ``share`` < 1, until that share of them is published or dead-lettered. ``engine``:
-    the worker's setting (auto: in a child process on this machine)."""
+    with ``share`` < 1, until that share of them is published or dead-lettered. ``engine``,
+    ``shards``: the worker's settings (auto: in a child process on this machine)."""
     policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
     settings = WorkerSettings(
         bootstrap=bootstrap,
@@ -192,16 +193,17 @@ async def gateway(  # noqa: PLR0917
         metrics_port=0,
         flush_held_on_shutdown=True,
         engine=engine,
+        engine_shards=shards,
     )
     worker = build_worker(policy, settings, Keyring(b"bench-secret-0123456789"))
-    child = worker.engine.pid if isinstance(worker.engine, EngineProcess) else None
+    children = engine_pids(worker.engine)
     stop = asyncio.Event()
     times: list[Timing] = []
 
     async def watch() -> None:
         await worker.ready.wait()
         clock = CpuClock(broker_pid)
-        child0 = process_cpu_seconds(child) if child is not None else 0.0
+        child0 = sum(map(process_cpu_seconds, children))
         t0 = time.perf_counter()
         while True:
             s = worker.stats
@@ -211,7 +213,7 @@ async def gateway(  # noqa: PLR0917
                 break
             await asyncio.sleep(0.005)
         seconds = time.perf_counter() - t0
-        child_cpu = process_cpu_seconds(child) - child0 if child is not None else 0.0
+        child_cpu = sum(map(process_cpu_seconds, children)) - child0
         times.append(Timing(seconds, *clock.elapsed(), child_cpu))
         stop.set()
 
@@ -219,6 +221,12 @@ async def gateway(  # noqa: PLR0917
     await serve(worker, stop=stop, install_signals=False)
     await watcher
     return times[0]
+
+
+def engine_pids(engine: object) -> list[int]:
+    if isinstance(engine, EngineShards):
+        return engine.pids
+    return [engine.pid] if isinstance(engine, EngineProcess) else []
 
 
 def engine_alone(records: list[tuple[bytes, bytes]]) -> float:
@@ -238,9 +246,9 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"{n} records ({args.waves} waves of a simulated panel), {PARTITIONS} partitions")
     with EmbeddedBroker() as broker:
         bs = broker.bootstrap
-        ratios: list[float] = []
+        ratios: dict[str, list[float]] = {"gw": [], "shards": []}
         for rep in range(args.repeat):
-            sides = ("pass", "gw", "thread")
+            sides = ("pass", "gw", "shards", "thread")
             settings = WorkerSettings(bootstrap=bs, partitions=PARTITIONS)
             for side in sides:
                 src, dst = f"bench{rep}.{side}.in", f"bench{rep}.{side}.out"
@@ -251,37 +259,58 @@ async def main_async(args: argparse.Namespace) -> None:
             pid = broker.pid
             timings: dict[str, Timing] = {}
             # the memory broker slows down as it fills: rotate which side goes first
-            for side in sides[rep % 3 :] + sides[: rep % 3]:
+            for side in sides[rep % 4 :] + sides[: rep % 4]:
                 src, dst, group = f"bench{rep}.{side}.in", f"bench{rep}.{side}.out", f"{side}{rep}"
                 if side == "pass":
                     timings[side] = await passthrough(bs, src, dst, n, group, broker_pid=pid)
                     continue
                 state = Path(tempfile.mkdtemp(prefix="privgw-bench-"))
                 try:
-                    engine = "auto" if side == "gw" else "thread"
                     timings[side] = await gateway(
-                        bs, src, dst, n, group, state, broker_pid=pid, engine=engine
+                        bs,
+                        src,
+                        dst,
+                        n,
+                        group,
+                        state,
+                        broker_pid=pid,
+                        engine="thread" if side == "thread" else "auto",
+                        shards=args.shards if side == "shards" else None,
                     )
                 finally:
                     shutil.rmtree(state, ignore_errors=True)
-            t_pass, t_gw, t_thr = timings["pass"], timings["gw"], timings["thread"]
-            r_pass, r_gw, r_thr = (n / t.seconds for t in (t_pass, t_gw, t_thr))
+            rate = {side: n / t.seconds for side, t in timings.items()}
+            r_pass = rate["pass"]
+            for side, runs in ratios.items():
+                runs.append(rate[side] / r_pass)
             r_engine = n / engine_alone(records)
-            ratios.append(r_gw / r_pass)
+            t = timings
             print(
-                f"run {rep + 1}: passthrough {r_pass:>9,.0f} rec/s ({t_pass.seconds:.2f} s)   "
-                f"privgw {r_gw:>9,.0f} rec/s ({t_gw.seconds:.2f} s)   ratio {r_gw / r_pass:.2f}"
-                f"  (target >= 0.5)\n"
-                f"       engine in the worker's thread {r_thr:>9,.0f} rec/s "
-                f"(ratio {r_thr / r_pass:.2f})   engine alone {r_engine:>9,.0f} rec/s\n"
-                f"       CPU s (worker / engine process / broker): passthrough "
-                f"{t_pass.cpu:.2f} / - / {t_pass.broker_cpu:.2f}   privgw {t_gw.cpu:.2f} / "
-                f"{t_gw.engine_cpu:.2f} / {t_gw.broker_cpu:.2f}   thread {t_thr.cpu:.2f} / - / "
-                f"{t_thr.broker_cpu:.2f}"
+                f"run {rep + 1}: passthrough {r_pass:>9,.0f} rec/s ({t['pass'].seconds:.2f} s)"
+                f"   engine alone {r_engine:>9,.0f} rec/s"
             )
-        if len(ratios) > 1:
+            for side, label in (
+                ("gw", "privgw, one engine process"),
+                ("shards", f"privgw, {args.shards} engine shards"),
+                ("thread", "privgw, engine in a thread"),
+            ):
+                cpu = t[side]
+                engine_cpu = f"{cpu.engine_cpu:.2f}" if side != "thread" else "-"
+                print(
+                    f"       {label:34} {rate[side]:>9,.0f} rec/s  ratio {rate[side] / r_pass:.2f}"
+                    f"   CPU s worker {cpu.cpu:.2f} / engines {engine_cpu} / broker "
+                    f"{cpu.broker_cpu:.2f}"
+                )
+            print(
+                f"       passthrough CPU s {t['pass'].cpu:.2f} / broker {t['pass'].broker_cpu:.2f}"
+            )
+        if args.repeat > 1:
             # the passthrough's rate swings most on a shared machine: judge the median
-            print(f"median ratio over {len(ratios)} runs: {statistics.median(ratios):.2f}")
+            print(
+                f"median ratio over {args.repeat} runs (target >= 0.5): one engine process "
+                f"{statistics.median(ratios['gw']):.2f}, {args.shards} engine shards "
+                f"{statistics.median(ratios['shards']):.2f}"
+            )
 
 
 def main() -> None:
@@ -289,6 +318,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--waves", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--shards", type=int, default=2, help="engine shards of the sharded side")
     args = ap.parse_args()
     import logging  # noqa: PLC0415
 
