@@ -5,6 +5,9 @@ publishes every record."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +30,7 @@ from gateway.keyed import Keyring
 from gateway.policy import load_policy
 from state.sqlite_store import SQLiteStore
 from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.engine_process import EngineShards
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.worker import GatewayWorker
 
@@ -63,17 +67,8 @@ def test_records_of_a_failed_window_are_read_again_not_skipped(
     settings = settings_for(
         broker.bootstrap, unique_name, tmp_path / "state", flush_held_on_shutdown=True
     )
-    topics = settings.topics(policy)
     create_topics(policy, settings)
-    survey = PanelSurvey(respondents=CHUNKS * CHUNK, waves=1, seed=3, rows=load_rows())
-    inputs = [encode(r) for r in survey.records()][: CHUNKS * CHUNK]
-    sent: list[Any] = []
-
-    def feed() -> None:  # a window's worth at a time, so the failure lands mid-stream
-        for start in range(0, len(inputs), CHUNK):
-            sent.extend(produce(broker.bootstrap, topics.input, inputs[start : start + CHUNK]))
-            time.sleep(0.4)
-
+    inputs, sent, feed = _feeder(broker, settings.topics(policy).input)
     store = SQLiteStore(Path(settings.state_dir) / "state.db")
     failing = FailsOnWindow(Engine(policy, keyring=Keyring(secret_env.encode()), store=store), 2)
     first = GatewayWorker(policy, settings, failing)
@@ -82,7 +77,67 @@ def test_records_of_a_failed_window_are_read_again_not_skipped(
     assert code == 1 and failing.calls >= 2
     assert len(sent) == len(inputs)
 
-    # the next worker of the group (state kept) takes over from the last commit
+    _next_worker_publishes_everything(broker, policy, settings, secret_env, sent)
+
+
+def test_a_shard_killed_mid_stream_loses_nothing(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    """One of two engine shards dies mid-stream (the other may have stored its part of the
+    window): the worker stops, and the next one publishes every record, the same bytes."""
+    policy = load_policy(small_window_policy(tmp_path, 2 * CHUNK))
+    settings = settings_for(
+        broker.bootstrap,
+        unique_name,
+        tmp_path / "state",
+        flush_held_on_shutdown=True,
+        engine="process",
+        engine_shards=2,
+    )
+    create_topics(policy, settings)
+    inputs, sent, feed = _feeder(broker, settings.topics(policy).input)
+    first = make_worker(policy, settings, secret_env)
+    assert isinstance(first.engine, EngineShards)
+    victim = first.engine.pids[1]
+
+    feeder = threading.Thread(target=feed)
+
+    def feed_and_kill() -> None:  # killed once a window is out, while records keep coming
+        feeder.start()
+        deadline = time.monotonic() + 20
+        while not first.stats.published and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(victim, signal.SIGKILL)
+
+    code = asyncio.run(
+        run_until(first, lambda w: w._stopped.is_set(), during=feed_and_kill, timeout=30)
+    )
+    assert code == 1
+    feeder.join(timeout=30)
+    assert len(sent) == len(inputs)
+    assert len(sent) == len(inputs)
+    _next_worker_publishes_everything(broker, policy, settings, secret_env, sent)
+
+
+def _feeder(broker: EmbeddedBroker, topic: str) -> tuple[list[Any], list[Any], Any]:
+    survey = PanelSurvey(respondents=CHUNKS * CHUNK, waves=1, seed=3, rows=load_rows())
+    inputs = [encode(r) for r in survey.records()][: CHUNKS * CHUNK]
+    sent: list[Any] = []
+
+    def feed() -> None:  # a window's worth at a time, so the failure lands mid-stream
+        for start in range(0, len(inputs), CHUNK):
+            sent.extend(produce(broker.bootstrap, topic, inputs[start : start + CHUNK]))
+            time.sleep(0.4)
+
+    return inputs, sent, feed
+
+
+def _next_worker_publishes_everything(
+    broker: EmbeddedBroker, policy: Any, settings: Any, secret_env: str, sent: list[Any]
+) -> None:
+    """The next worker of the group (state kept) takes over from the last commit: every
+    record is published, and any copy is byte-identical."""
+    topics = settings.topics(policy)
     second = make_worker(policy, settings, secret_env)
 
     def caught_up(w: GatewayWorker) -> bool:
