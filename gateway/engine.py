@@ -97,8 +97,8 @@ class WindowResult:
     held: Sequence[ValidRecord]
     report: WindowReport
     rows: Sequence[dict[str, Any]] = ()  # the published values, decoded (file workflow)
-    # a risk-sampled window's microaggregated records, true and masked (rows alike): what its
-    # measures are computed from, so that shards' windows can be measured as one
+    # a shard's risk-sampled window (Engine(measure_risk=False)): its microaggregated records,
+    # true and masked (rows alike), measured once the shards' results are merged
     aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
 
@@ -757,16 +757,15 @@ class Engine:
                 joined.add(s_index)
                 view.join(slot_gid)
         if (self._windows - 1) % policy.risk.sample_every == 0:
-            # sampled windows return their aggregated records, also none, so that every
-            # shard of a window says that it was sampled
             width = len(names)
             both = (
                 np.vstack(originals) if originals else np.empty((0, width)),
                 np.vstack(maskeds) if maskeds else np.empty((0, width)),
             )
-            decision.aggregated = both
             if self._measure_risk:
                 decision.measures = window_measures(*both, policy.risk.interval_pct)
+            else:  # a shard: its records, even none, so that the merge knows it was sampled
+                decision.aggregated = both
         for i in deferred:  # no departure was reserved for these
             self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
         return decision

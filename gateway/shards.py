@@ -87,27 +87,28 @@ def merge(
     for i, r in enumerate(records):
         if id(r) in held_ids:
             continue
-        published.append(next(cursors[shard[i]]))
+        rec = next(cursors[shard[i]], None)
+        if rec is None:
+            raise ValueError(f"shard {shard[i]} neither published nor held one of its records")
+        published.append(rec)
         if with_rows:
             rows.append(next(row_cursors[shard[i]]))
     if any(next(c, None) is not None for c in cursors):
-        raise ValueError("a shard published a record it was not given")
+        raise ValueError("a shard published more records than it was given")
     held = [h for res in results for h in res.held]
     order = {id(r): i for i, r in enumerate(records)}
     held.sort(key=lambda h: order[id(h)])
     reports = [res.report for res in results]
     sampled = [res.aggregated for res in results if res.aggregated is not None]
     measures: dict[str, float] = {}
-    aggregated = None
     if sampled:
-        aggregated = (np.vstack([a for a, _ in sampled]), np.vstack([m for _, m in sampled]))
-        measures = window_measures(*aggregated, interval_pct)
+        both = (np.vstack([a for a, _ in sampled]), np.vstack([m for _, m in sampled]))
+        measures = window_measures(*both, interval_pct)
     return WindowResult(
         published=published,
         held=held,
         report=_merge_reports(window_id(records), reports, measures),
         rows=rows,
-        aggregated=aggregated,
     )
 
 
