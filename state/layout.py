@@ -27,7 +27,12 @@ def shard_paths(state_dir: Path, shards: int) -> list[Path]:
 
 def stored_shards(state_dir: Path) -> int | None:
     """The shard count of the state in ``state_dir``; None when it holds no state yet."""
-    counts = {int(m.group(2)) for p in _files(state_dir) if (m := _SHARD.fullmatch(p.name))}
+    found = [
+        (int(m.group(1)), int(m.group(2)))
+        for p in _files(state_dir)
+        if (m := _SHARD.fullmatch(p.name))
+    ]
+    counts = {n for _, n in found}
     if (state_dir / SINGLE).is_file():
         counts.add(1)
     if len(counts) > 1:
@@ -35,7 +40,23 @@ def stored_shards(state_dir: Path) -> int | None:
             f"state dir {state_dir} holds state for {_shards(sorted(counts))}; a worker's "
             "state is one layout: move the files that do not belong to it elsewhere"
         )
-    return counts.pop() if counts else None
+    if not counts:
+        return None
+    shards = counts.pop()
+    if shards > 1 and sorted(i for i, _ in found) != list(range(shards)):
+        # a shard's file gone is its respondents' state gone: not to be recreated quietly
+        missing = [p.name for p in shard_paths(state_dir, shards) if not p.is_file()]
+        names = shard_paths(state_dir, shards)
+        problem = (
+            f"lacks {', '.join(missing)}"
+            if missing
+            else f"has shard files besides {names[0].name} .. {names[-1].name}"
+        )
+        raise StateStoreError(
+            f"state dir {state_dir} holds state for {_shards([shards])} but {problem}: "
+            "restore the files, or start from a new --state-dir"
+        )
+    return shards
 
 
 def resolve_shards(state_dir: Path, requested: int | None) -> int:

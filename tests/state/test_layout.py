@@ -47,3 +47,10 @@ def test_two_layouts_in_one_dir_are_an_error(tmp_path: Path) -> None:
     _touch(shard_paths(tmp_path, 1) + shard_paths(tmp_path, 2))
     with pytest.raises(StateStoreError, match="1 engine shard and 2 engine shards"):
         stored_shards(tmp_path)
+
+
+def test_a_missing_shard_file_is_not_recreated_quietly(tmp_path: Path) -> None:
+    paths = shard_paths(tmp_path, 3)
+    _touch([paths[0], paths[2]])
+    with pytest.raises(StateStoreError, match=r"lacks state\.shard-1-of-3\.db.*restore"):
+        resolve_shards(tmp_path, None)
