@@ -43,23 +43,22 @@ def engine_process(tmp_path: Path) -> Iterator[EngineProcess]:
     proc.close()
 
 
-def test_windows_protected_in_the_child_match_the_engine_in_process(
-    engine_process: EngineProcess, tmp_path: Path
+def _same_windows(
+    child: EngineProcess | EngineShards,
+    local: Engine | ShardedEngine,
+    records: list[ValidRecord],
+    size: int,
 ) -> None:
-    policy = load_policy(ADULT)
-    store = SQLiteStore(tmp_path / "local.db")
-    local = Engine(policy, keyring=Keyring(SECRET), store=store)
-    assert engine_process.version == local.version
-    assert engine_process.metadata() == local.metadata()
-    records = validated_panel(1200)
-    # windows of 7 leave records waiting for a group of k = 5: holds travel back and forth
+    """Windows of ``size`` records, each with the records its engine held from the last one:
+    the child's results equal the in-process engine's, window for window, and some records
+    did wait (the last window flushes them)."""
     held_child: list[ValidRecord] = []
     held_local: list[ValidRecord] = []
     saw_held = False
-    for start in range(0, len(records), 7):
-        chunk = records[start : start + 7]
-        last = start + 7 >= len(records)
-        got = engine_process.protect_window([*held_child, *chunk], now=1.0, flush_all=last)
+    for start in range(0, len(records), size):
+        chunk = records[start : start + size]
+        last = start + size >= len(records)
+        got = child.protect_window([*held_child, *chunk], now=1.0, flush_all=last)
         want = local.protect_window([*held_local, *chunk], now=1.0, flush_all=last)
         assert got.published == want.published
         assert got.report == want.report
@@ -70,6 +69,18 @@ def test_windows_protected_in_the_child_match_the_engine_in_process(
         saw_held = saw_held or bool(got.held)
         held_child, held_local = list(got.held), list(want.held)
     assert saw_held and not held_child
+
+
+def test_windows_protected_in_the_child_match_the_engine_in_process(
+    engine_process: EngineProcess, tmp_path: Path
+) -> None:
+    policy = load_policy(ADULT)
+    store = SQLiteStore(tmp_path / "local.db")
+    local = Engine(policy, keyring=Keyring(SECRET), store=store)
+    assert engine_process.version == local.version
+    assert engine_process.metadata() == local.metadata()
+    # windows of 7 leave records waiting for a group of k = 5: holds travel back and forth
+    _same_windows(engine_process, local, validated_panel(1200), size=7)
     assert engine_process.count() == store.count()
     engine_process.close()
     store.close()
@@ -212,21 +223,7 @@ def test_shards_in_processes_match_shards_in_process(tmp_path: Path) -> None:
     shards = EngineShards(_shard_specs(tmp_path, 3))
     try:
         assert len(set(shards.pids)) == 3 and shards.version == local.version
-        records = validated_panel(3000)
-        held_child: list[ValidRecord] = []
-        held_local: list[ValidRecord] = []
-        saw_held = False
-        for start in range(0, len(records), 40):  # ~13 a shard: holds at k = 5
-            chunk = records[start : start + 40]
-            last = start + 40 >= len(records)
-            got = shards.protect_window([*held_child, *chunk], now=1.0, flush_all=last)
-            want = local.protect_window([*held_local, *chunk], now=1.0, flush_all=last)
-            assert got.published == want.published
-            assert got.report == want.report
-            assert [h.source for h in got.held] == [h.source for h in want.held]
-            saw_held = saw_held or bool(got.held)
-            held_child, held_local = list(got.held), list(want.held)
-        assert saw_held and not held_child
+        _same_windows(shards, local, validated_panel(3000), size=40)  # ~13 a shard: holds
         assert shards.count() == sum(s.count() for s in local_stores)
     finally:
         shards.close()
