@@ -10,11 +10,14 @@ consumer owns its partitions until every output record is acknowledged by the br
 * passthrough: an aiokafka consumer (getmany, same fetch settings) and producer (send_batch,
   acks=all) copying the records unchanged — what moving the bytes costs;
 * privgw: the gateway worker (validation, windows, keyed sticky RR, MDAV, SQLite state with
-  fsync per window, DLQ, commits after acknowledgement).
+  fsync per window, DLQ, commits after acknowledgement), as ``privgw run`` builds it, three
+  ways: one engine process (the default), ``--shards`` engine shards (default 2: respondents
+  split over that many engine processes, each with its own state file), and the engine in the
+  worker's thread.
 
-Each side also reports the CPU seconds it used while timed: this process's (user + system)
-and the broker's. A side whose CPU is close to its wall time is CPU-bound on its one Python
-thread of execution (the GIL); a side with much less waits on the broker.
+Each side also reports the CPU seconds it used while timed: this process's (user + system),
+its engine processes' and the broker's. A process whose CPU is close to its wall time is
+CPU-bound on its one Python thread of execution (the GIL); one with much less waits.
 
 The figure that matters is the ratio (target: privgw >= 0.5x the passthrough); absolute
 records/s depend on the machine and its load. The default is 200,000 records: at 60,000 the
