@@ -153,8 +153,9 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     engine: Any
     store: Any  # what the worker closes at the end and the exporter counts
     state_dir = Path(settings.state_dir)
+    paths = [state_dir / "partitions"]  # the partitioned backend: one store, no shards
     if settings.state_backend == "partitioned":
-        store = PartitionedStore(state_dir / "partitions")
+        store = PartitionedStore(paths[0])
         engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
     else:
         paths = shard_paths(state_dir, resolve_shards(state_dir, settings.engine_shards))
@@ -180,6 +181,7 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     worker = GatewayWorker(policy, settings, engine)
     worker.closers.append(store.close)
     worker.state_store = store
+    worker.engine_shards = len(paths)
     return worker
 
 

@@ -194,6 +194,11 @@ class _WorkerCollector(Collector):
         yield GaugeMetricFamily(
             f"{p}_records_held", "records held waiting for k (offsets uncommitted)", value=st.held
         )
+        yield GaugeMetricFamily(
+            f"{p}_engine_shards",
+            "engines the respondents are split over, each with its own state file",
+            value=w.engine_shards,
+        )
         lag = GaugeMetricFamily(
             f"{p}_consumer_lag_records",
             "records behind the high watermark after the last fetch",

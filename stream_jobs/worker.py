@@ -172,6 +172,7 @@ class GatewayWorker:
         self.observers: list[WindowObserver] = []
         self.closers: list[Callable[[], None]] = []  # run after the clients are stopped
         self.state_store: Any = None  # the engine's store, for the metrics exporter
+        self.engine_shards = 1  # engines the respondents are split over (gateway.shards)
         self._clock = clock
         self._validator = Validator(
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth

@@ -1,5 +1,6 @@
 """The sticky hit ratio's denominator counts every value that state can serve: each randomized
-attribute, each noised one, and the microaggregated quasi-identifiers of a record."""
+attribute, each noised one, and the microaggregated quasi-identifiers of a record. And the
+engine shards a worker runs are exported."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
 from state.sqlite_store import SQLiteStore
+from stream_jobs.cli import build_worker
 from stream_jobs.metrics import GatewayMetrics
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.windows import Flush, FlushReason
@@ -39,3 +41,22 @@ def test_sticky_hits_never_exceed_the_lookups_counted(tmp_path: Path) -> None:
     # returning respondents were served from state for more than the two randomized
     # attributes alone: the microaggregated quasi-identifiers count too
     assert most > 2
+
+
+def test_the_engine_shards_a_worker_runs_are_exported(tmp_path: Path, secret_env: str) -> None:
+    policy = load_policy(ADULT)
+    settings = WorkerSettings(metrics_port=0, state_dir=tmp_path, engine="thread", engine_shards=3)
+    worker = build_worker(policy, settings, Keyring(secret_env.encode()))
+    try:
+        registry = CollectorRegistry()
+        GatewayMetrics.create(registry).attach(worker, store=worker.state_store)
+        assert registry.get_sample_value("privgw_engine_shards") == 3
+        # the thread engine opened the sharded layout, counted as one store
+        assert sorted(p.name for p in tmp_path.glob("state.shard-*.db")) == [
+            f"state.shard-{i}-of-3.db" for i in range(3)
+        ]
+        result = worker.engine.protect_window(validated_panel(60), now=0.0, flush_all=True)
+        assert len(result.published) == 60
+        assert worker.state_store.count() > 0
+    finally:
+        worker.state_store.close()
