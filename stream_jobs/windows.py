@@ -2,8 +2,9 @@
 
 Pure bookkeeping (no Kafka, no asyncio), driven by the worker:
 
-- ``add(record)`` for every valid record, ``consumed(topic, partition, offset)`` for every
-  consumed record (valid or dead-lettered);
+- ``add(record)`` for every valid record (``add_partition_batch`` for a run of them from one
+  partition), ``consumed(topic, partition, offset)`` for every consumed record (valid or
+  dead-lettered);
 - ``due(now)`` says whether (and why) to flush now: ``max_records`` new records, a window
   open for ``max_seconds``, or a held record reaching ``max_hold_seconds`` (only when the
   policy suppresses on timeout: with ``hold`` it would be held again). ``deadline(now)`` is
@@ -71,6 +72,20 @@ class WindowBuffer:
             self.consumed(src.topic, src.partition, src.offset, record.arrived_at)
         elif self.opened_at is None:
             self.opened_at = record.arrived_at
+
+    def add_partition_batch(self, records: Sequence[ValidRecord]) -> None:
+        """``add`` for consecutive valid records of one partition, offsets increasing (what the
+        worker validated of one fetched batch): one position update instead of one each."""
+        if not records:
+            return
+        self.new.extend(records)
+        last = records[-1].source
+        if last is not None:
+            tp = (last.topic, last.partition)
+            if last.offset + 1 > self._positions.get(tp, -1):
+                self._positions[tp] = last.offset + 1
+        if self.opened_at is None:
+            self.opened_at = records[0].arrived_at
 
     # -- when ---------------------------------------------------------------------------
     @property

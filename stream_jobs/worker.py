@@ -446,7 +446,7 @@ class GatewayWorker:
     def _ingest(self, batch: dict[TopicPartition, list[Any]]) -> None:
         now = self._clock()
         validate = self._validator.decode_and_validate
-        add = self._buffer.add
+        add_batch = self._buffer.add_partition_batch
         stats = self.stats
         rekey_from = self.topics.input if self.topics.repartition is not None else None
         key_field = self._key_field or ""
@@ -461,6 +461,7 @@ class GatewayWorker:
                     partition,
                     messages[0].offset,
                 )
+            valid: list[ValidRecord] = []
             for m in messages:
                 res = validate(m.value, m.key)
                 if res.__class__ is Rejection:
@@ -470,11 +471,12 @@ class GatewayWorker:
                 if keyless_here and not m.key:
                     self._rekey(m, rid if self._key_is_id else values.get(key_field), topic, now)
                     continue
-                add(
+                valid.append(
                     ValidRecord(
                         rid, values, SourceRef(topic, partition, m.offset, m.timestamp), now
                     )
                 )
+            add_batch(valid)
             stats.consumed += len(messages)
             if messages:
                 highwater = self._consumer.highwater(tp)

@@ -97,12 +97,18 @@ def test_commits_never_pass_an_unpublished_record_and_never_go_back(
     next_offset = [0, 0, 0]
     committed: dict[tuple[str, int], int] = {}
     unpublished: dict[tuple[str, int], set[int]] = {("in", p): set() for p in range(3)}
-    for partition, count, hold_pick in steps:
+    for step, (partition, count, hold_pick) in enumerate(steps):
+        batch = []
         for _ in range(count):
             o = next_offset[partition]
             next_offset[partition] += 1
-            buf.add(rec(o, 0.0, partition))
+            batch.append(rec(o, 0.0, partition))
             unpublished[("in", partition)].add(o)
+        if step % 2:  # the worker's way, one fetched batch of a partition at once
+            buf.add_partition_batch(batch)
+        else:
+            for r in batch:
+                buf.add(r)
         flush = buf.take(FlushReason.COUNT)
         held = [r for i, r in enumerate(flush.records) if i in hold_pick]
         for r in flush.records:
@@ -131,3 +137,19 @@ def test_a_log_that_restarts_below_consumed_offsets_is_rewound() -> None:
     for i in range(3):
         buf.add(rec(i, 1.0))
     assert buf.complete(buf.take(FlushReason.COUNT), held=()) == {("in", 0): 3}
+
+
+@settings(max_examples=60, deadline=None)
+@given(offsets=st.lists(st.integers(0, 5), min_size=0, max_size=8), start=st.integers(0, 50))
+def test_a_partition_batch_is_its_records_added_one_by_one(offsets: list[int], start: int) -> None:
+    steps = [start + sum(offsets[: i + 1]) + i for i in range(len(offsets))]  # increasing
+    one, batch = WindowBuffer(SPEC), WindowBuffer(SPEC)
+    records = [rec(o, 1.0 + i, partition=1) for i, o in enumerate(steps)]
+    for r in records:
+        one.add(r)
+    batch.add_partition_batch(records)
+    assert (one.new, one.opened_at, one.position(("in", 1))) == (
+        batch.new,
+        batch.opened_at,
+        batch.position(("in", 1)),
+    )
