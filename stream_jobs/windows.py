@@ -66,12 +66,7 @@ class WindowBuffer:
             self.opened_at = now
 
     def add(self, record: ValidRecord) -> None:
-        self.new.append(record)
-        src = record.source
-        if src is not None:
-            self.consumed(src.topic, src.partition, src.offset, record.arrived_at)
-        elif self.opened_at is None:
-            self.opened_at = record.arrived_at
+        self.add_partition_batch((record,))
 
     def add_partition_batch(self, records: Sequence[ValidRecord]) -> None:
         """``add`` for consecutive valid records of one partition, offsets increasing (what the
@@ -81,10 +76,8 @@ class WindowBuffer:
         self.new.extend(records)
         last = records[-1].source
         if last is not None:
-            tp = (last.topic, last.partition)
-            if last.offset + 1 > self._positions.get(tp, -1):
-                self._positions[tp] = last.offset + 1
-        if self.opened_at is None:
+            self.consumed(last.topic, last.partition, last.offset, records[0].arrived_at)
+        elif self.opened_at is None:
             self.opened_at = records[0].arrived_at
 
     # -- when ---------------------------------------------------------------------------
