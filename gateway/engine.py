@@ -551,7 +551,10 @@ class Engine:
         )
         sizes = [size for _, size in qi.groups]
         report = WindowReport(
-            window_id=window_id(records),
+            window_id=_window_digest(
+                rid if r.source else str(i)
+                for i, (rid, r) in enumerate(zip(rids, records, strict=True))
+            ),
             records_in=len(records),
             published=len(published),
             held=len(held_idx),
@@ -923,8 +926,11 @@ def _num(v: float | np.floating[Any]) -> float | None:
 def window_id(records: Sequence[ValidRecord]) -> str:
     """A window's id: a digest of its records' ids (positions for records without a source),
     the same for the same records whichever engine or shards protect them."""
-    text = "|".join(r.source.record_id if r.source else str(i) for i, r in enumerate(records))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _window_digest(r.source.record_id if r.source else str(i) for i, r in enumerate(records))
+
+
+def _window_digest(ids: Iterable[str]) -> str:
+    return hashlib.sha256("|".join(ids).encode()).hexdigest()[:16]
 
 
 def window_measures(
