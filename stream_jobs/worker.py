@@ -117,7 +117,8 @@ WindowObserver = Callable[[WindowReport, Flush, float], None]
 
 class WindowEngine(Protocol):
     """What the worker needs of an engine: ``gateway.engine.Engine`` in the worker's process,
-    or ``stream_jobs.engine_process.EngineProcess`` in a child of its own."""
+    ``stream_jobs.engine_process.EngineProcess`` in a child of its own, or engine shards
+    (``gateway.shards.ShardedEngine`` in-process, ``EngineShards`` in children)."""
 
     version: str
 
