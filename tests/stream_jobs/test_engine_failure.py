@@ -27,10 +27,11 @@ from streamkit import (
 
 from gateway.engine import Engine, ValidRecord, WindowResult
 from gateway.keyed import Keyring
-from gateway.policy import load_policy
+from gateway.policy import Policy, load_policy
 from state.sqlite_store import SQLiteStore
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.engine_process import EngineShards
+from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.worker import GatewayWorker
 
@@ -133,7 +134,11 @@ def _feeder(broker: EmbeddedBroker, topic: str) -> tuple[list[Any], list[Any], A
 
 
 def _next_worker_publishes_everything(
-    broker: EmbeddedBroker, policy: Any, settings: Any, secret_env: str, sent: list[Any]
+    broker: EmbeddedBroker,
+    policy: Policy,
+    settings: WorkerSettings,
+    secret_env: str,
+    sent: list[Any],
 ) -> None:
     """The next worker of the group (state kept) takes over from the last commit: every
     record is published, and any copy is byte-identical."""
