@@ -21,10 +21,15 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
-from aiokafka.partitioner import DefaultPartitioner
 
 from state.rocks_store import RocksStore
-from stream_jobs.kafka import BatchItem, create_missing_topics, make_consumer, send_batches
+from stream_jobs.kafka import (
+    BatchItem,
+    create_missing_topics,
+    make_consumer,
+    partitions_for_keys,
+    send_batches,
+)
 from stream_jobs.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -46,10 +51,9 @@ class KafkaChangelog:
         self._loop = loop
         self.topic = topic
         self._partitions = sorted(partitions)
-        self._partitioner = DefaultPartitioner()
 
     def partition_of(self, key: bytes) -> int:
-        return int(self._partitioner(key, self._partitions, self._partitions))
+        return partitions_for_keys([key], self._partitions)[0]
 
     def write(self, entries: Mapping[bytes, bytes]) -> None:
         """From a thread other than the loop's: returns once every entry is acknowledged."""
@@ -58,8 +62,9 @@ class KafkaChangelog:
 
     async def write_async(self, entries: Mapping[bytes, bytes]) -> None:
         by_partition: dict[int, list[BatchItem]] = {}
-        for key, value in entries.items():
-            by_partition.setdefault(self.partition_of(key), []).append((key, value, None, []))
+        keys = list(entries)
+        for key, partition in zip(keys, partitions_for_keys(keys, self._partitions), strict=True):
+            by_partition.setdefault(partition, []).append((key, entries[key], None, []))
         await asyncio.gather(*await send_batches(self._producer, self.topic, by_partition))
 
 

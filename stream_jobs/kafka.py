@@ -6,6 +6,7 @@ import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
@@ -35,6 +36,55 @@ def security_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         kw["sasl_mechanism"] = settings.sasl_mechanism
         kw["sasl_plain_username"], kw["sasl_plain_password"] = creds
     return kw
+
+
+_MURMUR_SEED = 0x9747B28C
+_MURMUR_M = np.uint32(0x5BD1E995)
+
+
+def murmur2_many(keys: Sequence[bytes]) -> np.ndarray[Any, np.dtype[np.uint32]]:
+    """Kafka's murmur2 of each key (``aiokafka.partitioner.murmur2``, the Java client's hash),
+    for a window's keys at once: numpy over the keys of each length, a few µs per window
+    where aiokafka's pure-Python hash costs ~7 µs per key on the worker's one thread."""
+    out = np.empty(len(keys), dtype=np.uint32)
+    by_length: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_length.setdefault(len(key), []).append(i)
+    m = _MURMUR_M
+    for length, idx in by_length.items():
+        data = np.frombuffer(b"".join(keys[i] for i in idx), dtype=np.uint8).reshape(
+            len(idx), length
+        )
+        h = np.full(len(idx), (_MURMUR_SEED ^ length) & 0xFFFFFFFF, dtype=np.uint32)
+        words = length // 4
+        if words:  # little-endian 4-byte words, as the hash reads them
+            w = np.ascontiguousarray(data[:, : words * 4]).view("<u4").astype(np.uint32)
+            for j in range(words):
+                k = w[:, j] * m
+                k ^= k >> 24
+                k *= m
+                h *= m
+                h ^= k
+        tail, extra = length & ~3, length % 4
+        if extra >= 3:
+            h ^= data[:, tail + 2].astype(np.uint32) << 16
+        if extra >= 2:
+            h ^= data[:, tail + 1].astype(np.uint32) << 8
+        if extra >= 1:
+            h ^= data[:, tail].astype(np.uint32)
+            h *= m
+        h ^= h >> 13
+        h *= m
+        h ^= h >> 15
+        out[idx] = h
+    return out
+
+
+def partitions_for_keys(keys: Sequence[bytes], partitions: Sequence[int]) -> list[int]:
+    """The partition aiokafka's ``DefaultPartitioner`` (and the Java client) picks for each
+    key: murmur2 made positive, modulo the partition count, of ``partitions`` sorted."""
+    positions = (murmur2_many(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(len(partitions))
+    return [partitions[i] for i in positions.tolist()]
 
 
 def make_consumer(settings: WorkerSettings, *topics: str, group_id: str | None = None) -> Any:

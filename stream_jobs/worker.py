@@ -33,7 +33,6 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
 )
-from aiokafka.partitioner import DefaultPartitioner
 
 from gateway.engine import (
     PublishedRecord,
@@ -52,6 +51,7 @@ from stream_jobs.kafka import (
     ensure_topics,
     make_consumer,
     make_producer,
+    partitions_for_keys,
     send_batches,
 )
 from stream_jobs.memory import Collector, tune_memory
@@ -196,7 +196,6 @@ class GatewayWorker:
         self._out_partitions: list[int] = []
         self._dlq_partitions: list[int] = []
         self._repartition_partitions: list[int] = []
-        self._partitioner = DefaultPartitioner()
         self.ready = asyncio.Event()
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
         self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
@@ -688,13 +687,22 @@ class GatewayWorker:
             observer(report, flush, elapsed)
 
     # -- producing -------------------------------------------------------------------------
-    def _out_partition(self, rec: PublishedRecord) -> int:
+    def _out_partitions_of(self, published: Sequence[PublishedRecord]) -> list[int]:
+        """Each output record's partition: by its key as Kafka's default partitioner puts it,
+        all keys of the window hashed at once; without a key, the input partition's
+        counterpart, which keeps a respondent's records in order (the input is keyed by
+        respondent)."""
         parts = self._out_partitions
-        if rec.key is not None:
-            return int(self._partitioner(rec.key, parts, parts))
-        # no key: stay on the input partition's counterpart, which keeps a respondent's
-        # records in order (the input is keyed by respondent)
-        return parts[rec.source.partition % len(parts)] if rec.source is not None else parts[0]
+        keys = [rec.key for rec in published if rec.key is not None]
+        hashed = iter(partitions_for_keys(keys, parts) if keys else ())
+        return [
+            next(hashed)
+            if rec.key is not None
+            else parts[rec.source.partition % len(parts)]
+            if rec.source is not None
+            else parts[0]
+            for rec in published
+        ]
 
     async def _produce(
         self, published: Sequence[PublishedRecord], window_id: str
@@ -702,11 +710,11 @@ class GatewayWorker:
         wid = window_id.encode()
         ver = self._version_b
         by_partition: dict[int, list[BatchItem]] = {}
-        for rec in published:
+        for rec, partition in zip(published, self._out_partitions_of(published), strict=True):
             ts = rec.source.timestamp_ms if rec.source is not None else -1
             headers = [("record_id", rec.record_id.encode()), ("policy_version", ver)]
             headers.append(("window_id", wid))
-            by_partition.setdefault(self._out_partition(rec), []).append(
+            by_partition.setdefault(partition, []).append(
                 (rec.key, rec.value, ts if ts >= 0 else None, headers)
             )
         return await self._send_batches(self.topics.output, by_partition)
@@ -719,15 +727,14 @@ class GatewayWorker:
         parts = self._repartition_partitions
         source = self.topics.input.encode()
         by_partition: dict[int, list[BatchItem]] = {}
-        for key, value, partition, offset in forward:
+        targets = partitions_for_keys([key for key, _, _, _ in forward], parts)
+        for (key, value, partition, offset), target in zip(forward, targets, strict=True):
             headers = [
                 ("source_topic", source),
                 ("source_partition", str(partition).encode()),
                 ("source_offset", str(offset).encode()),
             ]
-            by_partition.setdefault(int(self._partitioner(key, parts, parts)), []).append(
-                (key, value, None, headers)
-            )
+            by_partition.setdefault(target, []).append((key, value, None, headers))
         return await self._send_batches(topic, by_partition)
 
     async def _produce_dead(self, dead: Sequence[DeadLetter]) -> list[Awaitable[Any]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 from confluent_kafka import Consumer, TopicPartition
 from streamkit import (
     Sent,
@@ -80,6 +81,8 @@ def test_keyless_records_are_rekeyed_by_respondent_and_then_protected(
         assert m.key == str(truth["respondent_id"]).encode()
         partitions_of.setdefault(m.key, set()).add(m.partition)
     assert all(len(p) == 1 for p in partitions_of.values()), "a respondent on two partitions"
+    default = DefaultPartitioner()  # where a Java or aiokafka producer puts the same key
+    assert all(m.partition == default(m.key, [0, 1, 2], [0, 1, 2]) for m in forwarded)
     assert len({p for ps in partitions_of.values() for p in ps}) == 3
 
     out = consume_all(broker.bootstrap, topics.output, expected=st.published)
