@@ -44,8 +44,8 @@ _MURMUR_M = np.uint32(0x5BD1E995)
 
 def murmur2_many(keys: Sequence[bytes]) -> np.ndarray[Any, np.dtype[np.uint32]]:
     """Kafka's murmur2 of each key (``aiokafka.partitioner.murmur2``, the Java client's hash),
-    for a window's keys at once: numpy over the keys of each length, a few µs per window
-    where aiokafka's pure-Python hash costs ~7 µs per key on the worker's one thread."""
+    for a window's keys at once: numpy over the keys of each length, ~0.25 µs a key where
+    aiokafka's pure-Python hash costs 7-11 µs (43- and 64-byte keys) on the worker's thread."""
     out = np.empty(len(keys), dtype=np.uint32)
     by_length: dict[int, list[int]] = {}
     for i, key in enumerate(keys):
@@ -83,6 +83,8 @@ def murmur2_many(keys: Sequence[bytes]) -> np.ndarray[Any, np.dtype[np.uint32]]:
 def partitions_for_keys(keys: Sequence[bytes], partitions: Sequence[int]) -> list[int]:
     """The partition aiokafka's ``DefaultPartitioner`` (and the Java client) picks for each
     key: murmur2 made positive, modulo the partition count, of ``partitions`` sorted."""
+    if not partitions:
+        raise ValueError("no partitions to place keys on: the topic has none")
     positions = (murmur2_many(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(len(partitions))
     return [partitions[i] for i in positions.tolist()]
 

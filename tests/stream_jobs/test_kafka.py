@@ -46,6 +46,11 @@ def test_keys_land_where_kafkas_default_partitioner_puts_them(
     assert partitions_for_keys(keys, partitions) == expected
 
 
+def test_no_partitions_is_an_error_not_a_division_by_zero() -> None:
+    with pytest.raises(ValueError, match="no partitions"):
+        partitions_for_keys([b"k"], [])
+
+
 @pytest.mark.broker
 def test_output_keyed_by_pseudonym_lands_where_kafka_puts_the_key(
     broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
