@@ -96,8 +96,9 @@ def merge(
     if any(next(c, None) is not None for c in cursors):
         raise ValueError("a shard published more records than it was given")
     held = [h for res in results for h in res.held]
-    order = {id(r): i for i, r in enumerate(records)}
-    held.sort(key=lambda h: order[id(h)])
+    if len(held) > 1:  # mostly none: the window's order is built only to sort some
+        order = {id(r): i for i, r in enumerate(records)}
+        held.sort(key=lambda h: order[id(h)])
     reports = [res.report for res in results]
     sampled = [res.aggregated for res in results if res.aggregated is not None]
     measures: dict[str, float] = {}

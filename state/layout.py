@@ -45,8 +45,8 @@ def stored_shards(state_dir: Path) -> int | None:
     shards = counts.pop()
     if shards > 1 and sorted(i for i, _ in found) != list(range(shards)):
         # a shard's file gone is its respondents' state gone: not to be recreated quietly
-        missing = [p.name for p in shard_paths(state_dir, shards) if not p.is_file()]
         names = shard_paths(state_dir, shards)
+        missing = [p.name for p in names if not p.is_file()]
         problem = (
             f"lacks {', '.join(missing)}"
             if missing
