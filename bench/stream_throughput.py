@@ -24,6 +24,14 @@ records/s depend on the machine and its load. The default is 200,000 records: at
 passthrough is over in well under a second and its rate swung from 37k to 97k rec/s between
 runs of one session, so the ratio measured mostly noise.
 
+Each run then measures the issue's own wording, "produce → gateway → output consumed", in a
+*live* run (skip with ``--no-live``): the input topic starts empty, a producer process
+(bench/live_clients.py) produces the same records as fast as it can once the side owns its
+partitions, and a consumer process reads the output topic; the time runs from the first record
+produced to the last output read (for privgw: every record published once all are accounted
+for). The passthrough, one engine process and the shards run live; the producer's own rate is
+printed too, because a passthrough that keeps up with its producer measures the producer.
+
 Each run also times the engine alone (``Engine.protect_window`` on the same records, validated
 beforehand, windows of the policy's size, SQLite state, garbage collection between windows as
 the worker does it): the gateway's ceiling if the event loop cost nothing, which shows how its
@@ -36,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import marshal
 import os
 import resource
 import shutil
@@ -56,7 +65,7 @@ from stream_jobs.app import serve
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.cli import build_worker
 from stream_jobs.engine_process import EngineProcess, EngineShards
-from stream_jobs.kafka import ensure_topics
+from stream_jobs.kafka import ensure_topics, send_batches
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
@@ -179,10 +188,13 @@ async def gateway(  # noqa: PLR0917
     broker_pid: int | None = None,
     engine: str = "auto",
     shards: int | None = None,
+    live: Live | None = None,
 ) -> Timing:
     """Seconds until every record is accounted for (published, dead-lettered or held) — or,
     with ``share`` < 1, until that share of them is published or dead-lettered. ``engine``,
-    ``shards``: the worker's settings (auto: in a child process on this machine)."""
+    ``shards``: the worker's settings (auto: in a child process on this machine). ``live``: a
+    live run, timed from the first record produced to the last output read (``seconds``; the
+    CPU figures are then left at zero)."""
     policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
     settings = WorkerSettings(
         bootstrap=bootstrap,
@@ -205,6 +217,16 @@ async def gateway(  # noqa: PLR0917
 
     async def watch() -> None:
         await worker.ready.wait()
+        if live is not None:
+            await live.go()
+            while not (
+                worker.stats.consumed >= n and worker.stats.consumed == worker.stats.accounted
+            ):
+                await asyncio.sleep(0.005)
+            end = await live.reached(worker.stats.published)
+            times.append(Timing(end - live.started, 0.0, 0.0))
+            stop.set()
+            return
         clock = CpuClock(broker_pid)
         child0 = sum(map(process_cpu_seconds, children))
         t0 = time.perf_counter()
@@ -232,12 +254,163 @@ def engine_pids(engine: object) -> list[int]:
     return [engine.pid] if isinstance(engine, EngineProcess) else []
 
 
+class Live:
+    """The issue's end-to-end run: a producer process starts producing the records into the
+    input topic once the side under test owns its partitions, and a consumer process reads
+    the output topic; the time runs from the first record produced to the last output read."""
+
+    def __init__(self, bootstrap: str, src: str, dst: str, records_file: Path) -> None:
+        self._args = (bootstrap, src, dst, str(records_file))
+        self.count = 0
+        self.started = 0.0
+        self.produced = 0.0
+        self._reached: list[tuple[int, asyncio.Future[float]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Live:
+        bootstrap, src, dst, records_file = self._args
+        script = str(Path(__file__).with_name("live_clients.py"))
+        self.producer = await asyncio.create_subprocess_exec(
+            sys.executable, script, "produce", bootstrap, src, records_file,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self.consumer = await asyncio.create_subprocess_exec(
+            sys.executable, script, "consume", bootstrap, dst, stdout=asyncio.subprocess.PIPE
+        )
+        self._started = asyncio.get_running_loop().create_future()
+        self._tasks = [
+            asyncio.create_task(self._read_producer()),
+            asyncio.create_task(self._read_consumer()),
+        ]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for proc in (self.producer, self.consumer):
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+        for task in self._tasks:
+            task.cancel()
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.producer.pid, self.consumer.pid]
+
+    async def go(self) -> None:
+        """Let the producer start; returns once it has."""
+        assert self.producer.stdin is not None
+        self.producer.stdin.write(b"go\n")
+        await self.producer.stdin.drain()
+        self.started = await self._started
+
+    async def reached(self, count: int) -> float:
+        """The time the output consumer had read ``count`` records."""
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._reached.append((count, fut))
+        self._notify(time.monotonic())
+        return await fut
+
+    def _notify(self, t: float) -> None:
+        for count, fut in self._reached:
+            if self.count >= count and not fut.done():
+                fut.set_result(t)
+
+    async def _read_producer(self) -> None:
+        assert self.producer.stdout is not None
+        async for line in self.producer.stdout:
+            word, t = line.split()
+            if word == b"start":
+                self._started.set_result(float(t))
+            elif word == b"done":
+                self.produced = float(t)
+
+    async def _read_consumer(self) -> None:
+        assert self.consumer.stdout is not None
+        async for line in self.consumer.stdout:
+            _, count, t = line.split()
+            self.count = int(count)
+            self._notify(float(t))
+
+
+async def passthrough_live(
+    bootstrap: str, src: str, dst: str, n: int, group: str, *, live: Live
+) -> float:
+    """The passthrough in a live run: seconds from the first record produced to the last
+    copy read."""
+    consumer = bench_consumer(bootstrap, src, group)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    await consumer.start()
+    try:
+        while not consumer.assignment():
+            await consumer.getmany(timeout_ms=50, max_records=1)  # joins the group
+        await live.go()
+        copied = 0
+        while copied < n:
+            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
+            futures = await send_batches(
+                producer,
+                dst,
+                {
+                    tp.partition: [(m.key, m.value, None, []) for m in msgs]
+                    for tp, msgs in batch.items()
+                },
+            )
+            copied += sum(map(len, batch.values()))
+            await asyncio.gather(*futures)
+            if batch:
+                await consumer.commit()
+        return await live.reached(n) - live.started
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
 def engine_alone(records: list[tuple[bytes, bytes]]) -> float:
     """Seconds for the engine to protect the records in windows, validation excluded (the
     policy's own risk sampling; bench/risk_overhead.py's timing), with garbage collection
     between windows as in the worker."""
     text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
     return float(risk_overhead.run(text, 1, records, like_worker=True))
+
+
+async def live_run(
+    bootstrap: str, rep: int, n: int, records_file: Path, shards: int
+) -> dict[str, float]:
+    """One live run of the passthrough and both gateway sides (rec/s by side), printed."""
+    settings = WorkerSettings(bootstrap=bootstrap, partitions=PARTITIONS)
+    sides = ("pass", "gw", "shards")
+    rate: dict[str, float] = {}
+    produced: dict[str, float] = {}  # the producer's own rate: what bounds a live run
+    for side in sides[rep % 3 :] + sides[: rep % 3]:
+        src, dst, group = f"live{rep}.{side}.in", f"live{rep}.{side}.out", f"live-{side}{rep}"
+        await ensure_topics(
+            settings, Topics(input=src, output=dst, dlq=f"{src}.dlq", meta=f"{dst}.meta")
+        )
+        async with Live(bootstrap, src, dst, records_file) as live:
+            if side == "pass":
+                seconds = await passthrough_live(bootstrap, src, dst, n, group, live=live)
+            else:
+                state = Path(tempfile.mkdtemp(prefix="privgw-bench-"))
+                try:
+                    timing = await gateway(
+                        bootstrap, src, dst, n, group, state,
+                        shards=shards if side == "shards" else None, live=live,
+                    )  # fmt: skip
+                finally:
+                    shutil.rmtree(state, ignore_errors=True)
+                seconds = timing.seconds
+            produced[side] = n / (live.produced - live.started)
+        rate[side] = n / seconds
+    print(
+        f"       live (produced while it runs, timed to the last output read): passthrough "
+        f"{rate['pass']:,.0f} rec/s, one engine process {rate['gw']:,.0f} "
+        f"({rate['gw'] / rate['pass']:.2f}), {shards} shards {rate['shards']:,.0f} "
+        f"({rate['shards'] / rate['pass']:.2f}); the producer alone "
+        + ", ".join(f"{produced[side]:,.0f}" for side in sides)
+        + " rec/s in the same order"
+    )
+    return rate
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -250,6 +423,9 @@ async def main_async(args: argparse.Namespace) -> None:
     with EmbeddedBroker() as broker:
         bs = broker.bootstrap
         ratios: dict[str, list[float]] = {"gw": [], "shards": []}
+        live_ratios: dict[str, list[float]] = {"gw": [], "shards": []}
+        records_file = Path(tempfile.mkdtemp(prefix="privgw-bench-")) / "records.marshal"
+        records_file.write_bytes(marshal.dumps(records))
         for rep in range(args.repeat):
             sides = ("pass", "gw", "shards", "thread")
             settings = WorkerSettings(bootstrap=bs, partitions=PARTITIONS)
@@ -307,6 +483,10 @@ async def main_async(args: argparse.Namespace) -> None:
             print(
                 f"       passthrough CPU s {t['pass'].cpu:.2f} / broker {t['pass'].broker_cpu:.2f}"
             )
+            if args.live:
+                live_rate = await live_run(bs, rep, n, records_file, args.shards)
+                for side, runs in live_ratios.items():
+                    runs.append(live_rate[side] / live_rate["pass"])
         if args.repeat > 1:
             # the passthrough's rate swings most on a shared machine: judge the median
             print(
@@ -314,6 +494,13 @@ async def main_async(args: argparse.Namespace) -> None:
                 f"{statistics.median(ratios['gw']):.2f}, {args.shards} engine shards "
                 f"{statistics.median(ratios['shards']):.2f}"
             )
+            if args.live:
+                print(
+                    f"median live ratio over {args.repeat} runs: one engine process "
+                    f"{statistics.median(live_ratios['gw']):.2f}, {args.shards} engine shards "
+                    f"{statistics.median(live_ratios['shards']):.2f}"
+                )
+        shutil.rmtree(records_file.parent, ignore_errors=True)
 
 
 def main() -> None:
@@ -322,6 +509,12 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--shards", type=int, default=2, help="engine shards of the sharded side")
+    ap.add_argument(
+        "--no-live",
+        dest="live",
+        action="store_false",
+        help="skip the live runs (records produced while the side runs)",
+    )
     args = ap.parse_args()
     import logging  # noqa: PLC0415
 
