@@ -323,6 +323,8 @@ class Live:
                 self._started.set_result(float(t))
             elif word == b"done":
                 self.produced = float(t)
+        if not self._started.done():  # it exited before producing: say so, do not hang
+            self._started.set_exception(RuntimeError("the live producer exited early"))
 
     async def _read_consumer(self) -> None:
         assert self.consumer.stdout is not None
@@ -330,6 +332,9 @@ class Live:
             _, count, t = line.split()
             self.count = int(count)
             self._notify(float(t))
+        for _, fut in self._reached:
+            if not fut.done():
+                fut.set_exception(RuntimeError("the live output consumer exited early"))
 
 
 async def passthrough_live(
