@@ -65,7 +65,7 @@ from stream_jobs.app import serve
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.cli import build_worker
 from stream_jobs.engine_process import EngineProcess, EngineShards
-from stream_jobs.kafka import ensure_topics, send_batches
+from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
@@ -142,8 +142,17 @@ def bench_consumer(bootstrap: str, src: str, group: str) -> AIOKafkaConsumer:
 
 
 async def passthrough(
-    bootstrap: str, src: str, dst: str, n: int, group: str, *, broker_pid: int | None = None
+    bootstrap: str,
+    src: str,
+    dst: str,
+    n: int,
+    group: str,
+    *,
+    broker_pid: int | None = None,
+    live: Live | None = None,
 ) -> Timing:
+    """Copies n records from src to dst. ``live``: a live run, timed from the first record
+    produced to the last copy read (``seconds``; the CPU figures are then left at zero)."""
     consumer = bench_consumer(bootstrap, src, group)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
@@ -152,6 +161,8 @@ async def passthrough(
         while not consumer.assignment():
             await consumer.getmany(timeout_ms=50, max_records=1)  # joins the group
         await consumer.seek_to_beginning()
+        if live is not None:
+            await live.go()
         clock = CpuClock(broker_pid)
         t0 = time.perf_counter()
         copied = 0
@@ -171,6 +182,8 @@ async def passthrough(
             await asyncio.gather(*futures)
             if batch:
                 await consumer.commit()
+        if live is not None:
+            return Timing(await live.reached(n) - live.started, 0.0, 0.0)
         return Timing(time.perf_counter() - t0, *clock.elapsed())
     finally:
         await consumer.stop()
@@ -337,40 +350,6 @@ class Live:
                 fut.set_exception(RuntimeError("the live output consumer exited early"))
 
 
-async def passthrough_live(
-    bootstrap: str, src: str, dst: str, n: int, group: str, *, live: Live
-) -> float:
-    """The passthrough in a live run: seconds from the first record produced to the last
-    copy read."""
-    consumer = bench_consumer(bootstrap, src, group)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    await consumer.start()
-    try:
-        while not consumer.assignment():
-            await consumer.getmany(timeout_ms=50, max_records=1)  # joins the group
-        await live.go()
-        copied = 0
-        while copied < n:
-            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
-            futures = await send_batches(
-                producer,
-                dst,
-                {
-                    tp.partition: [(m.key, m.value, None, []) for m in msgs]
-                    for tp, msgs in batch.items()
-                },
-            )
-            copied += sum(map(len, batch.values()))
-            await asyncio.gather(*futures)
-            if batch:
-                await consumer.commit()
-        return await live.reached(n) - live.started
-    finally:
-        await consumer.stop()
-        await producer.stop()
-
-
 def engine_alone(records: list[tuple[bytes, bytes]]) -> float:
     """Seconds for the engine to protect the records in windows, validation excluded (the
     policy's own risk sampling; bench/risk_overhead.py's timing), with garbage collection
@@ -394,7 +373,7 @@ async def live_run(
         )
         async with Live(bootstrap, src, dst, records_file) as live:
             if side == "pass":
-                seconds = await passthrough_live(bootstrap, src, dst, n, group, live=live)
+                seconds = (await passthrough(bootstrap, src, dst, n, group, live=live)).seconds
             else:
                 state = Path(tempfile.mkdtemp(prefix="privgw-bench-"))
                 try:
