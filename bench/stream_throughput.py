@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import marshal
 import os
@@ -300,14 +301,11 @@ class Live:
     async def __aexit__(self, *exc: object) -> None:
         for proc in (self.producer, self.consumer):
             if proc.returncode is None:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
+                    proc.kill()
             await proc.wait()
         for task in self._tasks:
             task.cancel()
-
-    @property
-    def pids(self) -> list[int]:
-        return [self.producer.pid, self.consumer.pid]
 
     async def go(self) -> None:
         """Let the producer start; returns once it has."""
@@ -404,11 +402,11 @@ async def main_async(args: argparse.Namespace) -> None:
     records = [encode(r) for r in survey.records()][: args.records]
     n = len(records)
     print(f"{n} records ({args.waves} waves of a simulated panel), {PARTITIONS} partitions")
-    with EmbeddedBroker() as broker:
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="privgw-bench-") as tmp:
         bs = broker.bootstrap
         ratios: dict[str, list[float]] = {"gw": [], "shards": []}
         live_ratios: dict[str, list[float]] = {"gw": [], "shards": []}
-        records_file = Path(tempfile.mkdtemp(prefix="privgw-bench-")) / "records.marshal"
+        records_file = Path(tmp) / "records.marshal"  # what the live producer sends
         records_file.write_bytes(marshal.dumps(records))
         for rep in range(args.repeat):
             sides = ("pass", "gw", "shards", "thread")
@@ -484,7 +482,6 @@ async def main_async(args: argparse.Namespace) -> None:
                     f"{statistics.median(live_ratios['gw']):.2f}, {args.shards} engine shards "
                     f"{statistics.median(live_ratios['shards']):.2f}"
                 )
-        shutil.rmtree(records_file.parent, ignore_errors=True)
 
 
 def main() -> None:
