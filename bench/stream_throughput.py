@@ -116,6 +116,14 @@ class Timing(NamedTuple):
     engine_cpu: float = 0.0  # the engine's child process, when it has one
 
 
+async def bench_topics(bootstrap: str, src: str, dst: str) -> None:
+    """A side's input and output topics (with their dead-letter and metadata topics)."""
+    settings = WorkerSettings(bootstrap=bootstrap, partitions=PARTITIONS)
+    await ensure_topics(
+        settings, Topics(input=src, output=dst, dlq=f"{src}.dlq", meta=f"{dst}.meta")
+    )
+
+
 async def preload(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
@@ -229,31 +237,28 @@ async def gateway(  # noqa: PLR0917
     stop = asyncio.Event()
     times: list[Timing] = []
 
+    def finished() -> bool:
+        s = worker.stats
+        if share < 1.0 and s.published + s.dlq_total >= share * n:
+            return True
+        return s.consumed >= n and s.consumed == s.accounted
+
     async def watch() -> None:
         await worker.ready.wait()
         if live is not None:
             await live.go()
-            while not (
-                worker.stats.consumed >= n and worker.stats.consumed == worker.stats.accounted
-            ):
-                await asyncio.sleep(0.005)
-            end = await live.reached(worker.stats.published)
-            times.append(Timing(end - live.started, 0.0, 0.0))
-            stop.set()
-            return
         clock = CpuClock(broker_pid)
         child0 = sum(map(process_cpu_seconds, children))
         t0 = time.perf_counter()
-        while True:
-            s = worker.stats
-            if share < 1.0 and s.published + s.dlq_total >= share * n:
-                break
-            if s.consumed >= n and s.consumed == s.accounted:
-                break
+        while not finished():
             await asyncio.sleep(0.005)
-        seconds = time.perf_counter() - t0
-        child_cpu = sum(map(process_cpu_seconds, children)) - child0
-        times.append(Timing(seconds, *clock.elapsed(), child_cpu))
+        if live is not None:
+            end = await live.reached(worker.stats.published)
+            times.append(Timing(end - live.started, 0.0, 0.0))
+        else:
+            seconds = time.perf_counter() - t0
+            child_cpu = sum(map(process_cpu_seconds, children)) - child0
+            times.append(Timing(seconds, *clock.elapsed(), child_cpu))
         stop.set()
 
     watcher = asyncio.create_task(watch())
@@ -360,15 +365,12 @@ async def live_run(
     bootstrap: str, rep: int, n: int, records_file: Path, shards: int
 ) -> dict[str, float]:
     """One live run of the passthrough and both gateway sides (rec/s by side), printed."""
-    settings = WorkerSettings(bootstrap=bootstrap, partitions=PARTITIONS)
     sides = ("pass", "gw", "shards")
     rate: dict[str, float] = {}
     produced: dict[str, float] = {}  # the producer's own rate: what bounds a live run
     for side in sides[rep % 3 :] + sides[: rep % 3]:
         src, dst, group = f"live{rep}.{side}.in", f"live{rep}.{side}.out", f"live-{side}{rep}"
-        await ensure_topics(
-            settings, Topics(input=src, output=dst, dlq=f"{src}.dlq", meta=f"{dst}.meta")
-        )
+        await bench_topics(bootstrap, src, dst)
         async with Live(bootstrap, src, dst, records_file) as live:
             if side == "pass":
                 seconds = (await passthrough(bootstrap, src, dst, n, group, live=live)).seconds
@@ -410,12 +412,9 @@ async def main_async(args: argparse.Namespace) -> None:
         records_file.write_bytes(marshal.dumps(records))
         for rep in range(args.repeat):
             sides = ("pass", "gw", "shards", "thread")
-            settings = WorkerSettings(bootstrap=bs, partitions=PARTITIONS)
             for side in sides:
                 src, dst = f"bench{rep}.{side}.in", f"bench{rep}.{side}.out"
-                await ensure_topics(
-                    settings, Topics(input=src, output=dst, dlq=f"{src}.dlq", meta=f"{dst}.meta")
-                )
+                await bench_topics(bs, src, dst)
                 await preload(bs, src, records)
             pid = broker.pid
             timings: dict[str, Timing] = {}
