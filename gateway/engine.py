@@ -25,11 +25,18 @@ from gateway import masking, quality
 from gateway.errors import PolicyError
 from gateway.keyed import KeyedSource, Keyring
 from gateway.microaggregation import microaggregate
+from gateway.mixed_microaggregation import (
+    QIKind,
+    claim_columns,
+    claim_inputs,
+    mixed_microaggregate,
+)
 from gateway.policy import (
     MISSING_LABEL,
     ConsistencyMode,
     HoldTimeout,
     Method,
+    MicroaggAlgorithm,
     Policy,
     Pseudonym,
     Role,
@@ -115,13 +122,22 @@ def _group_id(key: bytes) -> str:
     return key[len(_GROUP_KEY_PREFIX) :].decode()
 
 
-def _live_entry(count: int) -> bytes:
-    """A group's registry value: its live-member count."""
-    return orjson.dumps({"live": count})
+def _live_entry(count: int, size: int | None = None) -> bytes:
+    """A group's registry value: its live-member count and, since 2026-11-24, the number of
+    distinct respondents it was formed with (the size of its published class, which the
+    history never shrinks)."""
+    return orjson.dumps({"live": count} if size is None else {"live": count, "size": size})
+
+
+def _registry_entry(raw: bytes) -> tuple[int, int | None]:
+    """(live members, formation size or None for groups formed before sizes were kept)."""
+    entry = orjson.loads(raw)
+    size = entry.get("size")
+    return int(entry["live"]), None if size is None else int(size)
 
 
 def _live_count(raw: bytes) -> int:
-    return int(orjson.loads(raw)["live"])
+    return _registry_entry(raw)[0]
 
 
 _PARTITION_BYTES = 2  # partition-scoped respondent keys: partition (big-endian) + digest
@@ -153,9 +169,14 @@ class LiveCountAudit:
     def consistent(self) -> bool:
         return not self.drifted
 
+    sizes: Mapping[str, int] = field(default_factory=dict)  # formation sizes, where stored
+
     def repairs(self) -> dict[bytes, bytes]:
         """The registry entries that set every drifted count to its actual value."""
-        return {_group_key(gid): _live_entry(actual) for gid, (_, actual) in self.drifted.items()}
+        return {
+            _group_key(gid): _live_entry(actual, self.sizes.get(gid))
+            for gid, (_, actual) in self.drifted.items()
+        }
 
 
 def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
@@ -164,11 +185,15 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
     before 2026-11-23 when a respondent left a group and was published suppressed, or joined
     two groups in one window."""
     stored: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     actual: dict[str, int] = {}
     respondents = 0
     for key, raw in entries:
         if key.startswith(_GROUP_KEY_PREFIX):
-            stored[_group_id(key)] = _live_count(raw)
+            gid = _group_id(key)
+            stored[gid], size = _registry_entry(raw)
+            if size is not None:
+                sizes[gid] = size
             continue
         respondents += 1
         current = orjson.loads(raw).get("current")
@@ -180,7 +205,7 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
         for gid in sorted(groups)
         if stored.get(gid, 0) != actual.get(gid, 0)
     }
-    return LiveCountAudit(respondents=respondents, groups=len(groups), drifted=drifted)
+    return LiveCountAudit(respondents=respondents, groups=len(groups), drifted=drifted, sizes=sizes)
 
 
 @dataclass(slots=True)
@@ -195,15 +220,21 @@ class _StateView:
     # group is never read
     live: dict[str, int] = field(default_factory=dict)
     live_touched: set[str] = field(default_factory=set)
-    load_live: Callable[[Sequence[str]], dict[str, int]] | None = None
+    # group id -> distinct respondents it was formed with (new groups, and registry entries read)
+    sizes: dict[str, int] = field(default_factory=dict)
+    load_live: Callable[[Sequence[str]], dict[str, tuple[int, int | None]]] | None = None
     looked_up: set[str] = field(default_factory=set)
 
     def prefetch(self, group_ids: Iterable[str]) -> None:
-        """Read the live counts of these groups from the store, in one batch."""
+        """Read the live counts (and formation sizes) of these groups from the store, in one
+        batch."""
         missing = sorted({g for g in group_ids if g not in self.looked_up})
         self.looked_up.update(missing)
         if missing and self.load_live is not None:
-            self.live.update(self.load_live(missing))
+            for gid, (live, size) in self.load_live(missing).items():
+                self.live[gid] = live
+                if size is not None:
+                    self.sizes.setdefault(gid, size)
 
     def members(self, group_id: str, default: int) -> int:
         """Live members of a group (read once from the store; ``default`` if it has no
@@ -238,6 +269,7 @@ class _QIDecision:
     deferred: int = 0
     measures: dict[str, float] = field(default_factory=dict)
     aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
+    sampled: bool = False
 
 
 def _mechanism_version(mech: RRMechanism) -> str:
@@ -356,8 +388,18 @@ class Engine:
         self._codes = {
             a: {c: i for i, c in enumerate(m.categories)} for a, m in self.mechanisms.items()
         }
-        self._qi_numeric = policy.microaggregated
+        # the k claim: every quasi-identifier microaggregated together (Domingo-Ferrer & Torra)
+        self._qi_agg = policy.k_claim
+        self._qi_columns = claim_columns(policy)
+        self._qi_numeric_pos = [
+            j for j, c in enumerate(self._qi_columns) if c.kind is QIKind.NUMERIC
+        ]
         self._qi_all = [n for n, a in policy.attributes.items() if a.role is Role.QUASI_IDENTIFIER]
+        self._sensitive_published = [
+            n
+            for n, a in policy.attributes.items()
+            if a.role is Role.SENSITIVE and a.method is not Method.DROP
+        ]
         self._published_attrs = [
             n for n, a in policy.attributes.items() if a.method is not Method.DROP
         ]
@@ -373,14 +415,28 @@ class Engine:
             "k": p.microaggregation.k,
             "microaggregation": p.microaggregation.algorithm.value,
             "quasi_identifiers": self._qi_all,
-            "microaggregated": self._qi_numeric,
+            "microaggregated": self._qi_agg,
+            # what the k claim covers: every published tuple of these is shared by >= k
+            # respondents over the whole history; the unprotected ones are outside it
+            "k_claim": self._qi_agg,
+            "quasi_identifier_kinds": {c.name: c.kind.value for c in self._qi_columns},
+            "unprotected_quasi_identifiers": p.unprotected_quasi_identifiers,
             "methods": {n: a.method.value for n, a in p.attributes.items()},
             "consistency": p.consistency.mode.value,
             "randomized_response": {
                 a: {**m.to_dict(), "matrix_version": self._mech_versions[a]}
                 for a, m in self.mechanisms.items()
             },
-            "noise": {n: a.noise.ratio for n, a in p.attributes.items() if a.noise is not None},
+            "noise": {
+                n: a.noise.model_dump(mode="json", exclude_none=True)
+                for n, a in p.attributes.items()
+                if a.noise is not None
+            },
+            "top_bottom_coding": {
+                n: a.coding.model_dump(mode="json", exclude_none=True)
+                for n, a in p.attributes.items()
+                if a.coding is not None
+            },
         }
 
     # ------------------------------------------------------------------ the window
@@ -481,6 +537,11 @@ class Engine:
                 out = masking.generalize(
                     [None if v is None else str(v) for v in values], attr.hierarchy
                 )
+            elif attr.method is Method.COARSEN:
+                assert attr.coarsen is not None
+                out = masking.coarsen(
+                    [None if v is None else str(v) for v in values], attr.coarsen.unit
+                )
             else:  # keep
                 out = values
             if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:
@@ -519,7 +580,7 @@ class Engine:
                     if i not in current_digest:  # a deferred move keeps its old mapping
                         known = st.setdefault("qi", {})
                         if digest not in known:
-                            known[digest] = [gid, [rows[pos][a] for a in self._qi_numeric]]
+                            known[digest] = [gid, [rows[pos][a] for a in self._qi_agg]]
                             touched.add(rkey)
                     current = [gid, current_digest.get(i, digest)]
                     if st.get("current") != current:
@@ -534,10 +595,13 @@ class Engine:
                 key: orjson.dumps(states[key], option=orjson.OPT_SORT_KEYS) for key in touched
             }
             for gid in view.live_touched:
-                entries[_group_key(gid)] = _live_entry(view.live[gid])
+                entries[_group_key(gid)] = _live_entry(view.live[gid], view.sizes.get(gid))
             if entries:
                 self._store.put_many(entries)
 
+        measures = dict(qi.measures)
+        if qi.sampled and self._qi_agg:
+            measures.update(self._key_measures(rows, pub_idx, qi, view, suppressed_set))
         dumps = orjson.dumps
         published = list(
             map(
@@ -563,8 +627,8 @@ class Engine:
             groups=len(qi.groups),
             sticky_hits=sticky_hits,
             deferred_moves=qi.deferred,
-            risk_sampled=bool(qi.measures),
-            measures=qi.measures,
+            risk_sampled=qi.sampled,
+            measures=measures,
             retention=retention,
             randomized=randomized,
         )
@@ -577,10 +641,67 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ helpers
-    def _load_live(self, group_ids: Sequence[str]) -> dict[str, int]:
+    def _load_live(self, group_ids: Sequence[str]) -> dict[str, tuple[int, int | None]]:
         assert self._store is not None
         found = self._store.get_many([_group_key(g) for g in group_ids])
-        return {_group_id(key): _live_count(raw) for key, raw in found.items()}
+        return {_group_id(key): _registry_entry(raw) for key, raw in found.items()}
+
+    def _key_measures(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        pub_idx: Sequence[int],
+        qi: _QIDecision,
+        view: _StateView,
+        suppressed: set[int],
+    ) -> dict[str, float]:
+        """Risk over the whole key for a sampled window's published records.
+
+        A published tuple's class over the whole history is at least the sum of the formation
+        sizes of the groups that publish it (a group's members keep its tuple; departures do
+        not unpublish it), so ``key_smallest_class`` is a lower bound that holds over the
+        history, not only within the window. Fully suppressed records carry no
+        quasi-identifier value and are counted apart (``key_suppressed``). l-diversity is
+        measured within the groups formed in this window, whose members are all here."""
+        k = self.policy.microaggregation.k
+        group_of = qi.group_of
+        view.prefetch({group_of[i] for i in pub_idx if i in group_of})
+        sizes = view.sizes
+        groups_of_tuple: dict[tuple[Any, ...], set[str]] = {}
+        keyed: list[tuple[tuple[Any, ...], str]] = []
+        unknown = 0
+        for pos, i in enumerate(pub_idx):
+            gid = group_of.get(i)
+            if i in suppressed or gid is None:
+                continue
+            if gid not in sizes:
+                unknown += 1  # a group formed before formation sizes were kept
+                continue
+            t = tuple(rows[pos][a] for a in self._qi_agg)
+            groups_of_tuple.setdefault(t, set()).add(gid)
+            keyed.append((t, gid))
+        bound = {t: sum(sizes[g] for g in gids) for t, gids in groups_of_tuple.items()}
+        classes = [bound[t] for t, _ in keyed]
+        n = len(classes)
+        out: dict[str, float] = {
+            "key_records": float(n),
+            "key_suppressed": float(len(suppressed)),
+            "key_unknown_class": float(unknown),
+        }
+        if n:
+            below = sum(1 for c in classes if c < k)
+            out["key_smallest_class"] = float(min(classes))
+            out["key_share_below_k"] = below / n
+            out["key_uniques"] = float(sum(1 for c in classes if c == 1))
+        formed = {gid for gid, _ in qi.groups}
+        for name in self._sensitive_published:
+            seen: dict[str, set[Any]] = {}
+            for pos, i in enumerate(pub_idx):
+                gid = group_of.get(i)
+                if gid in formed and i not in suppressed:
+                    seen.setdefault(gid, set()).add(rows[pos][name])
+            if seen:
+                out[f"ldiv_min:{name}"] = float(min(len(v) for v in seen.values()))
+        return out
 
     def _quasi_identifiers(
         self,
@@ -592,20 +713,24 @@ class Engine:
         now: float,
         flush_all: bool,
     ) -> _QIDecision:
-        """Decide each record's numeric quasi-identifiers: stored centroid, new group, held
-        or suppressed."""
+        """Decide each record's quasi-identifiers of the k claim (all of them together):
+        stored group tuple, new group, held or suppressed."""
         policy = self.policy
         k = policy.microaggregation.k
-        names = self._qi_numeric
+        names = self._qi_agg
         decision = _QIDecision(values={n: {} for n in names})
+        decision.sampled = (self._windows - 1) % policy.risk.sample_every == 0
         out, digests = decision.values, decision.digests
         if not names:
             return decision
         states, sticky = view.states, view.sticky
-        cols = _columns([r.values for r in records], names)
-        x = np.array(cols, dtype=np.float64).T.reshape(len(records), len(names))  # None: nan
-        # a Python list: indexed once per record below, a numpy scalar each time is slower
-        complete: list[bool] = np.asarray(np.isfinite(x).all(axis=1), dtype=np.bool_).tolist()
+        # the partition's inputs: floats, categories (generalized where the policy says so),
+        # None where a value is missing and not a category of its own
+        cols = [
+            claim_inputs(policy.attributes[n], c)
+            for n, c in zip(names, _columns([r.values for r in records], names), strict=True)
+        ]
+        complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
         pending: list[int] = []
         # a respondent's second, different new QI tuple in one window waits for the next
         # one: two slots of one respondent could land in one group and count twice towards k
@@ -709,23 +834,20 @@ class Engine:
             scope = src.partition if self._partition_scope and src is not None else None
             scopes.setdefault(scope, []).append(s_index)
         gid_of_slot: dict[int, str] = {}
-        masked_of_slot: dict[int, NDArray[np.float64]] = {}
+        masked_of_slot: dict[int, tuple[object, ...]] = {}
         originals: list[NDArray[np.float64]] = []
         maskeds: list[NDArray[np.float64]] = []
         for scope, scope_slots in sorted(scopes.items(), key=lambda kv: (kv[0] is None, kv[0])):
             if len(scope_slots) < k:
                 continue  # these wait (below) for k new neighbours in their scope
             rec_idx = [slots[s_index] for s_index in scope_slots]  # record index per row
-            xs = x[rec_idx]
-            masked, labels = microaggregate(
-                xs,
-                k,
-                algorithm=policy.microaggregation.algorithm.value,
-                standardize=policy.microaggregation.standardize,
-            )
-            originals.append(xs)
-            maskeds.append(masked)
-            label_rows = labels if labels.ndim == 1 else labels[:, 0]
+            sub = [[c[t] for t in rec_idx] for c in cols]
+            published, label_rows = self._partition(sub)
+            num = self._qi_numeric_pos
+            if num:
+                originals.append(np.array([sub[j] for j in num], dtype=np.float64).T)
+                maskeds.append(np.array([published[j] for j in num], dtype=np.float64).T)
+            tuples = list(zip(*published, strict=True))
             prefix = f"{scope}." if scope is not None else ""
             # each group's rows, label by label, in one sort (a scan per label was quadratic:
             # ~1 s for the 33,000 groups of 100,000 rows at k = 3)
@@ -735,10 +857,11 @@ class Engine:
                 ident_bytes = b"".join(sorted(rids[rec_idx[t]].encode() for t in rows_of_group))
                 gid = prefix + hashlib.sha256(ident_bytes).hexdigest()[:16]
                 decision.groups.append((gid, len(rows_of_group)))
+                view.sizes[gid] = len(rows_of_group)  # slots: distinct respondents
                 for t in rows_of_group:
                     gid_of_slot[scope_slots[t]] = gid
             for pos, s_index in enumerate(scope_slots):
-                masked_of_slot[s_index] = masked[pos]
+                masked_of_slot[s_index] = tuples[pos]
         view.prefetch(gid for gid, _ in decision.groups)  # a replayed window's groups exist
         joined: set[int] = set()
         first_of_slot = set(slots)  # a slot reserved one departure, not one per record
@@ -754,13 +877,13 @@ class Engine:
                 continue
             row = masked_of_slot[s_index]
             for j, n in enumerate(names):
-                out[n][i] = _num(row[j])
+                out[n][i] = _published_qi(row[j])
             decision.group_of[i] = slot_gid
             if rkeys[i] is not None and s_index not in joined:
                 joined.add(s_index)
                 view.join(slot_gid)
-        if (self._windows - 1) % policy.risk.sample_every == 0:
-            width = len(names)
+        if decision.sampled and self._qi_numeric_pos:
+            width = len(self._qi_numeric_pos)
             both = (
                 np.vstack(originals) if originals else np.empty((0, width)),
                 np.vstack(maskeds) if maskeds else np.empty((0, width)),
@@ -772,6 +895,17 @@ class Engine:
         for i in deferred:  # no departure was reserved for these
             self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
         return decision
+
+    def _partition(self, sub: list[list[object]]) -> tuple[list[list[object]], NDArray[np.int64]]:
+        """Group the rows (one list per k-claim column) and give each row's published values:
+        MDAV over all columns together, or individual ranking on a single numeric one."""
+        spec = self.policy.microaggregation
+        if spec.algorithm is MicroaggAlgorithm.RANKING:  # the policy allows one numeric column
+            masked, labels = microaggregate(
+                np.array(sub, dtype=np.float64).T, spec.k, algorithm="ranking"
+            )
+            return [masked[:, 0].tolist()], labels[:, 0]
+        return mixed_microaggregate(self._qi_columns, sub, spec.k, standardize=spec.standardize)
 
     def _hold_or_suppress(
         self, record: ValidRecord, i: int, decision: _QIDecision, *, now: float, flush_all: bool
@@ -871,7 +1005,13 @@ class Engine:
         assert attr.noise is not None
         states, sticky, touched = view.states, view.sticky, view.touched
         arr = np.array([np.nan if v is None else float(v) for v in values])  # type: ignore[arg-type]
-        sd = masking.noise_sd(arr, attr.noise.ratio)
+        if attr.coding is not None:  # top/bottom coding first, then noise on the coded values
+            arr = masking.top_bottom_code(arr, attr.coding)
+        sd = masking.noise_sd(arr, attr.noise)
+        if sd <= 0.0:
+            # nothing to scale the noise by (one value, no noise.sd): publish nothing rather
+            # than the true value
+            return [None] * len(values), 0
         out: list[Any] = [None] * len(values)
         todo = [i for i in range(len(values)) if values[i] is not None]
         hits = 0
@@ -921,6 +1061,13 @@ def _columns(maps: Sequence[Mapping[str, object]], names: Sequence[str]) -> list
 def _num(v: float | np.floating[Any]) -> float | None:
     f = float(v)
     return f if math.isfinite(f) else None
+
+
+def _published_qi(v: object) -> object:
+    """A group's published value: a finite float, a category, or None for the missing one."""
+    if isinstance(v, str):
+        return None if v == MISSING_LABEL else v
+    return _num(v)  # type: ignore[arg-type]
 
 
 def window_id(records: Sequence[ValidRecord]) -> str:

@@ -2,20 +2,56 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.policy import CodingSpec, HierarchySpec
+from gateway.policy import CodingSpec, HierarchySpec, NoiseSpec, TimeUnit
 
 
-def noise_sd(values: NDArray[np.float64], ratio: float) -> float:
-    """Noise standard deviation for variance ratio·var(X) (uncorrelated additive noise)."""
+def noise_sd(values: NDArray[np.float64], spec: NoiseSpec | float) -> float:
+    """Noise standard deviation: the larger of the policy's absolute ``sd`` and √ratio·S, S
+    the sample standard deviation of the finite values (0 with fewer than two). A float is
+    a bare ratio."""
+    ratio, floor = (spec, 0.0) if isinstance(spec, float | int) else (spec.ratio, spec.sd or 0.0)
     finite = values[np.isfinite(values)]
-    if finite.size < 2:
-        return 0.0
-    return float(np.sqrt(ratio) * np.std(finite, ddof=1))
+    relative = 0.0
+    if ratio is not None and finite.size >= 2:
+        relative = float(np.sqrt(ratio) * np.std(finite, ddof=1))
+    return max(float(floor), relative if math.isfinite(relative) else 0.0)
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    """An ISO 8601 timestamp (``datetime.fromisoformat``), or None if it is not one."""
+    try:
+        return datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
+    """ISO 8601 timestamps truncated to the start of their ``unit`` (time zone kept; a week
+    starts on Monday). Unparseable text becomes None: it never passes through verbatim."""
+    out: list[str | None] = []
+    for v in values:
+        ts = parse_timestamp(v) if v is not None else None
+        if ts is None:
+            out.append(None)
+            continue
+        if unit is TimeUnit.MINUTE:
+            out.append(ts.replace(second=0, microsecond=0).isoformat(timespec="minutes"))
+        elif unit is TimeUnit.HOUR:
+            out.append(ts.replace(minute=0, second=0, microsecond=0).isoformat(timespec="hours"))
+        elif unit is TimeUnit.DAY:
+            out.append(ts.date().isoformat())
+        elif unit is TimeUnit.WEEK:
+            out.append((ts.date() - timedelta(days=ts.weekday())).isoformat())
+        else:
+            out.append(f"{ts.year:04d}-{ts.month:02d}")
+    return out
 
 
 def add_noise(

@@ -30,10 +30,21 @@ from enum import StrEnum
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway import masking
 from gateway.errors import MechanismError
 from gateway.microaggregation import group_means, mdav_groups
+from gateway.policy import MISSING_LABEL, Attribute, AttrType, Method, Policy
 
-__all__ = ["QIColumn", "QIKind", "embed", "mixed_centroids", "mixed_microaggregate"]
+__all__ = [
+    "QIColumn",
+    "QIKind",
+    "claim_column",
+    "claim_columns",
+    "claim_inputs",
+    "embed",
+    "mixed_centroids",
+    "mixed_microaggregate",
+]
 
 
 class QIKind(StrEnum):
@@ -171,3 +182,46 @@ def mixed_microaggregate(
     else:
         labels = mdav_groups(embed(columns, values, standardize=standardize), k, standardize=False)
     return mixed_centroids(columns, values, labels), labels
+
+
+# ---------------------------------------------------------------------------------------------
+# From the policy
+# ---------------------------------------------------------------------------------------------
+
+
+def claim_column(name: str, attr: Attribute) -> QIColumn:
+    """The partition's view of a k-claim attribute: numeric; ordinal (``ordered``); nominal
+    over its domain, or over its generalized domain for method generalize."""
+    if attr.type is AttrType.NUMERIC:
+        return QIColumn(name, QIKind.NUMERIC)
+    if attr.ordered:
+        return QIColumn(name, QIKind.ORDINAL, tuple(attr.domain))
+    if attr.method is Method.GENERALIZE:
+        assert attr.hierarchy is not None
+        cats = [c for c in attr.domain if c != MISSING_LABEL]
+        parents = masking.generalize(cats, attr.hierarchy)
+        domain = list(dict.fromkeys(p for p in parents if p is not None))
+        if attr.missing_is_category:
+            domain.append(MISSING_LABEL)
+        return QIColumn(name, QIKind.NOMINAL, tuple(domain))
+    return QIColumn(name, QIKind.NOMINAL, tuple(attr.domain))
+
+
+def claim_columns(policy: Policy) -> list[QIColumn]:
+    """The k claim's attributes as partition columns, in policy order."""
+    return [claim_column(n, policy.attributes[n]) for n in policy.k_claim]
+
+
+def claim_inputs(attr: Attribute, values: Sequence[object]) -> list[object]:
+    """A column of validated values as the partition takes them: numbers as floats;
+    categories generalized where the method says so; a missing value as the missing
+    category where it is one, else None (the record cannot be grouped)."""
+    if attr.type is AttrType.NUMERIC:
+        return [None if v is None else float(v) for v in values]  # type: ignore[arg-type]
+    texts: list[str | None] = [None if v is None else str(v) for v in values]
+    if attr.method is Method.GENERALIZE:
+        assert attr.hierarchy is not None
+        texts = masking.generalize(texts, attr.hierarchy)
+    if attr.missing_is_category:
+        return [MISSING_LABEL if t is None else t for t in texts]
+    return list(texts)

@@ -30,6 +30,7 @@ class Role(StrEnum):
 class AttrType(StrEnum):
     NUMERIC = "numeric"
     CATEGORICAL = "categorical"
+    TIMESTAMP = "timestamp"  # ISO 8601 text; never published verbatim
 
 
 class Method(StrEnum):
@@ -40,6 +41,15 @@ class Method(StrEnum):
     TOP_BOTTOM_CODE = "top_bottom_code"
     GENERALIZE = "generalize"
     RANDOMIZED_RESPONSE = "randomized_response"
+    COARSEN = "coarsen"  # timestamps: truncated to the policy's unit
+
+
+class TimeUnit(StrEnum):
+    MINUTE = "minute"
+    HOUR = "hour"
+    DAY = "day"
+    WEEK = "week"  # the Monday that starts the ISO week
+    MONTH = "month"
 
 
 class RRMode(StrEnum):
@@ -83,19 +93,31 @@ MISSING_LABEL = "<missing>"
 _ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
     (Role.IDENTIFIER, AttrType.NUMERIC): frozenset({Method.DROP}),
     (Role.IDENTIFIER, AttrType.CATEGORICAL): frozenset({Method.DROP}),
+    (Role.IDENTIFIER, AttrType.TIMESTAMP): frozenset({Method.DROP}),
+    # NOISE, TOP_BOTTOM_CODE and KEEP leave a quasi-identifier outside the k claim: allowed only
+    # with `unprotected: true` (see Attribute._validate)
     (Role.QUASI_IDENTIFIER, AttrType.NUMERIC): frozenset(
         {Method.MICROAGGREGATION, Method.NOISE, Method.TOP_BOTTOM_CODE, Method.KEEP}
     ),
-    (Role.QUASI_IDENTIFIER, AttrType.CATEGORICAL): frozenset({Method.KEEP, Method.GENERALIZE}),
-    (Role.SENSITIVE, AttrType.NUMERIC): frozenset(
-        {Method.NOISE, Method.TOP_BOTTOM_CODE, Method.KEEP}
+    (Role.QUASI_IDENTIFIER, AttrType.CATEGORICAL): frozenset(
+        {Method.MICROAGGREGATION, Method.GENERALIZE, Method.KEEP}
     ),
+    (Role.QUASI_IDENTIFIER, AttrType.TIMESTAMP): frozenset(),
+    # a sensitive number is masked by noise (after optional top/bottom coding) or dropped:
+    # coding alone publishes every value inside [bottom, top] unchanged
+    (Role.SENSITIVE, AttrType.NUMERIC): frozenset({Method.NOISE, Method.DROP}),
     (Role.SENSITIVE, AttrType.CATEGORICAL): frozenset(
-        {Method.RANDOMIZED_RESPONSE, Method.KEEP, Method.GENERALIZE}
+        {Method.RANDOMIZED_RESPONSE, Method.KEEP, Method.GENERALIZE, Method.DROP}
     ),
+    (Role.SENSITIVE, AttrType.TIMESTAMP): frozenset(),
     (Role.OTHER, AttrType.NUMERIC): frozenset({Method.KEEP, Method.DROP}),
     (Role.OTHER, AttrType.CATEGORICAL): frozenset({Method.KEEP, Method.DROP}),
+    (Role.OTHER, AttrType.TIMESTAMP): frozenset({Method.COARSEN, Method.DROP}),
 }
+
+# A quasi-identifier with one of these methods is part of the k-anonymity claim: it is
+# microaggregated with all the others (a generalized one at its generalized level).
+K_CLAIM_METHODS = frozenset({Method.MICROAGGREGATION, Method.GENERALIZE})
 
 
 class _Strict(BaseModel):
@@ -180,16 +202,29 @@ class RRSpec(_Strict):
 
 
 class NoiseSpec(_Strict):
-    """Uncorrelated additive Gaussian noise with variance ratio·var(attribute)."""
+    """Uncorrelated additive Gaussian noise. Its standard deviation is the larger of ``sd``
+    (absolute) and √ratio·S, S the standard deviation of the attribute in the window. A stream
+    window may hold one record (S = 0): give ``sd`` there, or the value is published as
+    missing rather than unmasked."""
 
-    ratio: float
+    ratio: float | None = None
+    sd: float | None = None
 
-    @field_validator("ratio")
-    @classmethod
-    def _ratio(cls, v: float) -> float:
-        if not (v > 0 and math.isfinite(v)):
-            raise ValueError(f"noise.ratio must be > 0 (e.g. 0.1), got {v}")
-        return v
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        if self.ratio is None and self.sd is None:
+            raise ValueError("noise needs ratio (e.g. 0.1 of the variance), sd, or both")
+        if self.ratio is not None and not (self.ratio > 0 and math.isfinite(self.ratio)):
+            raise ValueError(f"noise.ratio must be > 0 (e.g. 0.1), got {self.ratio}")
+        if self.sd is not None and not (self.sd > 0 and math.isfinite(self.sd)):
+            raise ValueError(f"noise.sd must be > 0 and finite, got {self.sd}")
+        return self
+
+
+class CoarsenSpec(_Strict):
+    """Timestamps truncated to ``unit`` (published as ISO 8601 text of the unit's start)."""
+
+    unit: TimeUnit = TimeUnit.DAY
 
 
 class CodingSpec(_Strict):
@@ -235,6 +270,8 @@ class Attribute(_Strict):
     type: AttrType
     method: Method
     categories: list[str] | None = None
+    ordered: bool = False  # categories are ordinal, listed in order (distance by rank)
+    unprotected: bool = False  # a quasi-identifier deliberately left out of the k claim
     missing: MissingHandling = MissingHandling.KEEP
     required: bool = True
     range: tuple[float, float] | None = None
@@ -242,26 +279,44 @@ class Attribute(_Strict):
     noise: NoiseSpec | None = None
     coding: CodingSpec | None = None
     hierarchy: HierarchySpec | None = None
+    coarsen: CoarsenSpec | None = None
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
         allowed = _ALLOWED_METHODS[(self.role, self.type)]
+        if not allowed:
+            raise ValueError(
+                f"a {self.type.value} attribute cannot have role {self.role.value}; a timestamp "
+                "is role other (method coarsen or drop) or identifier (drop)"
+            )
         if self.method not in allowed:
+            hint = ""
+            if self.role is Role.SENSITIVE and self.method is Method.TOP_BOTTOM_CODE:
+                hint = (
+                    " (coding alone publishes every value inside [bottom, top] unchanged: "
+                    "use method noise with 'coding' to code and then add noise)"
+                )
+            elif self.type is AttrType.TIMESTAMP and self.method is Method.KEEP:
+                hint = " (a timestamp is never published verbatim: coarsen it or drop it)"
             raise ValueError(
                 f"method {self.method.value} does not apply to a {self.type.value} "
-                f"{self.role.value}; use one of {sorted(m.value for m in allowed)}"
+                f"{self.role.value}; use one of {sorted(m.value for m in allowed)}{hint}"
             )
+        self._validate_claim()
         needs = {
             Method.RANDOMIZED_RESPONSE: "rr",
             Method.NOISE: "noise",
             Method.TOP_BOTTOM_CODE: "coding",
             Method.GENERALIZE: "hierarchy",
+            Method.COARSEN: "coarsen",
         }
         for method, key in needs.items():
             given = getattr(self, key) is not None
             if self.method is method and not given:
                 raise ValueError(f"method {method.value} needs the '{key}' settings")
-            if self.method is not method and given:
+            # noise may follow top/bottom coding: the coding then applies first
+            combined = key == "coding" and self.method is Method.NOISE
+            if self.method is not method and given and not combined:
                 raise ValueError(f"'{key}' settings only apply to method {method.value}")
         if self.categories is not None:
             if len(self.categories) < 2:
@@ -306,6 +361,44 @@ class Attribute(_Strict):
     @property
     def missing_is_category(self) -> bool:
         return self.missing is MissingHandling.CATEGORY
+
+    def _validate_claim(self) -> None:
+        """Honest k claims: a quasi-identifier is microaggregated with the others (or
+        generalized, then microaggregated), or explicitly declared unprotected."""
+        in_claim = self.method in K_CLAIM_METHODS
+        if self.unprotected and (self.role is not Role.QUASI_IDENTIFIER or in_claim):
+            raise ValueError(
+                "unprotected: true only applies to a quasi-identifier published with method "
+                "keep, noise or top_bottom_code (it declares the attribute outside the k claim)"
+            )
+        if self.role is Role.QUASI_IDENTIFIER and not in_claim and not self.unprotected:
+            raise ValueError(
+                f"a quasi-identifier with method {self.method.value} is published without "
+                "k-anonymity; use method microaggregation (numeric, ordinal or nominal) or "
+                "generalize, or set unprotected: true to leave it out of the k claim explicitly"
+            )
+        if (
+            self.type is AttrType.CATEGORICAL
+            and self.role in (Role.QUASI_IDENTIFIER, Role.SENSITIVE)
+            and self.method is not Method.DROP
+            and self.categories is None
+        ):
+            raise ValueError(
+                f"a categorical {self.role.value} needs 'categories' (its full domain): free "
+                "text cannot be microaggregated, randomized or checked for unknown values"
+            )
+        if self.ordered:
+            if self.type is not AttrType.CATEGORICAL or self.categories is None:
+                raise ValueError("ordered: true needs a categorical attribute with categories")
+            if self.missing_is_category:
+                raise ValueError(
+                    "an ordered attribute cannot have missing: category (a missing value has no "
+                    "rank); use missing: keep"
+                )
+            if self.method is Method.GENERALIZE:
+                raise ValueError("ordered: true does not combine with method generalize")
+        if self.type is AttrType.TIMESTAMP and (self.categories or self.range):
+            raise ValueError("a timestamp takes neither categories nor range")
 
     @property
     def domain(self) -> list[str]:
@@ -408,6 +501,14 @@ class Policy(_Strict):
                 f"input.key_field '{key}' is neither input.respondent_id nor an attribute; "
                 "name the field that identifies the respondent (usually input.respondent_id)"
             )
+        claim = self.k_claim
+        if self.microaggregation.algorithm is MicroaggAlgorithm.RANKING and (
+            len(claim) > 1 or any(self.attributes[n].type is not AttrType.NUMERIC for n in claim)
+        ):
+            raise ValueError(
+                "microaggregation.algorithm ranking groups each attribute on its own, which "
+                "gives no k-anonymity on the tuple of several quasi-identifiers; use mdav"
+            )
         return self
 
     # -- derived views ---------------------------------------------------------------
@@ -416,7 +517,29 @@ class Policy(_Strict):
 
     @property
     def microaggregated(self) -> list[str]:
-        return self.by_method(Method.MICROAGGREGATION)
+        """Every attribute microaggregated (the k claim's attributes), in policy order."""
+        return self.k_claim
+
+    @property
+    def k_claim(self) -> list[str]:
+        """The quasi-identifiers the k-anonymity claim covers: microaggregated together
+        (generalized ones at their generalized level), so every published tuple of them is
+        shared by at least k respondents."""
+        return [
+            n
+            for n, a in self.attributes.items()
+            if a.role is Role.QUASI_IDENTIFIER and a.method in K_CLAIM_METHODS
+        ]
+
+    @property
+    def unprotected_quasi_identifiers(self) -> list[str]:
+        """Quasi-identifiers declared ``unprotected``: published outside the k claim."""
+        return [n for n, a in self.attributes.items() if a.unprotected]
+
+    @property
+    def numeric_claim(self) -> list[str]:
+        """The numeric attributes of the k claim (what the numeric-only measures cover)."""
+        return [n for n in self.k_claim if self.attributes[n].type is AttrType.NUMERIC]
 
     @property
     def randomized(self) -> list[str]:

@@ -22,7 +22,7 @@ exactly as they hold for one engine. What changes:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -105,12 +105,33 @@ def merge(
     if sampled:
         both = (np.vstack([a for a, _ in sampled]), np.vstack([m for _, m in sampled]))
         measures = window_measures(*both, interval_pct)
+    measures.update(merge_key_measures([r.measures for r in reports]))
     return WindowResult(
         published=published,
         held=held,
         report=_merge_reports(window_id(records), reports, measures),
         rows=rows,
     )
+
+
+_KEY_SUMS = ("key_records", "key_suppressed", "key_unknown_class", "key_uniques")
+
+
+def merge_key_measures(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The whole-key measures of a window from its shards' (each shard's groups are its
+    own, so the smallest class and the l-diversity are minima, shares weighted by records)."""
+    parts = [p for p in parts if "key_records" in p]
+    if not parts:
+        return {}
+    out = {name: sum(p.get(name, 0.0) for p in parts) for name in _KEY_SUMS}
+    smallest = [p["key_smallest_class"] for p in parts if "key_smallest_class" in p]
+    if smallest:
+        out["key_smallest_class"] = min(smallest)
+        below = sum(p.get("key_share_below_k", 0.0) * p["key_records"] for p in parts)
+        out["key_share_below_k"] = below / out["key_records"]
+    for name in {n for p in parts for n in p if n.startswith("ldiv_min:")}:
+        out[name] = min(p[name] for p in parts if name in p)
+    return out
 
 
 def _merge_reports(
@@ -133,7 +154,7 @@ def _merge_reports(
         groups=sum(r.groups for r in reports),
         sticky_hits=sum(r.sticky_hits for r in reports),
         deferred_moves=sum(r.deferred_moves for r in reports),
-        risk_sampled=bool(measures),
+        risk_sampled=any(r.risk_sampled for r in reports),
         measures=measures,
         retention={name: kept[name] / n for name, n in randomized.items()},
         randomized=randomized,

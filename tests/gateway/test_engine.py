@@ -22,7 +22,7 @@ microaggregation: {k: 3}
 attributes:
   age:   {role: quasi_identifier, type: numeric, method: microaggregation}
   hours: {role: quasi_identifier, type: numeric, method: microaggregation}
-  sex:   {role: quasi_identifier, type: categorical, method: keep, categories: [F, M]}
+  sex:   {role: quasi_identifier, type: categorical, method: microaggregation, categories: [F, M]}
   occ:
     role: sensitive
     type: categorical

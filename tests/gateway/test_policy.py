@@ -23,7 +23,17 @@ attributes:
 
 def test_shipped_adult_policy_is_valid() -> None:
     p = load_policy(ADULT)
-    assert p.microaggregated == ["age", "education_num", "hours_per_week"]
+    assert p.numeric_claim == ["age", "education_num", "hours_per_week"]
+    assert p.k_claim == [
+        *p.numeric_claim,
+        "sex",
+        "race",
+        "marital_status",
+        "relationship",
+        "workclass",
+        "native_country",
+    ]
+    assert p.unprotected_quasi_identifiers == []
     assert p.randomized == ["occupation", "income"]
     quasi = {n for n, a in p.attributes.items() if a.role is Role.QUASI_IDENTIFIER}
     assert {"sex", "race", "marital_status"} <= quasi
@@ -50,7 +60,10 @@ def test_version_is_stable_across_layout_and_changes_with_meaning() -> None:
             "rr.retention must be a probability in [0, 1], got 1.5",
         ),
         (BASE.replace("retention: 0.5", "rho1: 0.5, rho2: 0.2"), "0 < rho1 < rho2 < 1"),
-        (BASE.replace("    categories: [a, b, c]\n", ""), "randomized_response needs 'categories'"),
+        (
+            BASE.replace("    categories: [a, b, c]\n", ""),
+            "a categorical sensitive needs 'categories'",
+        ),
         (BASE.replace("k: 3", "k: three"), "microaggregation.k: Input should be a valid integer"),
         (BASE + "  age: {role: other, type: numeric, method: keep}\n", "key 'age' is given twice"),
         (

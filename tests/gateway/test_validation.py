@@ -35,9 +35,10 @@ POLICY = parse_policy(
                 "role": "quasi_identifier",
                 "type": "categorical",
                 "method": "keep",
+                "unprotected": True,
                 "categories": ["F", "M"],
             },
-            "city": {"role": "quasi_identifier", "type": "categorical", "method": "keep"},
+            "city": {"role": "other", "type": "categorical", "method": "keep"},
             "income": {
                 "role": "sensitive",
                 "type": "categorical",
