@@ -2,28 +2,33 @@
 
 Three measures of a published file, all taken on every quasi-identifier together:
 
-* **Frequency counts of the key** (Hundepool et al., *Statistical Disclosure Control*, Wiley
-  2012, §3.3 "Risk assessment for microdata": key variables, frequency counts of their
-  combinations, sample uniques; the same notions as the handbook's §3.3.4 "k-anonymity"). A
-  record's class is the set of records that publish exactly its tuple of quasi-identifier
-  values; a missing value (None, NaN, pd.NA) is the published value "suppressed", equal to
-  every other missing value of that column (a suppressed cell still joins records into one
-  class, as in sdcMicro's ``freqCalc``). The file is k-anonymous when the smallest class has
-  k records or more.
+* **Frequency counts of the key** (Hundepool et al., *Handbook on Statistical Disclosure
+  Control*, §3.3 "Risk assessment", GitHub sdcTools/HandbookSDC,
+  chapters/03/_03-microdata-03-Risk-assessment.qmd: §3.3.3 "Concepts and notation" — the
+  key is the cross-classification of the identifying variables, f_k the sample count of key
+  cell k, Σ f_k = n, sample uniques f_k = 1; §3.3.4 the threshold rule: a key is unsafe when
+  its count is below a threshold, here k). A record's class is the set of records that
+  publish exactly its tuple of quasi-identifier values. A missing value (None, NaN, pd.NA)
+  is the published value "suppressed", equal to every other missing value of its column and
+  to nothing else: the invariant of issue 18 counts a suppressed value as a value of its
+  own. (sdcMicro's ``freqCalc`` instead lets a missing value match any category, which
+  raises the counts; the two agree on files without missing values.) The file is
+  k-anonymous when the smallest class has k records or more.
 * **Distinct l-diversity** of each sensitive attribute within the classes (Machanavajjhala,
-  Kifer, Gehrke & Venkitasubramaniam, "l-Diversity: Privacy Beyond k-Anonymity", ICDE 2006 /
-  ACM TKDD 1(1), 2007, §4.1 "distinct l-diversity"): l of a class is its number of distinct
-  published values of the attribute (missing counts as one value); a class with l = 1 is
-  homogeneous, so k-anonymity alone discloses the attribute of each of its members.
-* **Distance-based record linkage** over all quasi-identifiers with the heterogeneous distance
-  of :mod:`gateway.mixed_microaggregation` (Domingo-Ferrer & Torra, "Distance-based and
-  probabilistic record linkage for re-identification of records with categorical variables",
-  2002, and "Disclosure risk assessment in statistical data protection", J. Comput. Appl.
-  Math. 164, 2004; the distance is the one of their DMKD 2005 paper on heterogeneous
-  k-anonymity). The intruder holds the original quasi-identifiers and links each published
-  record to its nearest original record; the share linked to its own original is the risk.
-  A second intruder matches the categorical quasi-identifiers exactly and then takes the
-  nearest original by the numeric ones.
+  Kifer, Gehrke & Venkitasubramaniam, "l-Diversity: Privacy Beyond k-Anonymity", ACM TKDD
+  1(1), 2007; ICDE 2006): l of a class is its number of distinct published values of the
+  attribute (missing counts as one value), the paper's simplest instantiation, "distinct
+  l-diversity". A class with l = 1 is homogeneous: k-anonymity alone then discloses the
+  attribute of each of its members (the paper's homogeneity attack).
+* **Distance-based record linkage** over all quasi-identifiers (Domingo-Ferrer & Torra
+  2001, "A quantitative comparison of disclosure control methods for microdata", in
+  *Confidentiality, Disclosure and Data Access*, North-Holland, pp. 111-134; Handbook §3.3,
+  "Distance-based record linkage"), with the heterogeneous distance of
+  :mod:`gateway.mixed_microaggregation` (Domingo-Ferrer & Torra, DMKD 11(2), 2005) as the
+  record-level distance. The intruder holds the original quasi-identifiers and links each
+  published record to its nearest original record; the share linked to its own original is
+  the risk. A second intruder matches the categorical quasi-identifiers exactly and then
+  takes the nearest original by the numeric ones (standardised).
 
 Scaling of the linkage distance. Both files are embedded with the *original's* parameters:
 the numeric and ordinal means and population standard deviations, and the nominal category
@@ -37,13 +42,17 @@ up to rounding. A column that is constant in the original separates no original 
 is left out of the distance, as ``embed`` does.
 
 Rows are aligned: row i of ``published`` is the protected version of row i of ``original``
-(positions, not index labels). Ties (equal distances, e.g. duplicate original records) are
-resolved as an intruder picking uniformly among the tied candidates: a record counts 1/t when
-its own original is among the t nearest at equal distance, 0 otherwise (the expected count).
-Distances are computed in blocks of published rows by matrix products
-(|a|² + |b|² - 2 a·b), so memory is O(block × originals); two distances closer than a
-relative 1e-9 of the squared norms involved count as equal (the rounding error of the
-product form is far below that and the closest distinct records far above it).
+(positions, not index labels). A row with a missing linkage value in either file is left out
+of both sides (counted in ``excluded``): neither linked nor a link target. At most
+``max_records`` published rows, a sample drawn with ``numpy.random.default_rng(seed)``, are
+linked, each against all kept originals. Ties (equal distances, e.g. duplicate original
+records) are resolved as an intruder picking uniformly among the tied candidates: a record
+counts 1/t when its own original is among the t nearest at equal distance, 0 otherwise (the
+expected count). Distances are computed once per distinct published row against the distinct
+original rows (weighted by their counts), in blocks of published rows by matrix products
+(|b|² - 2 a·b, the |a|² term being constant along a row), so memory is O(block × originals).
+Two distances closer than a relative 1e-9 of the squared norms involved count as equal; the
+rounding error of the product form is many orders of magnitude smaller.
 """
 
 from __future__ import annotations
