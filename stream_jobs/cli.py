@@ -146,7 +146,6 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     from gateway.engine import Engine  # noqa: PLC0415
     from gateway.shards import ShardedEngine  # noqa: PLC0415
     from state.layout import resolve_shards, shard_paths  # noqa: PLC0415
-    from state.partitioned_store import PartitionedStore  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
 
@@ -155,6 +154,9 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     state_dir = Path(settings.state_dir)
     paths = [state_dir / "partitions"]  # the partitioned backend: one store, no shards
     if settings.state_backend == "partitioned":
+        _require_rocksdb()
+        from state.partitioned_store import PartitionedStore  # noqa: PLC0415
+
         store = PartitionedStore(paths[0])
         engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
     else:
@@ -183,6 +185,17 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     worker.state_store = store
     worker.engine_shards = len(paths)
     return worker
+
+
+def _require_rocksdb() -> None:
+    """The partitioned backend's RocksDB binding is an optional extra: say which."""
+    try:
+        import rocksdict  # noqa: F401, PLC0415
+    except ImportError:
+        raise PrivgwError(
+            "--state-backend partitioned (PRIVGW_STATE_BACKEND) needs the 'rocksdb' extra: "
+            "pip install 'privgw[rocksdb]', or use the default sqlite backend"
+        ) from None
 
 
 class _Stores:

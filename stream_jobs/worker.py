@@ -18,12 +18,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
@@ -43,7 +44,6 @@ from gateway.engine import (
 )
 from gateway.policy import Policy
 from gateway.validation import DLQReason, Rejection, Validator, rejection
-from state.partitioned_store import PartitionedStore
 from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.kafka import (
@@ -59,7 +59,18 @@ from stream_jobs.meta import meta_message
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 
+if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
+    from state.partitioned_store import PartitionedStore
+
 log = logging.getLogger(__name__)
+
+
+def _partitioned(store: object) -> bool:
+    """Whether ``store`` is the partitioned backend, without importing it (rocksdict is an
+    optional extra: a plain install runs the sqlite backend)."""
+    module = sys.modules.get("state.partitioned_store")
+    return module is not None and isinstance(store, module.PartitionedStore)
+
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
 _ENGINE_POLL_MS = 5  # the same while a window is in the engine
@@ -220,7 +231,7 @@ class GatewayWorker:
         if rekey is not None:
             self._repartition_partitions = sorted(await self._producer.partitions_for(rekey))
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
-        if isinstance(self.state_store, PartitionedStore):
+        if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
         key, value, headers = meta_message(self.engine.metadata())
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
@@ -357,7 +368,7 @@ class GatewayWorker:
         self._epoch += 1
         log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
         store = self.state_store
-        if not isinstance(store, PartitionedStore):
+        if not _partitioned(store):
             return
         # The state of a partition is rebuilt from its changelog before any of its records is
         # processed: under the lock, so no window runs meanwhile, and the epoch moves again
@@ -385,7 +396,7 @@ class GatewayWorker:
 
     def _close_revoked_state(self, revoked: Sequence[TopicPartition]) -> None:
         store = self.state_store
-        if not isinstance(store, PartitionedStore):
+        if not _partitioned(store):
             return
         kept = {tp.partition for tp in self._consumer.assignment()} - {
             tp.partition for tp in revoked
