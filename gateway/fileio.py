@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pandas as pd
 from gateway.engine import ValidRecord
 from gateway.errors import InputDataError
 from gateway.policy import AttrType, ExtraFields, Policy
+from gateway.validation import has_duplicate_key
 
 JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
 
@@ -48,11 +50,16 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
                         ) from None
                     if not isinstance(obj, dict):
                         raise InputDataError(f"{p}: line {lineno} is not a JSON object")
+                    if has_duplicate_key(line, obj):  # orjson would keep the last silently
+                        raise InputDataError(
+                            f"{p}: line {lineno} names a field twice; give each field once"
+                        )
                     rows.append(obj)
             df = pd.DataFrame(rows)
             if as_text:
                 df = df.astype(object).where(df.notna(), None)
             return df
+        _check_csv_shape(p)
         if as_text:
             return pd.read_csv(p, dtype=str, keep_default_na=False, na_filter=False)
         return pd.read_csv(p)
@@ -62,6 +69,29 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
         raise InputDataError(f"{p}: not UTF-8 text") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
         raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+
+
+def _check_csv_shape(p: Path) -> None:
+    """Refuse a header naming a column twice (pandas would rename it ``age.1``) and rows with
+    fewer or more cells than the header (pandas fills short rows with empty cells)."""
+    with p.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            return  # empty file: pandas says so
+        twice = sorted(c for c, n in Counter(header).items() if n > 1)
+        if twice:
+            raise InputDataError(
+                f"{p}: the header names column(s) twice: {', '.join(twice)}; give each column once"
+            )
+        width = len(header)
+        for row in reader:
+            if row and len(row) != width:
+                what = "fewer" if len(row) < width else "more"
+                raise InputDataError(
+                    f"{p}: line {reader.line_num} has {what} cells ({len(row)}) than the header "
+                    f"({width}); fix that row (quote cells that contain commas)"
+                )
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> None:

@@ -85,6 +85,7 @@ def _transient(err: KafkaError) -> bool:
 
 
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
+_KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
 
 
@@ -461,6 +462,7 @@ class GatewayWorker:
         stats = self.stats
         rekey_from = self.topics.input if self.topics.repartition is not None else None
         key_field = self._key_field or ""
+        expected_key = self._validator.expected_key
         for tp, messages in batch.items():
             topic, partition = tp.topic, tp.partition
             keyless_here = topic == rekey_from
@@ -479,8 +481,18 @@ class GatewayWorker:
                     self._reject(res, m, topic, partition, now)  # type: ignore[arg-type]
                     continue
                 rid, values = res  # type: ignore[misc]
-                if keyless_here and not m.key:
+                key = m.key
+                if keyless_here and not key:
                     self._rekey(m, rid if self._key_is_id else values.get(key_field), topic, now)
+                    continue
+                # keyed by someone else: the respondent would get a second state elsewhere
+                if key and expected_key is not None and key != expected_key(rid, values):
+                    if keyless_here:  # the policy re-keys: a wrong key is replaced, like none
+                        self._rekey(
+                            m, rid if self._key_is_id else values.get(key_field), topic, now
+                        )
+                    else:
+                        self._reject(_KEY_MISMATCH, m, topic, partition, now)
                     continue
                 valid.append(
                     ValidRecord(
