@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -71,6 +72,50 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
         raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
 
 
+TABLE_SUFFIXES = frozenset({".csv", *JSONL_SUFFIXES})
+PICTURE_SUFFIXES = frozenset({".png", ".svg", ".pdf"})
+
+
+def check_output(
+    out: str | Path,
+    *,
+    suffixes: frozenset[str] = TABLE_SUFFIXES,
+    inputs: tuple[str | Path, ...] = (),
+    setting: str = "-o",
+) -> Path:
+    """Refuse, before any work, an output the command cannot write or must not write: a
+    suffix it does not produce, a directory, a place without write access, or an input file
+    (also under another name: a symlink, a relative path), which would be overwritten."""
+    p = Path(out)
+    kinds = ", ".join(sorted(suffixes))
+    if p.suffix.lower() not in suffixes:
+        raise InputDataError(f"{setting} {p}: the file name must end in one of {kinds}")
+    if p.is_dir():
+        raise InputDataError(f"{setting} {p} is a directory; give a file name ending in {kinds}")
+    for src in inputs:
+        if p.exists() and Path(src).exists() and os.path.samefile(p, src):
+            raise InputDataError(
+                f"{setting} {p} is the input file {src}: it would be overwritten; write the "
+                "output to another file"
+            )
+    parent = p.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
+        why = (
+            f"{blocker} is a file, not a directory"
+            if blocker is not None and not blocker.is_dir()
+            else f"cannot create its directory ({err.__class__.__name__})"
+        )
+        raise InputDataError(f"{setting} {p}: {why}; choose a writable place") from None
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputDataError(
+            f"{setting} {p}: no permission to write there; choose a writable place"
+        )
+    return p
+
+
 def _check_csv_shape(p: Path) -> None:
     """Refuse a header naming a column twice (pandas would rename it ``age.1``) and rows with
     fewer or more cells than the header (pandas fills short rows with empty cells)."""
@@ -96,14 +141,19 @@ def _check_csv_shape(p: Path) -> None:
 
 def write_table(df: pd.DataFrame, path: str | Path) -> None:
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if _is_jsonl(p):
-        with p.open("wb") as fh:
-            for row in df.to_dict(orient="records"):
-                clean = {k: _json_value(v) for k, v in row.items()}
-                fh.write(orjson.dumps(clean) + b"\n")
-    else:
-        df.to_csv(p, index=False)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if _is_jsonl(p):
+            with p.open("wb") as fh:
+                for row in df.to_dict(orient="records"):
+                    clean = {k: _json_value(v) for k, v in row.items()}
+                    fh.write(orjson.dumps(clean) + b"\n")
+        else:
+            df.to_csv(p, index=False)
+    except OSError as err:  # a full disk, a vanished directory: after the checks up front
+        raise InputDataError(
+            f"-o {p}: cannot write it ({err.__class__.__name__}); check the place and free space"
+        ) from None
 
 
 def _json_value(v: Any) -> Any:
