@@ -216,7 +216,8 @@ class _Stores:
 def cmd_run(args: argparse.Namespace) -> int:
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
-    from stream_jobs.metrics import start_exporter  # noqa: PLC0415
+    from stream_jobs.kafka import check_bootstrap  # noqa: PLC0415
+    from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     keyring = _keyring()
@@ -243,6 +244,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.getLogger("aiokafka").setLevel(max(logging.INFO, logging.getLogger().level))
         if broker is not None:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
+        # the user's mistakes first, each in one line, before any process or client starts
+        settings.topics(policy)
+        check_metrics_port(settings)
+        asyncio.run(check_bootstrap(settings))
         worker = build_worker(policy, settings, keyring)
         start_exporter(worker, settings, store=worker.state_store)
         return asyncio.run(serve(worker))
@@ -250,7 +255,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # -- simulate --------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from stream_jobs.kafka import make_producer  # noqa: PLC0415
+    from stream_jobs.kafka import check_bootstrap, make_producer  # noqa: PLC0415
     from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate  # noqa: PLC0415
 
     try:
@@ -272,6 +277,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     async def main() -> int:
         from stream_jobs.simulator import produce_panel  # noqa: PLC0415
 
+        await check_bootstrap(settings)
         producer = make_producer(settings)
         await producer.start()
         try:

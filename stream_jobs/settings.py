@@ -99,6 +99,10 @@ class WorkerSettings(BaseSettings):
     linger_ms: int = Field(5, ge=0)
     max_batch_bytes: int = Field(1024 * 1024, ge=1024, description="producer batch size")
     request_timeout_ms: int = Field(30_000, ge=1000)
+    # a Kafka broker answers metadata in milliseconds; an HTTP or silent port never does
+    probe_timeout_s: float = Field(
+        8.0, gt=0, le=120, description="startup check that --bootstrap is a Kafka broker"
+    )
 
     # -- input limits and lifecycle ----------------------------------------------------------
     max_message_bytes: int = Field(1_048_576, ge=1)
