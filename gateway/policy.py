@@ -16,6 +16,7 @@ from typing import Annotated, Any, Self
 import orjson
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -108,7 +109,14 @@ _ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
 
 # Numbers and switches as YAML writes them: `k: '5'` (a string) or `required: yes` (a string
 # in YAML 1.2) are refused instead of converted; an int where a float goes is fine.
-SInt = Annotated[int, Strict()]
+def _fits(v: int) -> int:
+    # beyond 2^53 no JSON consumer reads the number exactly (and orjson cannot hash it)
+    if not -(2**53) <= v <= 2**53:
+        raise ValueError(f"a {len(str(abs(v)))}-digit number is too large for this setting")
+    return v
+
+
+SInt = Annotated[int, Strict(), AfterValidator(_fits)]
 SFloat = Annotated[float, Strict()]
 SBool = Annotated[bool, Strict()]
 
@@ -548,7 +556,8 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
 
 _STRICT_TYPES = {
     "int_type": "must be a whole number, written without quotes (e.g. 5)",
-    "float_type": "must be a number, written without quotes (e.g. 0.2)",
+    "float_type": "must be a number, written without quotes (e.g. 0.2; YAML reads 1e3 as "
+    "text: write 1.0e3)",
     "bool_type": "must be true or false, written without quotes",
 }
 

@@ -149,7 +149,16 @@ MATRIX = BASE.replace(
             BASE.replace("method: microaggregation}", "method: microaggregation, range: ['0', 9]}"),
             "range[0]: must be a number",
         ),
-        (BASE.replace("k: 3", "k: 1000000000000000000000000000000"), "k must be ≤ 1_000_000"),
+        (BASE.replace("k: 3", "k: 10000001"), "k must be ≤ 1_000_000"),
+        (
+            BASE.replace("k: 3", "k: 1000000000000000000000000000000"),
+            "microaggregation.k: a 31-digit number is too large for this setting",
+        ),
+        (
+            "window: {max_records: 1000000000000000000000000000000}\n" + BASE,
+            "window.max_records: a 31-digit number is too large",
+        ),
+        ("window: {max_seconds: 1e3}\n" + BASE, "YAML reads 1e3 as text: write 1.0e3"),
     ],
 )
 def test_unsafe_or_loosely_typed_policies_are_refused(text: str, expected: str) -> None:
