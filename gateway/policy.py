@@ -107,8 +107,6 @@ _ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
 }
 
 
-# Numbers and switches as YAML writes them: `k: '5'` (a string) or `required: yes` (a string
-# in YAML 1.2) are refused instead of converted; an int where a float goes is fine.
 def _fits(v: int) -> int:
     # beyond 2^53 no JSON consumer reads the number exactly (and orjson cannot hash it)
     if not -(2**53) <= v <= 2**53:
@@ -116,6 +114,8 @@ def _fits(v: int) -> int:
     return v
 
 
+# Numbers and switches as YAML writes them: `k: '5'` or `standardize: 'true'` (strings) are
+# refused instead of converted; an int where a float goes is fine.
 SInt = Annotated[int, Strict(), AfterValidator(_fits)]
 SFloat = Annotated[float, Strict()]
 SBool = Annotated[bool, Strict()]
@@ -404,9 +404,7 @@ class MicroaggSpec(_Strict):
     @classmethod
     def _k_bound(cls, v: int) -> int:
         if v > MAX_K:
-            raise ValueError(
-                f"k must be ≤ {MAX_K:_} (a group waits for k records), got {len(str(v))} digits"
-            )
+            raise ValueError(f"k must be ≤ {MAX_K:_} (a group waits for k records), got {v}")
         return v
 
 
