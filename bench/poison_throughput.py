@@ -6,7 +6,8 @@
 Clean run: the valid records alone. Poisoned run: the same valid records with ``--per-class``
 records of each bad-input class (stream_jobs.simulator.poison_corpus: invalid JSON and UTF-8,
 wrong type, missing and extra fields, unknown category, out of range, NaN, Infinity, integers
-beyond 2^53, values over 1 MB, nesting deeper than 64, empty messages, arrays, null keys) at
+beyond 2^53, values over 1 MB, nesting deeper than 64, empty messages, arrays, null keys,
+fields given twice, keys other than the respondent id) at
 random places. Both go through the real worker (stream_jobs.worker, SQLite state) on the
 development broker; the figure is valid records per second, and the target is the poisoned run
 within 20 % of the clean one.

@@ -14,6 +14,7 @@ import orjson
 
 from gateway import workflows
 from gateway.errors import PrivgwError
+from gateway.fileio import PICTURE_SUFFIXES, check_output
 from gateway.policy import load_policy
 
 log = logging.getLogger("privgw")
@@ -47,6 +48,9 @@ def add_command(sub: Any, name: str, help_: str, example: str) -> argparse.Argum
 # -- commands ------------------------------------------------------------------------------
 def cmd_protect(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
+    if args.seed is not None and args.seed < 0:
+        raise PrivgwError(f"--seed must be a whole number ≥ 0, got {args.seed}")
+    check_output(args.output, inputs=(args.input,))
     summary = workflows.protect_file(args.input, policy, args.output, seed=args.seed)
     print(
         f"protected {summary['published']} of {summary['records']} records -> {args.output} "
@@ -63,6 +67,7 @@ def cmd_protect(args: argparse.Namespace) -> int:
 
 def cmd_microaggregate(args: argparse.Namespace) -> int:
     cols = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    check_output(args.output, inputs=(args.input,))
     s = workflows.microaggregate_file(
         args.input,
         args.output,
@@ -81,6 +86,8 @@ def cmd_microaggregate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy) if args.policy else None
+    if args.p is not None and not 0.0 < args.p <= 100.0:  # also nan
+        raise PrivgwError(f"--p must be a percentage in (0, 100], e.g. 10; got {args.p}")
     result = workflows.evaluate_files(args.original, args.protected, policy, p_pct=args.p)
     if args.json:
         _print_json(result)
@@ -103,6 +110,7 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
         raise PrivgwError(
             f"--k must be a comma-separated list of integers, got '{args.k}'"
         ) from None
+    check_output(args.output, suffixes=PICTURE_SUFFIXES, inputs=(args.input, args.policy))
     rows = workflows.ru_map(args.input, policy, ks)
     print(f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'DLD':>8} {'ID':>8} {'DR':>8} {'score':>8}")
     for r in rows:
@@ -116,7 +124,7 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
 
 
 def cmd_check_policy(args: argparse.Namespace) -> int:
-    report = workflows.policy_report(load_policy(args.policy))
+    report = workflows.policy_report(load_policy(args.policy), data=args.data)
     if args.json:
         _print_json(report)
         return 0
@@ -289,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
         "privgw check-policy deploy/policies/adult.yaml",
     )
     p.add_argument("policy")
+    p.add_argument(
+        "--data",
+        help="input file: show the fine-grain matrices `protect` builds from its frequencies",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check_policy)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pandas as pd
 from gateway.engine import ValidRecord
 from gateway.errors import InputDataError
 from gateway.policy import AttrType, ExtraFields, Policy
+from gateway.validation import has_duplicate_key
 
 JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
 
@@ -48,11 +51,16 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
                         ) from None
                     if not isinstance(obj, dict):
                         raise InputDataError(f"{p}: line {lineno} is not a JSON object")
+                    if has_duplicate_key(line, obj):  # orjson would keep the last silently
+                        raise InputDataError(
+                            f"{p}: line {lineno} names a field twice; give each field once"
+                        )
                     rows.append(obj)
             df = pd.DataFrame(rows)
             if as_text:
                 df = df.astype(object).where(df.notna(), None)
             return df
+        _check_csv_shape(p)
         if as_text:
             return pd.read_csv(p, dtype=str, keep_default_na=False, na_filter=False)
         return pd.read_csv(p)
@@ -64,16 +72,88 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
         raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
 
 
+TABLE_SUFFIXES = frozenset({".csv", *JSONL_SUFFIXES})
+PICTURE_SUFFIXES = frozenset({".png", ".svg", ".pdf"})
+
+
+def check_output(
+    out: str | Path,
+    *,
+    suffixes: frozenset[str] = TABLE_SUFFIXES,
+    inputs: tuple[str | Path, ...] = (),
+    setting: str = "-o",
+) -> Path:
+    """Refuse, before any work, an output the command cannot write or must not write: a
+    suffix it does not produce, a directory, a place without write access, or an input file
+    (also under another name: a symlink, a relative path), which would be overwritten."""
+    p = Path(out)
+    kinds = ", ".join(sorted(suffixes))
+    if p.suffix.lower() not in suffixes:
+        raise InputDataError(f"{setting} {p}: the file name must end in one of {kinds}")
+    if p.is_dir():
+        raise InputDataError(f"{setting} {p} is a directory; give a file name ending in {kinds}")
+    for src in inputs:
+        if p.exists() and Path(src).exists() and os.path.samefile(p, src):
+            raise InputDataError(
+                f"{setting} {p} is the input file {src}: it would be overwritten; write the "
+                "output to another file"
+            )
+    parent = p.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((a for a in (parent, *parent.parents) if a.exists()), None)
+        why = (
+            f"{blocker} is a file, not a directory"
+            if blocker is not None and not blocker.is_dir()
+            else f"cannot create its directory ({err.__class__.__name__})"
+        )
+        raise InputDataError(f"{setting} {p}: {why}; choose a writable place") from None
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputDataError(
+            f"{setting} {p}: no permission to write there; choose a writable place"
+        )
+    return p
+
+
+def _check_csv_shape(p: Path) -> None:
+    """Refuse a header naming a column twice (pandas would rename it ``age.1``) and rows with
+    fewer or more cells than the header (pandas fills short rows with empty cells)."""
+    with p.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            return  # empty file: pandas says so
+        twice = sorted(c for c, n in Counter(header).items() if n > 1)
+        if twice:
+            raise InputDataError(
+                f"{p}: the header names column(s) twice: {', '.join(twice)}; give each column once"
+            )
+        width = len(header)
+        for row in reader:
+            if row and len(row) != width:
+                what = "fewer" if len(row) < width else "more"
+                raise InputDataError(
+                    f"{p}: line {reader.line_num} has {what} cells ({len(row)}) than the header "
+                    f"({width}); fix that row (quote cells that contain commas)"
+                )
+
+
 def write_table(df: pd.DataFrame, path: str | Path) -> None:
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if _is_jsonl(p):
-        with p.open("wb") as fh:
-            for row in df.to_dict(orient="records"):
-                clean = {k: _json_value(v) for k, v in row.items()}
-                fh.write(orjson.dumps(clean) + b"\n")
-    else:
-        df.to_csv(p, index=False)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if _is_jsonl(p):
+            with p.open("wb") as fh:
+                for row in df.to_dict(orient="records"):
+                    clean = {k: _json_value(v) for k, v in row.items()}
+                    fh.write(orjson.dumps(clean) + b"\n")
+        else:
+            df.to_csv(p, index=False)
+    except OSError as err:  # a full disk, a vanished directory: after the checks up front
+        raise InputDataError(
+            f"-o {p}: cannot write it ({err.__class__.__name__}); check the place and free space"
+        ) from None
 
 
 def _json_value(v: Any) -> Any:

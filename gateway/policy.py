@@ -15,7 +15,16 @@ from typing import Annotated, Any, Self
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gateway.errors import PolicyError
 
@@ -120,6 +129,24 @@ _ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
 K_CLAIM_METHODS = frozenset({Method.MICROAGGREGATION, Method.GENERALIZE})
 
 
+def _fits(v: int) -> int:
+    # beyond 2^53 no JSON consumer reads the number exactly (and orjson cannot hash it)
+    if not -(2**53) <= v <= 2**53:
+        raise ValueError(f"a {len(str(abs(v)))}-digit number is too large for this setting")
+    return v
+
+
+# Numbers and switches as YAML writes them: `k: '5'` or `standardize: 'true'` (strings) are
+# refused instead of converted; an int where a float goes is fine.
+SInt = Annotated[int, Strict(), AfterValidator(_fits)]
+SFloat = Annotated[float, Strict()]
+SBool = Annotated[bool, Strict()]
+
+#: Largest microaggregation k: a group is held until k records arrive, so k beyond any
+#: window size only holds records forever.
+MAX_K = 1_000_000
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, use_enum_values=False)
 
@@ -133,13 +160,13 @@ class RRSpec(_Strict):
     """Randomized response. Give exactly one strength: retention, epsilon, gamma or rho1+rho2."""
 
     mode: RRMode
-    retention: float | None = None
-    epsilon: float | None = None
-    gamma: float | None = None
-    rho1: float | None = None
-    rho2: float | None = None
-    weights: dict[str, float] | None = None  # fine_grain: value weights; None = equal weights
-    matrix: list[list[float]] | None = None  # mode matrix: P[j][i] = Pr(publish j | true i)
+    retention: SFloat | None = None
+    epsilon: SFloat | None = None
+    gamma: SFloat | None = None
+    rho1: SFloat | None = None
+    rho2: SFloat | None = None
+    weights: dict[str, SFloat] | None = None  # fine_grain: value weights; None = equal weights
+    matrix: list[list[SFloat]] | None = None  # mode matrix: P[j][i] = Pr(publish j | true i)
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -200,6 +227,19 @@ class RRSpec(_Strict):
                     raise ValueError(f"rr.weights[{cat!r}] must be ≥ 0 and finite, got {w}")
         return self
 
+    @model_validator(mode="after")
+    def _finite_gamma(self) -> Self:
+        """A matrix row with a zero and a positive entry has γ = ∞: publishing that value rules
+        a true value out (the identity publishes every true value). Refused, as retention 1 is."""
+        for j, row in enumerate(self.matrix or []):
+            if any(v > 0 for v in row) and any(v <= 0 for v in row):
+                raise ValueError(
+                    f"rr.matrix row {j} mixes zero and positive entries, so γ (and ε) is "
+                    "infinite: publishing that value rules true values out; give every entry "
+                    "of a used row a positive probability"
+                )
+        return self
+
 
 class NoiseSpec(_Strict):
     """Uncorrelated additive Gaussian noise. Its standard deviation is the larger of ``sd``
@@ -207,8 +247,8 @@ class NoiseSpec(_Strict):
     window may hold one record (S = 0): give ``sd`` there, or the value is published as
     missing rather than unmasked."""
 
-    ratio: float | None = None
-    sd: float | None = None
+    ratio: SFloat | None = None
+    sd: SFloat | None = None
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -230,8 +270,8 @@ class CoarsenSpec(_Strict):
 class CodingSpec(_Strict):
     """Top/bottom coding: values above top become top, values below bottom become bottom."""
 
-    top: float | None = None
-    bottom: float | None = None
+    top: SFloat | None = None
+    bottom: SFloat | None = None
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -246,7 +286,7 @@ class HierarchySpec(_Strict):
     """A user-given generalization hierarchy: levels[i] maps a level-i value to its parent."""
 
     levels: list[dict[str, str]] = Field(min_length=1)
-    level: int = 1
+    level: SInt = 1
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -270,11 +310,11 @@ class Attribute(_Strict):
     type: AttrType
     method: Method
     categories: list[str] | None = None
-    ordered: bool = False  # categories are ordinal, listed in order (distance by rank)
-    unprotected: bool = False  # a quasi-identifier deliberately left out of the k claim
+    ordered: SBool = False  # categories are ordinal, listed in order (distance by rank)
+    unprotected: SBool = False  # a quasi-identifier deliberately left out of the k claim
     missing: MissingHandling = MissingHandling.KEEP
-    required: bool = True
-    range: tuple[float, float] | None = None
+    required: SBool = True
+    range: tuple[SFloat, SFloat] | None = None
     rr: RRSpec | None = None
     noise: NoiseSpec | None = None
     coding: CodingSpec | None = None
@@ -425,9 +465,9 @@ class OutputSpec(_Strict):
 
 
 class WindowSpec(_Strict):
-    max_records: int = 5000
-    max_seconds: float = 5.0
-    max_hold_seconds: float = 60.0
+    max_records: SInt = 5000
+    max_seconds: SFloat = 5.0
+    max_hold_seconds: SFloat = 60.0
     on_hold_timeout: HoldTimeout = HoldTimeout.SUPPRESS
 
     @model_validator(mode="after")
@@ -442,9 +482,9 @@ class WindowSpec(_Strict):
 
 
 class MicroaggSpec(_Strict):
-    k: int = 5
+    k: SInt = 5
     algorithm: MicroaggAlgorithm = MicroaggAlgorithm.MDAV
-    standardize: bool = True
+    standardize: SBool = True
 
     @field_validator("k")
     @classmethod
@@ -453,16 +493,23 @@ class MicroaggSpec(_Strict):
             raise ValueError(f"k must be ≥ 2, got {v}; a group of one record discloses it")
         return v
 
+    @field_validator("k")
+    @classmethod
+    def _k_bound(cls, v: int) -> int:
+        if v > MAX_K:
+            raise ValueError(f"k must be ≤ {MAX_K:_} (a group waits for k records), got {v}")
+        return v
+
 
 class ConsistencySpec(_Strict):
     mode: ConsistencyMode = ConsistencyMode.STICKY
 
 
 class RiskSpec(_Strict):
-    interval_pct: float = 10.0  # p% of n around each rank for interval disclosure
-    max_dld: float = 0.5  # alert threshold on record-linkage risk (share 0..1)
-    max_interval_disclosure: float = 0.9
-    sample_every: int = 1  # compute risk on every n-th window
+    interval_pct: SFloat = 10.0  # p% of n around each rank for interval disclosure
+    max_dld: SFloat = 0.5  # alert threshold on record-linkage risk (share 0..1)
+    max_interval_disclosure: SFloat = 0.9
+    sample_every: SInt = 1  # compute risk on every n-th window
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -509,6 +556,22 @@ class Policy(_Strict):
                 "microaggregation.algorithm ranking groups each attribute on its own, which "
                 "gives no k-anonymity on the tuple of several quasi-identifiers; use mdav"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _distinct_topics(self) -> Self:
+        """Each topic has one role: dead letters (raw input) in the output would publish raw
+        values, an output read as input is a feedback loop."""
+        clash = topic_clash(
+            [
+                ("input.topic", self.input.topic),
+                ("output.topic", self.output.topic),
+                ("output.dlq_topic", self.dlq_topic),
+                ("output.meta_topic", self.meta_topic),
+            ]
+        )
+        if clash is not None:
+            raise ValueError(clash)
         return self
 
     # -- derived views ---------------------------------------------------------------
@@ -560,6 +623,27 @@ class Policy(_Strict):
         return hashlib.sha256(canonical).hexdigest()[:16]
 
 
+# why a topic may not serve a second role, by the role it has first
+_TOPIC_CLASH = (
+    "its records would be read back as input (a feedback loop)",
+    "they would land in the protected stream, where raw values must never go",
+    "they would mix with the raw dead letters",
+)
+
+
+def topic_clash(named: list[tuple[str, str]]) -> str | None:
+    """The first pair of settings naming the same topic, as an error message; None if all
+    differ. ``named``: (setting, topic) in the order input, output, dead-letter, metadata."""
+    for i, (first, topic) in enumerate(named):
+        for second, other in named[i + 1 :]:
+            if topic == other:
+                return (
+                    f"{second} names the same topic as {first} ('{topic}'): "
+                    f"{_TOPIC_CLASH[min(i, 2)]}; give each its own topic"
+                )
+    return None
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects a key given twice (PyYAML silently keeps the last one)."""
 
@@ -591,6 +675,14 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
     return "".join(parts) or "policy"
 
 
+_STRICT_TYPES = {
+    "int_type": "must be a whole number, written without quotes (e.g. 5)",
+    "float_type": "must be a number, written without quotes (e.g. 0.2; YAML reads 1e3 as "
+    "text: write 1.0e3)",
+    "bool_type": "must be true or false, written without quotes",
+}
+
+
 def _format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors(include_url=False, include_input=False):
@@ -600,6 +692,8 @@ def _format_validation_error(err: ValidationError) -> str:
             msg = "unknown key; remove it or fix its spelling (see docs/policy.md)"
         elif e["type"] == "missing":
             msg = "required key is missing"
+        elif e["type"] in _STRICT_TYPES:
+            msg = _STRICT_TYPES[e["type"]]
         lines.append(f"{loc}: {msg}")
     return "invalid policy:\n  " + "\n  ".join(lines)
 

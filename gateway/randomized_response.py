@@ -52,6 +52,10 @@ COLUMN_SUM_TOL = 1e-9
 _GAMMA_RTOL = 1e-9
 """Relative slack when comparing γ with a bound (floating-point rounding of the matrix)."""
 
+MIN_RETENTION_SHARE = 0.25
+"""Fine-grain: each value's retention probability p_i is at least this share of the one a
+uniform mechanism with the same γ gives, so that P stays invertible whatever the weights."""
+
 _SINGULAR_COND = 1e12
 """Above this 2-norm condition number P is treated as singular (inversion is meaningless)."""
 
@@ -563,7 +567,10 @@ def _solve_fine_grain_lp(
     b_ub[last] = c
     cost = np.zeros(2 * m + 2)
     cost[:m] = -f
-    bounds = [(0.0, 1.0)] * m + [(0.0, None)] * m + [(0.0, 1.0), (0.0, 1.0)]
+    # Every p_i at least a share of the uniform solution's (big + small)·p = c: with two p_i at
+    # 0 their columns are equal and P is singular (the true distribution is unidentifiable).
+    floor = MIN_RETENTION_SHARE * c / (big + small)
+    bounds = [(floor, 1.0)] * m + [(0.0, None)] * m + [(0.0, 1.0), (0.0, 1.0)]
     res = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if res.status != 0 or res.x is None:
         raise MechanismError(

@@ -43,6 +43,8 @@ class DLQReason(StrEnum):
     NON_FINITE = "non_finite"
     INTEGER_TOO_LARGE = "integer_too_large"
     MISSING_KEY = "missing_key"
+    DUPLICATE_KEY = "duplicate_key"  # a JSON object names a field twice: which one is meant?
+    KEY_MISMATCH = "key_mismatch"  # the Kafka key is not the record's respondent id
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ _ERROR_CLASS: Final[dict[DLQReason, str]] = {
     _R.NON_FINITE: "ValueError",
     _R.INTEGER_TOO_LARGE: "OverflowError",
     _R.MISSING_KEY: "KeyError",
+    _R.DUPLICATE_KEY: "ValueError",
+    _R.KEY_MISMATCH: "ValueError",
 }
 
 
@@ -119,6 +123,36 @@ def _depth_exceeds(obj: object, limit: int) -> bool:
     return False
 
 
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKeyError
+    return obj
+
+
+def has_duplicate_key(raw: bytes, obj: dict[str, object]) -> bool:
+    """Whether any object in ``raw`` (valid JSON, decoded as ``obj``) names a key twice: orjson
+    keeps the last one silently, so ``{"age": 500, "age": 39}`` would pass as 39.
+
+    Every top-level key and string value of ``obj`` brings two quote characters, and a key
+    given twice brings two more: exactly that many quotes means no repeated key (nested
+    objects and escaped quotes only add quotes, and go to the exact check)."""
+    strings = sum(1 for v in obj.values() if v.__class__ is str)
+    if raw.count(b'"') == 2 * (len(obj) + strings):
+        return False
+    try:
+        json.loads(raw, object_pairs_hook=_unique_pairs)
+    except _DuplicateKeyError:
+        return True
+    except (ValueError, RecursionError):
+        return False  # orjson accepted it; anything json refuses is not a duplicate
+    return False
+
+
 def _has_long_integer_literal(raw: bytes) -> bool:
     return any(abs(int(match.group())) > MAX_SAFE_INTEGER for match in _LONG_INT.finditer(raw))
 
@@ -149,6 +183,20 @@ class Validator:
         self.decode_and_validate: Callable[[bytes | None, bytes | None], _Result] = _compile(
             policy, max_bytes, max_depth
         )
+        self.expected_key = _expected_key(policy)
+
+
+def _expected_key(policy: Policy) -> Callable[[str | None, dict[str, object]], bytes | None] | None:
+    """The Kafka key an accepted record must carry, from its respondent id and values (a record
+    keyed otherwise is refused, reason key_mismatch, or re-keyed under ``input.key_field``):
+    the key picks the partition, and so where the respondent's state lives. ``None`` when the
+    policy names no identifying field."""
+    ident = policy.input.key_field or policy.input.respondent_id
+    if ident is None:
+        return None
+    if ident == policy.input.respondent_id:
+        return lambda rid, _values: None if rid is None else rid.encode()
+    return lambda _rid, values: None if (v := values.get(ident)) is None else str(v).encode()
 
 
 def _compile(
@@ -162,6 +210,7 @@ def _compile(
         "JSONDecodeError": orjson.JSONDecodeError,
         "classify": _classify_undecodable,
         "depth_exceeds": _depth_exceeds,
+        "has_duplicate_key": has_duplicate_key,
         "Rejection": Rejection,
         "ABSENT": _ABSENT,
         "MISSING": missing,
@@ -171,7 +220,15 @@ def _compile(
         "slow_rid": _slow_rid,
         **{
             f"R_{r.reason.name}": r
-            for r in (_EMPTY, _TOO_LARGE, _MISSING_KEY, _TOO_DEEP, _NOT_AN_OBJECT, _EXTRA_FIELD)
+            for r in (
+                _EMPTY,
+                _TOO_LARGE,
+                _MISSING_KEY,
+                _TOO_DEEP,
+                _NOT_AN_OBJECT,
+                _EXTRA_FIELD,
+                _DUPLICATE_KEY,
+            )
         },
     }
     src = [
@@ -195,6 +252,7 @@ def _compile(
         "        return R_NOT_AN_OBJECT",
         "    g = obj.get",
         "    absent = False",
+        "    slow = False",
     ]
     names = list(policy.attributes)
     for i, (name, attr) in enumerate(policy.attributes.items()):
@@ -216,6 +274,7 @@ def _compile(
             src.append(f"    if {v}.__class__ is not str or {v} in MISSING:")
             src.append(f"        {v} = slow_categorical({v}, S{i}, MISSING)")
         src += [
+            "        slow = True",
             f"        if {v}.__class__ is Rejection:",
             f"            return {v}",
             f"        if {lit} not in obj:",
@@ -226,11 +285,22 @@ def _compile(
             f"    rid = g({rid_field!r})",
             "    if rid.__class__ is not str or not rid:",
             f"        rid = slow_rid(rid, {rid_field!r}, raw)",
+            "        slow = True",
             "        if rid.__class__ is Rejection:",
             "            return rid",
         ]
     else:
         src.append("    rid = None")
+    # A repeated key (orjson keeps the last): when every value took its fast path (categories
+    # and ids are strings, numbers are ints) and only the policy's fields are there, the
+    # quotes are exactly two per key and per categorical value; anything else is counted.
+    n_strings = sum(a.type is AttrType.CATEGORICAL for a in policy.attributes.values())
+    quotes = 2 * (len(known) + n_strings + (rid_field is not None))
+    src += [
+        f"    if (slow or len(obj) != {len(known)} or raw.count(b'\"') != {quotes})"
+        " and has_duplicate_key(raw, obj):",
+        "        return R_DUPLICATE_KEY",
+    ]
     if policy.input.extra_fields is ExtraFields.ERROR:
         # the extra field's name is input data, not a policy name: never reported
         src += [
@@ -333,6 +403,7 @@ _TOO_DEEP: Final = rejection(_R.TOO_DEEP)
 _MISSING_KEY: Final = rejection(_R.MISSING_KEY)
 _NOT_AN_OBJECT: Final = rejection(_R.NOT_AN_OBJECT)
 _EXTRA_FIELD: Final = rejection(_R.EXTRA_FIELD)
+_DUPLICATE_KEY: Final = rejection(_R.DUPLICATE_KEY)
 _INVALID_UTF8: Final = rejection(_R.INVALID_UTF8)
 _INVALID_JSON: Final = rejection(_R.INVALID_JSON)
 _NON_FINITE: Final = rejection(_R.NON_FINITE)

@@ -104,6 +104,25 @@ def numeric_matrix(df: pd.DataFrame, columns: Sequence[str], path: str | Path) -
     return out
 
 
+_NEARLY_NUMERIC = 0.9  # a text column whose values are numbers but for a few: a typo
+
+
+def _refuse_nearly_numeric(df: pd.DataFrame, path: str | Path) -> None:
+    """A numeric column with a typo in one cell reads as text, and "all numeric columns" would
+    leave it out, published unchanged: refuse it, naming the column and the row."""
+    for c in df.columns:
+        if pd.api.types.is_numeric_dtype(df[c]):
+            continue
+        given = df[c].notna().to_numpy()
+        bad = given & pd.to_numeric(df[c], errors="coerce").isna().to_numpy()
+        if bad.any() and 1.0 - bad.sum() / given.sum() >= _NEARLY_NUMERIC:
+            row = int(np.flatnonzero(bad)[0]) + 1
+            raise InputDataError(
+                f"{path}: column '{c}' is numeric but for {int(bad.sum())} value(s), first at "
+                f"data row {row}; fix them, or list the columns to microaggregate with --columns"
+            )
+
+
 def microaggregate_file(
     src: str | Path,
     out: str | Path,
@@ -115,6 +134,8 @@ def microaggregate_file(
 ) -> dict[str, Any]:
     """MDAV (or individual ranking) on the given or all numeric columns, nothing else changed."""
     df = read_table(src)
+    if not columns:
+        _refuse_nearly_numeric(df, src)
     cols = (
         list(columns)
         if columns
@@ -181,6 +202,14 @@ def evaluate_files(
             "both files in the same order"
         )
     cols = _numeric_columns_for(policy, orig, prot)
+    if not cols and not (
+        policy is not None
+        and any(n in orig.columns and n in prot.columns for n in policy.randomized)
+    ):
+        raise InputDataError(
+            f"{original} and {protected} have no numeric column in common to evaluate; check "
+            "that both files have the same header (or give the --policy that protected them)"
+        )
     pct = p_pct if p_pct is not None else (policy.risk.interval_pct if policy else 10.0)
     result: dict[str, Any] = {"records": len(orig), "columns": cols}
     if cols:
@@ -285,8 +314,14 @@ def plot_ru_map(rows: Sequence[Mapping[str, float]], out: str | Path) -> None:
     plt.close(fig)
 
 
-def policy_report(policy: Policy) -> dict[str, Any]:
-    """What the policy guarantees, per attribute."""
+def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, Any]:
+    """What the policy guarantees, per attribute. With ``data``, fine-grain mechanisms
+    without rr.weights are built from its value frequencies, as ``protect_file`` builds them."""
+    freqs: dict[str, dict[str, float]] = {}
+    if data is not None:
+        freqs = _frequencies(
+            records_from_frame(read_table(data, as_text=True), policy, data), policy
+        )
     attrs: dict[str, Any] = {}
     for name, attr in policy.attributes.items():
         entry: dict[str, Any] = {
@@ -295,13 +330,17 @@ def policy_report(policy: Policy) -> dict[str, Any]:
             "method": attr.method.value,
         }
         if attr.method is Method.RANDOMIZED_RESPONSE:
-            mech = from_spec(attr)
+            mech = from_spec(attr, freqs.get(name))
             entry.update(_mechanism_report(mech))
             assert attr.rr is not None
             if attr.rr.mode is RRMode.FINE_GRAIN and attr.rr.weights is None:
                 entry["note"] = (
-                    "no rr.weights: shown with equal weights; `privgw protect` uses the input's "
-                    "value frequencies and publishes the matrix in OUT.meta.json"
+                    f"no rr.weights: the matrix of {data}'s value frequencies, as `privgw "
+                    "protect` builds it for that file"
+                    if name in freqs
+                    else "no rr.weights: equal weights, the matrix `privgw run` uses; `privgw "
+                    "protect` weighs by the input's value frequencies (see it with --data FILE) "
+                    "and publishes that matrix in OUT.meta.json"
                 )
         elif attr.method is Method.MICROAGGREGATION:
             entry["k"] = policy.microaggregation.k

@@ -19,9 +19,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from gateway.errors import PrivgwError
 
-class BrokerError(RuntimeError):
-    """The embedded broker could not be found or started."""
+
+class BrokerError(PrivgwError):
+    """The embedded broker could not be found or started (the CLI's one line, exit 2: the
+    usual cause is the missing 'embedded' extra)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -17,12 +17,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 
-from state.rocks_store import RocksStore
 from stream_jobs.kafka import (
     BatchItem,
     create_missing_topics,
@@ -31,6 +30,9 @@ from stream_jobs.kafka import (
     send_batches,
 )
 from stream_jobs.settings import WorkerSettings
+
+if TYPE_CHECKING:  # rocksdict is an optional extra (privgw[rocksdb])
+    from state.rocks_store import RocksStore
 
 log = logging.getLogger(__name__)
 

@@ -146,7 +146,6 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     from gateway.engine import Engine  # noqa: PLC0415
     from gateway.shards import ShardedEngine  # noqa: PLC0415
     from state.layout import resolve_shards, shard_paths  # noqa: PLC0415
-    from state.partitioned_store import PartitionedStore  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
 
@@ -155,6 +154,9 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     state_dir = Path(settings.state_dir)
     paths = [state_dir / "partitions"]  # the partitioned backend: one store, no shards
     if settings.state_backend == "partitioned":
+        _require_rocksdb()
+        from state.partitioned_store import PartitionedStore  # noqa: PLC0415
+
         store = PartitionedStore(paths[0])
         engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
     else:
@@ -185,6 +187,17 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     return worker
 
 
+def _require_rocksdb() -> None:
+    """The partitioned backend's RocksDB binding is an optional extra: say which."""
+    try:
+        import rocksdict  # noqa: F401, PLC0415
+    except ImportError:
+        raise PrivgwError(
+            "--state-backend partitioned (PRIVGW_STATE_BACKEND) needs the 'rocksdb' extra: "
+            "pip install 'privgw[rocksdb]', or use the default sqlite backend"
+        ) from None
+
+
 class _Stores:
     """The shards' stores in this process, counted and closed as one (the thread engine)."""
 
@@ -203,7 +216,8 @@ class _Stores:
 def cmd_run(args: argparse.Namespace) -> int:
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
-    from stream_jobs.metrics import start_exporter  # noqa: PLC0415
+    from stream_jobs.kafka import check_bootstrap  # noqa: PLC0415
+    from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     keyring = _keyring()
@@ -230,6 +244,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.getLogger("aiokafka").setLevel(max(logging.INFO, logging.getLogger().level))
         if broker is not None:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
+        # the user's mistakes first, each in one line, before any process or client starts
+        settings.topics(policy)
+        check_metrics_port(settings)
+        asyncio.run(check_bootstrap(settings))
         worker = build_worker(policy, settings, keyring)
         start_exporter(worker, settings, store=worker.state_store)
         return asyncio.run(serve(worker))
@@ -237,7 +255,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # -- simulate --------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from stream_jobs.kafka import make_producer  # noqa: PLC0415
+    from stream_jobs.kafka import check_bootstrap, make_producer  # noqa: PLC0415
     from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate  # noqa: PLC0415
 
     try:
@@ -259,6 +277,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     async def main() -> int:
         from stream_jobs.simulator import produce_panel  # noqa: PLC0415
 
+        await check_bootstrap(settings)
         producer = make_producer(settings)
         await producer.start()
         try:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.helpers import create_ssl_context
 
+from gateway.errors import PrivgwError
 from stream_jobs.settings import Topics, WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,60 @@ def security_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         kw["sasl_mechanism"] = settings.sasl_mechanism
         kw["sasl_plain_username"], kw["sasl_plain_password"] = creds
     return kw
+
+
+async def check_bootstrap(settings: WorkerSettings, *, setting: str = "--bootstrap") -> None:
+    """Fail fast, in one line, when ``settings.bootstrap`` is not a Kafka broker this client
+    can talk to: nothing listening, an unknown host, or a port that is not Kafka (an HTTP
+    server, a silent one, TLS settings that do not match). The clients would otherwise retry
+    for their request timeout (30 s) and end in an error without a reason."""
+    where = f"{setting} {settings.bootstrap} (PRIVGW_BOOTSTRAP)"
+    timeout = settings.probe_timeout_s
+    problems: list[str] = []
+    servers = [s.strip() for s in settings.bootstrap.split(",") if s.strip()]
+    if not servers:
+        raise PrivgwError(f"{where}: no server given; name one as host:port, e.g. 127.0.0.1:9092")
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit():
+            raise PrivgwError(f"{where}: '{server}' is not host:port, e.g. 127.0.0.1:9092")
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host.strip("[]"), int(port)), timeout
+            )
+        except ConnectionRefusedError:
+            problems.append(f"connection refused at {server} (nothing listens there)")
+        except socket.gaierror:
+            problems.append(f"unknown host in {server}")
+        except (TimeoutError, OSError) as err:
+            problems.append(f"cannot connect to {server} ({err.__class__.__name__})")
+        else:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            break  # one reachable server is enough to bootstrap
+    else:
+        raise PrivgwError(f"{where}: {'; '.join(problems)}; start Kafka there or fix the address")
+    client = AIOKafkaClient(
+        bootstrap_servers=settings.bootstrap,
+        client_id=f"{settings.client_id}-probe",
+        request_timeout_ms=int(timeout * 1000),
+        **security_kwargs(settings),
+    )
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout)
+    except (TimeoutError, KafkaError, OSError) as err:
+        why = (
+            f"no Kafka answer within {timeout:g} s (PRIVGW_PROBE_TIMEOUT_S)"
+            if isinstance(err, TimeoutError)
+            else f"the server did not answer as a Kafka broker ({err.__class__.__name__})"
+        )
+        raise PrivgwError(
+            f"{where}: {why}; is it a Kafka listener (not HTTP or another service), with the "
+            "TLS/SASL settings it expects (PRIVGW_SECURITY_PROTOCOL)?"
+        ) from None
+    finally:
+        await client.close()
 
 
 _MURMUR_SEED = 0x9747B28C

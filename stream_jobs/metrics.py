@@ -24,7 +24,9 @@ per-record values, no minimum or maximum of raw values (group sizes are counts).
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from gateway.engine import WindowReport
+from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
 from gateway.validation import DLQReason
 from stream_jobs.settings import WorkerSettings
@@ -289,6 +292,31 @@ class _WorkerCollector(Collector):
             return 0
 
 
+def _port_problem(settings: WorkerSettings, err: OSError) -> str:
+    taken = err.errno == errno.EADDRINUSE
+    return (
+        f"--metrics-port {settings.metrics_port} (PRIVGW_METRICS_PORT): "
+        f"{settings.metrics_host}:{settings.metrics_port} "
+        + ("is already in use" if taken else f"cannot be served ({err.__class__.__name__})")
+        + "; choose a free port, or 0 to turn the exporter off"
+    )
+
+
+def check_metrics_port(settings: WorkerSettings) -> None:
+    """Before anything starts: the exporter's port must be free (one line if not)."""
+    if settings.metrics_port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(settings.metrics_host, settings.metrics_port)
+        family = infos[0][0] if infos else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            # as the exporter binds: a listener refuses it, old connections do not
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((settings.metrics_host, settings.metrics_port))
+    except OSError as err:
+        raise PrivgwError(_port_problem(settings, err)) from None
+
+
 def start_exporter(
     worker: GatewayWorker,
     settings: WorkerSettings,
@@ -301,9 +329,12 @@ def start_exporter(
         return None
     metrics = GatewayMetrics.create(registry or CollectorRegistry(auto_describe=False))
     metrics.attach(worker, store=store)
-    server, _ = start_http_server(
-        settings.metrics_port, addr=settings.metrics_host, registry=metrics.registry
-    )
+    try:
+        server, _ = start_http_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=metrics.registry
+        )
+    except OSError as err:
+        raise PrivgwError(_port_problem(settings, err)) from None
     worker.closers.append(server.shutdown)
     worker.closers.append(server.server_close)
     log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)

@@ -17,7 +17,8 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.policy import Policy
+from gateway.errors import PrivgwError
+from gateway.policy import Policy, topic_clash
 from gateway.shards import MAX_SHARDS
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -98,6 +99,10 @@ class WorkerSettings(BaseSettings):
     linger_ms: int = Field(5, ge=0)
     max_batch_bytes: int = Field(1024 * 1024, ge=1024, description="producer batch size")
     request_timeout_ms: int = Field(30_000, ge=1000)
+    # a Kafka broker answers metadata in milliseconds; an HTTP or silent port never does
+    probe_timeout_s: float = Field(
+        8.0, gt=0, le=120, description="startup check that --bootstrap is a Kafka broker"
+    )
 
     # -- input limits and lifecycle ----------------------------------------------------------
     max_message_bytes: int = Field(1_048_576, ge=1)
@@ -152,7 +157,7 @@ class WorkerSettings(BaseSettings):
     def topics(self, policy: Policy) -> Topics:
         inp = self.input_topic or policy.input.topic
         out = self.output_topic or policy.output.topic
-        return Topics(
+        topics = Topics(
             repartition=f"{inp}.repartition" if policy.input.key_field is not None else None,
             input=inp,
             output=out,
@@ -163,6 +168,22 @@ class WorkerSettings(BaseSettings):
             or (policy.output.meta_topic if self.output_topic is None else None)
             or f"{out}.meta",
         )
+        # the policy checked its own topics; overrides (--input-topic, env) are checked here
+        clash = topic_clash(
+            [
+                ("input topic (--input-topic / PRIVGW_INPUT_TOPIC / input.topic)", topics.input),
+                (
+                    "output topic (--output-topic / PRIVGW_OUTPUT_TOPIC / output.topic)",
+                    topics.output,
+                ),
+                ("dead-letter topic (PRIVGW_DLQ_TOPIC / output.dlq_topic)", topics.dlq),
+                ("metadata topic (PRIVGW_META_TOPIC / output.meta_topic)", topics.meta),
+                *([("repartition topic", topics.repartition)] if topics.repartition else []),
+            ]
+        )
+        if clash is not None:
+            raise PrivgwError(clash)
+        return topics
 
     @property
     def changelog_topic(self) -> str:

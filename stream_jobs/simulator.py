@@ -224,4 +224,7 @@ def poison_corpus(good: dict[str, Any]) -> list[tuple[str, bytes | None, bytes |
         ("empty_message", key, b""),
         ("not_an_object", key, b"[1, 2, 3]"),
         ("missing_key", None, raw),
+        ("duplicate_key", key, raw.replace(b"{", b'{"age":500,', 1)),  # orjson keeps the 39
+        ("duplicate_key", key, raw.replace(b"{", b'{"respondent_id":"someone-else",', 1)),
+        ("key_mismatch", b"someone-else", raw),  # the state would live on another partition
     ]

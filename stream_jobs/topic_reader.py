@@ -15,13 +15,17 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from stream_jobs.kafka import security_kwargs
+from gateway.errors import PrivgwError
+from stream_jobs.kafka import check_bootstrap, security_kwargs
 from stream_jobs.meta import parse_meta
 from stream_jobs.settings import WorkerSettings
 
 
-class TopicReadError(RuntimeError):
-    pass
+class TopicReadError(PrivgwError):
+    """The topic to read is not there: a user's mistake (exit 2), not an internal error."""
+
+
+_TOPIC_WAIT_S = 3.0  # a topic that exists is in the first metadata; a bit more for a new one
 
 
 async def read_topic(
@@ -46,14 +50,17 @@ async def read_topic(
     )
     await consumer.start()
     try:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + min(timeout, _TOPIC_WAIT_S)
         partitions = None
         while partitions is None:
             await consumer.topics()  # refresh metadata
             partitions = consumer.partitions_for_topic(topic)
             if partitions is None:
                 if time.monotonic() > deadline:
-                    raise TopicReadError(f"topic {topic} does not exist")
+                    raise TopicReadError(
+                        f"--topic: topic {topic} does not exist on --bootstrap {bootstrap}; "
+                        "give the protected topic (the policy's output.topic)"
+                    )
                 await asyncio.sleep(0.2)
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
@@ -80,6 +87,21 @@ async def read_topic(
         await consumer.stop()
 
 
+async def _exists(bootstrap: str, topic: str) -> bool:
+    settings = WorkerSettings(bootstrap=bootstrap)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        client_id=f"{settings.client_id}-reader",
+        **security_kwargs(settings),
+    )
+    await consumer.start()
+    try:
+        return topic in await consumer.topics()
+    finally:
+        await consumer.stop()
+
+
 async def _position(consumer: Any, tp: TopicPartition) -> int:
     return int(await consumer.position(tp))
 
@@ -87,9 +109,17 @@ async def _position(consumer: Any, tp: TopicPartition) -> int:
 async def read_protected_async(
     bootstrap: str, topic: str, timeout: float = 10.0, *, quiet: float = 1.0
 ) -> tuple[dict[str, object], list[dict[str, object]]]:
+    await check_bootstrap(WorkerSettings(bootstrap=bootstrap))
+    if not await _exists(bootstrap, topic):
+        raise TopicReadError(
+            f"--topic: topic {topic} does not exist on --bootstrap {bootstrap}; give the "
+            "protected topic (the policy's output.topic)"
+        )
     meta_records = await read_topic(bootstrap, f"{topic}.meta", timeout=timeout, quiet=quiet)
     if not meta_records:
-        raise TopicReadError(f"no metadata in {topic}.meta: has the gateway started?")
+        raise TopicReadError(
+            f"--topic {topic}: no metadata in {topic}.meta; has the gateway started on it?"
+        )
     latest = max(meta_records, key=lambda m: (m.timestamp, m.offset))
     meta = parse_meta(latest.value)
     rows = [

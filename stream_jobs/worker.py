@@ -18,12 +18,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
@@ -43,7 +44,6 @@ from gateway.engine import (
 )
 from gateway.policy import Policy
 from gateway.validation import DLQReason, Rejection, Validator, rejection
-from state.partitioned_store import PartitionedStore
 from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.kafka import (
@@ -59,7 +59,18 @@ from stream_jobs.meta import meta_message
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 
+if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
+    from state.partitioned_store import PartitionedStore
+
 log = logging.getLogger(__name__)
+
+
+def _partitioned(store: object) -> bool:
+    """Whether ``store`` is the partitioned backend, without importing it (rocksdict is an
+    optional extra: a plain install runs the sqlite backend)."""
+    module = sys.modules.get("state.partitioned_store")
+    return module is not None and isinstance(store, module.PartitionedStore)
+
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
 _ENGINE_POLL_MS = 5  # the same while a window is in the engine
@@ -74,6 +85,7 @@ def _transient(err: KafkaError) -> bool:
 
 
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
+_KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
 
 
@@ -220,7 +232,7 @@ class GatewayWorker:
         if rekey is not None:
             self._repartition_partitions = sorted(await self._producer.partitions_for(rekey))
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
-        if isinstance(self.state_store, PartitionedStore):
+        if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
         key, value, headers = meta_message(self.engine.metadata())
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
@@ -357,7 +369,7 @@ class GatewayWorker:
         self._epoch += 1
         log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
         store = self.state_store
-        if not isinstance(store, PartitionedStore):
+        if not _partitioned(store):
             return
         # The state of a partition is rebuilt from its changelog before any of its records is
         # processed: under the lock, so no window runs meanwhile, and the epoch moves again
@@ -385,7 +397,7 @@ class GatewayWorker:
 
     def _close_revoked_state(self, revoked: Sequence[TopicPartition]) -> None:
         store = self.state_store
-        if not isinstance(store, PartitionedStore):
+        if not _partitioned(store):
             return
         kept = {tp.partition for tp in self._consumer.assignment()} - {
             tp.partition for tp in revoked
@@ -450,6 +462,7 @@ class GatewayWorker:
         stats = self.stats
         rekey_from = self.topics.input if self.topics.repartition is not None else None
         key_field = self._key_field or ""
+        expected_key = self._validator.expected_key
         for tp, messages in batch.items():
             topic, partition = tp.topic, tp.partition
             keyless_here = topic == rekey_from
@@ -468,8 +481,18 @@ class GatewayWorker:
                     self._reject(res, m, topic, partition, now)  # type: ignore[arg-type]
                     continue
                 rid, values = res  # type: ignore[misc]
-                if keyless_here and not m.key:
+                key = m.key
+                if keyless_here and not key:
                     self._rekey(m, rid if self._key_is_id else values.get(key_field), topic, now)
+                    continue
+                # keyed by someone else: the respondent would get a second state elsewhere
+                if key and expected_key is not None and key != expected_key(rid, values):
+                    if keyless_here:  # the policy re-keys: a wrong key is replaced, like none
+                        self._rekey(
+                            m, rid if self._key_is_id else values.get(key_field), topic, now
+                        )
+                    else:
+                        self._reject(_KEY_MISMATCH, m, topic, partition, now)
                     continue
                 valid.append(
                     ValidRecord(

@@ -64,7 +64,7 @@ def test_version_is_stable_across_layout_and_changes_with_meaning() -> None:
             BASE.replace("    categories: [a, b, c]\n", ""),
             "a categorical sensitive needs 'categories'",
         ),
-        (BASE.replace("k: 3", "k: three"), "microaggregation.k: Input should be a valid integer"),
+        (BASE.replace("k: 3", "k: three"), "microaggregation.k: must be a whole number"),
         (BASE + "  age: {role: other, type: numeric, method: keep}\n", "key 'age' is given twice"),
         (
             BASE.replace("method: microaggregation", "method: randomized_response"),
@@ -102,3 +102,88 @@ def test_missing_category_extends_domain() -> None:
     occ = p.attributes["occupation"]
     assert occ.domain[-1] == "<missing>"
     assert len(occ.domain) == 15
+
+
+MATRIX = BASE.replace(
+    "rr: {mode: uniform, retention: 0.5}",
+    "rr: {mode: matrix, matrix: [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]]}",
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # topics with two roles: raw dead letters in the protected stream, feedback loops
+        (
+            "output: {topic: out, dlq_topic: out}\n" + BASE,
+            "output.dlq_topic names the same topic as output.topic ('out'): they would land "
+            "in the protected stream",
+        ),
+        (
+            "input: {topic: in}\noutput: {topic: out, dlq_topic: in}\n" + BASE,
+            "output.dlq_topic names the same topic as input.topic ('in'): its records would be "
+            "read back as input",
+        ),
+        (
+            "input: {topic: same}\noutput: {topic: same}\n" + BASE,
+            "output.topic names the same topic as input.topic ('same')",
+        ),
+        (
+            "output: {topic: out, meta_topic: out}\n" + BASE,
+            "output.meta_topic names the same topic as output.topic",
+        ),
+        (
+            "input: {topic: in}\noutput: {meta_topic: in.dlq}\n" + BASE,
+            "output.meta_topic names the same topic as output.dlq_topic ('in.dlq')",
+        ),
+        # infinite γ: the identity, or any used row with a zero, refused like retention 1
+        (
+            MATRIX.replace(
+                "[[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]]",
+                "[[1, 0, 0], [0, 1, 0], [0, 0, 1]]",
+            ),
+            "rr.matrix row 0 mixes zero and positive entries, so γ (and ε) is infinite",
+        ),
+        (
+            MATRIX.replace("[0.1, 0.1, 0.8]]", "[0.1, 0.0, 0.8]]").replace(
+                "[0.1, 0.8, 0.1]", "[0.1, 0.9, 0.1]"
+            ),
+            "rr.matrix row 2 mixes zero and positive entries",
+        ),
+        # strict scalars: a quoted number is a string, not a number
+        (BASE.replace("k: 3", "k: '5'"), "microaggregation.k: must be a whole number"),
+        (BASE.replace("k: 3", "k: 5.0"), "microaggregation.k: must be a whole number"),
+        (BASE.replace("retention: 0.5", "retention: '0.5'"), "rr.retention: must be a number"),
+        (
+            BASE.replace("k: 3", "k: 3, standardize: 'yes'"),
+            "microaggregation.standardize: must be true or false",
+        ),
+        (
+            BASE.replace("method: microaggregation}", "method: microaggregation, range: ['0', 9]}"),
+            "range[0]: must be a number",
+        ),
+        (BASE.replace("k: 3", "k: 10000001"), "k must be ≤ 1_000_000"),
+        (
+            BASE.replace("k: 3", "k: 1000000000000000000000000000000"),
+            "microaggregation.k: a 31-digit number is too large for this setting",
+        ),
+        (
+            "window: {max_records: 1000000000000000000000000000000}\n" + BASE,
+            "window.max_records: a 31-digit number is too large",
+        ),
+        ("window: {max_seconds: 1e3}\n" + BASE, "YAML reads 1e3 as text: write 1.0e3"),
+    ],
+)
+def test_unsafe_or_loosely_typed_policies_are_refused(text: str, expected: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        policy_from_yaml(text)
+    assert expected in str(err.value), str(err.value)
+
+
+def test_yaml_numbers_keep_working_and_an_int_may_stand_for_a_float() -> None:
+    p = policy_from_yaml(BASE.replace("retention: 0.5", "retention: 0.2").replace("k: 3", "k: 7"))
+    assert p.microaggregation.k == 7
+    assert p.attributes["occ"].rr is not None and p.attributes["occ"].rr.retention == 0.2
+    p = policy_from_yaml("risk: {max_dld: 1, interval_pct: 5}\n" + MATRIX)
+    assert p.risk.max_dld == 1.0 and isinstance(p.risk.max_dld, float)
+    assert p.microaggregation.k == 3 and policy_from_yaml(BASE.replace("k: 3", "k: 1000000"))

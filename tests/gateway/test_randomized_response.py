@@ -21,6 +21,7 @@ from scipy.optimize import linprog
 from gateway.errors import MechanismError
 from gateway.policy import MISSING_LABEL, Attribute, RRMode
 from gateway.randomized_response import (
+    MIN_RETENTION_SHARE,
     RRMechanism,
     fine_grain,
     from_dict,
@@ -57,13 +58,16 @@ def fine_grain_oracle(f: np.ndarray, gamma: float) -> float:
     With the replacement rule, the bound reads A·top1(p) + B·top2(p) ≤ γ - 1 with
     A = max(m-1, γ), B = min(m-1, γ). Any optimum can be moved to p = (a at the heaviest
     value, s elsewhere), so the optimum of Σ f_i p_i is the best vertex of a 2-variable LP:
-    uniform (a = s = (γ-1)/(A+B)) or a single spike (a = (γ-1)/A, s = 0).
+    uniform (a = s = (γ-1)/(A+B)) or a single spike over the floor that keeps P invertible
+    (s = φ = MIN_RETENTION_SHARE·(γ-1)/(A+B), a = (γ-1 - B·φ)/A).
     """
     m = f.size
     f = f / f.sum()
     c = gamma - 1.0
     big, small = max(m - 1.0, gamma), min(m - 1.0, gamma)
-    best_fp = max(c / (big + small), float(f.max()) * c / big)
+    floor = MIN_RETENTION_SHARE * c / (big + small)
+    top = float(f.max())
+    best_fp = max(c / (big + small), top * (c - small * floor) / big + (1.0 - top) * floor)
     return (1.0 + (m - 1.0) * best_fp) / m
 
 
@@ -78,8 +82,9 @@ def dense_lp_optimum(f: np.ndarray, gamma: float) -> float:
         r[j] += m - 1.0
         r[i] += gamma
         rows.append(r)
+    floor = MIN_RETENTION_SHARE * (gamma - 1.0) / (max(m - 1.0, gamma) + min(m - 1.0, gamma))
     res = linprog(
-        -f, A_ub=np.array(rows), b_ub=np.full(len(rows), gamma - 1.0), bounds=[(0, 1)] * m
+        -f, A_ub=np.array(rows), b_ub=np.full(len(rows), gamma - 1.0), bounds=[(floor, 1)] * m
     )
     assert res.status == 0
     p = res.x
@@ -203,9 +208,10 @@ def test_satisfies_rejects_bad_pair() -> None:
 
 
 def test_fine_grain_two_values_known_solution() -> None:
-    # m = 2, γ = 3, all weight on the first value: p = (2/3, 0) (row 2: 1 ≤ 3(1 - p_1)).
+    # m = 2, γ = 3, all weight on the first value: the second keeps the floor, a quarter of
+    # the uniform p = 1/2, so p = (5/8, 1/8) (the bound 3·p_0 + p_1 ≤ 2 holds with equality).
     mech = fine_grain(("x", "y"), gamma=3.0, weights=[1.0, 0.0])
-    np.testing.assert_allclose(mech.retention, [5 / 6, 1 / 2], rtol=1e-9)
+    np.testing.assert_allclose(mech.retention, [13 / 16, 9 / 16], rtol=1e-9)
     assert mech.mode is RRMode.FINE_GRAIN
     assert mech.gamma <= 3.0 * (1 + GAMMA_SLACK)
 
@@ -620,3 +626,19 @@ def test_mechanisms_never_touch_the_global_numpy_rng() -> None:
 
 def reconstruct_for_rng_check(mech: RRMechanism) -> DistributionEstimate:
     return reconstruct(mech, np.arange(mech.m))
+
+
+@pytest.mark.parametrize("gamma", [1.5, 4.0, 20.0])
+def test_fine_grain_stays_invertible_on_skewed_weights(gamma: float) -> None:
+    """Without a floor the LP puts all retention on the heaviest value and leaves the others
+    at 0: equal columns, P of rank 2, a reconstruction of nan/inf."""
+    f = [0.9, 0.05, 0.02, 0.01, 0.01, 0.01]
+    mech = fine_grain(cats(6), gamma=gamma, weights=f)
+    assert np.linalg.matrix_rank(mech.matrix) == 6
+    assert mech.is_invertible and mech.condition_number < 100
+    assert mech.gamma <= gamma * (1 + GAMMA_SLACK)
+    rng = np.random.default_rng(3)
+    truth = rng.choice(6, size=20_000, p=f)
+    published = mech.apply(truth, rng.random(truth.size))
+    est = reconstruct(mech, published)
+    assert np.all(np.isfinite(est.inversion)) and np.all(np.isfinite(est.em))

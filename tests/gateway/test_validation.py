@@ -313,3 +313,61 @@ def test_adult_policy_is_fast() -> None:
         best = min(best, (time.perf_counter() - t) / len(raws))
     # target < 5 µs on an idle core; generous bound against noisy CI machines
     assert best < 25e-6, f"{best * 1e6:.1f} µs per record"
+
+
+def test_a_key_given_twice_is_refused_whatever_the_layout() -> None:
+    good = enc(GOOD)
+    dup_age = good.replace(b"{", b'{"age":100,', 1)  # orjson alone would publish the 40
+    check(dup_age, DLQReason.DUPLICATE_KEY)
+    check(good.replace(b"{", b'{"rid":"r2",', 1), DLQReason.DUPLICATE_KEY)
+    check(good.replace(b"{", b'{"age" :\t100 ,', 1), DLQReason.DUPLICATE_KEY)  # spaced out
+    check(good.replace(b"{", b'{\n  "sex": "M",\n', 1), DLQReason.DUPLICATE_KEY)
+    check(with_(city='say "hi"').replace(b"{", b'{"age":1,', 1), DLQReason.DUPLICATE_KEY)
+    check(with_(city="?").replace(b"{", b'{"age":1,', 1), DLQReason.DUPLICATE_KEY)  # slow path
+    # the rejection names no field and carries no value
+    res = V.decode_and_validate(dup_age, b"r1")
+    assert isinstance(res, Rejection) and res.field is None and "100" not in repr(res)
+
+
+def test_repeated_text_inside_values_is_not_a_repeated_key() -> None:
+    for raw in (
+        with_(city='a "b": "c", "age": 1'),  # quotes and colons inside a string
+        with_(city="12:30:00"),
+        with_(city="?", income=None),
+        enc({**GOOD}).replace(b":", b" : "),
+    ):
+        res = V.decode_and_validate(raw, b"r1")
+        assert not isinstance(res, Rejection), raw
+    lax = parse_policy(
+        {
+            **POLICY.model_dump(mode="json"),
+            "input": {"respondent_id": "rid", "extra_fields": "ignore"},
+        }
+    )
+    nested = with_(extra={"a": 1, "b": [{"a": 2}]})
+    assert not isinstance(Validator(lax).decode_and_validate(nested, b"r1"), Rejection)
+    res = Validator(lax).decode_and_validate(with_(extra={"a": 1, "a ": 2}), b"r1")
+    assert not isinstance(res, Rejection)
+    res = Validator(lax).decode_and_validate(
+        enc(GOOD).replace(b"{", b'{"x":{"a":1,"a":2},', 1), b"r1"
+    )
+    assert isinstance(res, Rejection) and res.reason is DLQReason.DUPLICATE_KEY
+
+
+def test_the_key_a_record_must_carry_is_its_respondent_id() -> None:
+    """The worker refuses (DLQReason.KEY_MISMATCH) a record keyed otherwise; see
+    tests/stream_jobs/test_key_mismatch.py for the topics."""
+    assert V.expected_key is not None
+    rid, values = V.decode_and_validate(enc(GOOD), b"r1")  # type: ignore[misc]
+    assert V.expected_key(rid, values) == b"r1"
+    res = V.decode_and_validate(with_(rid=12345), b"12345")
+    assert not isinstance(res, Rejection) and V.expected_key(*res) == b"12345"
+    by_city = parse_policy(
+        {**POLICY.model_dump(mode="json"), "input": {"respondent_id": "rid", "key_field": "city"}}
+    )
+    v = Validator(by_city)
+    assert v.expected_key is not None and v.expected_key("r1", {"city": "Reus"}) == b"Reus"
+    assert v.expected_key("r1", {"city": None}) is None
+    anonymous = parse_policy({**POLICY.model_dump(mode="json"), "input": {}})
+    assert Validator(anonymous).expected_key is None  # nothing to compare a key with
+    assert DLQReason.KEY_MISMATCH.value == "key_mismatch"

@@ -1,0 +1,205 @@
+"""User mistakes on the file commands: each one exits 2 with one line naming the setting and the
+fix, before any work and without any data value (never `internal error`, exit 70)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from gateway.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
+SECRET_VALUE = "Zq9"  # a cell value that must never appear in a message
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str]:
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+def assert_clear(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("privgw: error: "), err
+    assert "internal error" not in err and "Traceback" not in err
+    assert SECRET_VALUE not in err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.fixture
+def adult(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A small Adult extract in its own directory (the cwd of the test)."""
+    lines = (ROOT.parent / "shared" / "data" / "adult.csv").read_text().splitlines()[:301]
+    path = tmp_path / "adult.csv"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("command", "out", "needles"),
+    [
+        ("protect", "out.txt", ("-o out.txt", "must end in one of .csv")),
+        ("protect", "afile/out.csv", ("-o afile/out.csv", "afile is a file, not a directory")),
+        ("protect", "adir.csv", ("-o adir.csv is a directory",)),
+        ("microaggregate", "out.xlsx", ("-o out.xlsx", "must end in one of .csv")),
+        ("microaggregate", "afile/m.csv", ("afile is a file, not a directory",)),
+        ("ru-map", "ru.txt", ("-o ru.txt", "must end in one of .pdf, .png, .svg")),
+        ("ru-map", "afile/ru.png", ("afile is a file, not a directory",)),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_up_front(
+    capsys: pytest.CaptureFixture[str],
+    adult: Path,
+    command: str,
+    out: str,
+    needles: tuple[str, ...],
+) -> None:
+    (adult.parent / "afile").write_text("")
+    (adult.parent / "adir.csv").mkdir()
+    extra = {
+        "protect": ["--policy", POLICY],
+        "microaggregate": ["--k", "3"],
+        "ru-map": ["--policy", POLICY, "--k", "2,3"],
+    }[command]
+    code, err = run(capsys, command, adult.name, *extra, "-o", out)
+    assert_clear(code, err, *needles)
+
+
+@pytest.mark.parametrize("how", ["same", "relative", "symlink"])
+@pytest.mark.parametrize("command", ["protect", "microaggregate"])
+def test_an_output_that_is_the_input_is_refused(
+    capsys: pytest.CaptureFixture[str], adult: Path, how: str, command: str
+) -> None:
+    before = adult.read_bytes()
+    if how == "symlink":
+        (adult.parent / "link.csv").symlink_to(adult)
+    out = {"same": adult.name, "relative": f"../{adult.parent.name}/./adult.csv"}.get(
+        how, "link.csv"
+    )
+    extra = ["--policy", POLICY] if command == "protect" else ["--k", "3", "--columns", "age"]
+    code, err = run(capsys, command, adult.name, *extra, "-o", out)
+    assert_clear(code, err, f"-o {Path(out)}", "is the input file", "another file")
+    assert adult.read_bytes() == before
+
+
+@pytest.mark.parametrize("p", ["0", "150", "nan", "-5"])
+def test_evaluate_p_outside_0_100_is_refused(
+    capsys: pytest.CaptureFixture[str], adult: Path, p: str
+) -> None:
+    code, err = run(capsys, "evaluate", adult, adult, "--p", p)
+    assert_clear(code, err, "--p must be a percentage in (0, 100]")
+
+
+def test_protect_negative_seed_is_refused(capsys: pytest.CaptureFixture[str], adult: Path) -> None:
+    code, err = run(capsys, "protect", adult, "--policy", POLICY, "-o", "o.csv", "--seed", "-1")
+    assert_clear(code, err, "--seed must be a whole number ≥ 0")
+    assert not Path("o.csv").exists()
+
+
+def test_evaluate_files_without_common_columns_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("age,hours\n" + "".join(f"{i},{i + 1}\n" for i in range(20)))
+    b.write_text("Age,Hours\n" + "".join(f"{i},{i + 1}\n" for i in range(20)))
+    code, err = run(capsys, "evaluate", a, b)
+    assert_clear(code, err, "no numeric column in common", "same header")
+
+
+def test_microaggregate_refuses_a_numeric_column_with_a_typo(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    src = tmp_path / "census.csv"
+    rows = [f"{20 + i},{1000 + 7 * i},{i % 3}" for i in range(30)]
+    rows[17] = f"37,{SECRET_VALUE},2"  # one mistyped cell makes the column text
+    src.write_text("age,income,size\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out.csv"
+    code, err = run(capsys, "microaggregate", src, "--k", "3", "-o", out)
+    assert_clear(code, err, "column 'income'", "data row 18", "--columns")
+    assert not out.exists()  # not published with the column unchanged
+
+
+@pytest.mark.parametrize(
+    ("body", "needles"),
+    [
+        (f"1,2,{SECRET_VALUE}\n3,4\n5,6,7\n", ("line 3 has fewer cells (2)", "header (3)")),
+        (f"1,2,{SECRET_VALUE}\n3,4,5,6\n", ("line 3 has more cells (4)",)),
+    ],
+)
+def test_csv_rows_of_the_wrong_length_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, body: str, needles: tuple[str, ...]
+) -> None:
+    src = tmp_path / "rows.csv"
+    src.write_text("a,b,c\n" + body)
+    code, err = run(capsys, "microaggregate", src, "--k", "2", "-o", tmp_path / "o.csv")
+    assert_clear(code, err, *needles)
+
+
+def test_a_header_naming_a_column_twice_is_refused(
+    capsys: pytest.CaptureFixture[str], adult: Path, tmp_path: Path
+) -> None:
+    lines = adult.read_text().splitlines()
+    dup = tmp_path / "dup.csv"
+    dup.write_text("\n".join([lines[0] + ",age"] + [line + ",99" for line in lines[1:]]) + "\n")
+    code, err = run(capsys, "protect", dup, "--policy", POLICY, "-o", tmp_path / "o.csv")
+    assert_clear(code, err, "the header names column(s) twice: age")
+
+
+def test_a_jsonl_line_naming_a_field_twice_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"age": 30, "hours": 40}\n{"age": 500, "hours": 41, "age": 39}\n')
+    code, err = run(capsys, "microaggregate", src, "--k", "2", "-o", tmp_path / "o.jsonl")
+    assert_clear(code, err, "line 2 names a field twice")
+
+
+FINE_GRAIN = """
+attributes:
+  c:
+    role: sensitive
+    type: categorical
+    method: randomized_response
+    categories: [a, b, c, d, e, f]
+    rr: {mode: fine_grain, gamma: 4}
+"""
+
+
+def test_check_policy_shows_the_invertible_matrix_protect_uses(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Skewed data, fine grain without weights: `protect` weighs by the data's frequencies.
+    The matrix must stay invertible (else reconstruct prints nan/inf), and check-policy
+    --data must show that very matrix."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(FINE_GRAIN)
+    rng = np.random.default_rng(2)
+    values = rng.choice(list("abcdef"), size=3000, p=[0.9, 0.05, 0.02, 0.01, 0.01, 0.01])
+    src = tmp_path / "skewed.csv"
+    src.write_text("c\n" + "\n".join(values) + "\n")
+    out = tmp_path / "out.csv"
+    assert main(["protect", str(src), "--policy", str(policy), "-o", str(out), "--seed", "1"]) == 0
+    meta = orjson.loads(out.with_name("out.csv.meta.json").read_bytes())
+    used = np.array(meta["randomized_response"]["c"]["matrix"])
+    assert np.linalg.matrix_rank(used) == 6
+    capsys.readouterr()
+
+    assert main(["check-policy", str(policy), "--data", str(src), "--json"]) == 0
+    shown = orjson.loads(capsys.readouterr().out)["attributes"]["c"]
+    np.testing.assert_allclose(np.array(shown["matrix"]), used, atol=1e-6)
+    assert "skewed.csv's value frequencies" in shown["note"]
+    assert main(["check-policy", str(policy), "--json"]) == 0
+    equal = orjson.loads(capsys.readouterr().out)["attributes"]["c"]
+    assert "equal weights, the matrix `privgw run` uses" in equal["note"]
+
+    assert main(["reconstruct", str(out), "--policy", str(policy), "--json"]) == 0
+    est = orjson.loads(capsys.readouterr().out)["c"]
+    assert np.all(np.isfinite(est["inversion"])) and np.all(np.isfinite(est["em"]))
+    assert abs(est["inversion"][0] - 0.9) < 0.05

@@ -1,0 +1,162 @@
+"""Stream-side mistakes, as a user makes them: each ends quickly in exit 2 and one line naming
+the setting and the fix (never `internal error`, never a silent wait)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from stream_jobs.broker import EmbeddedBroker, free_port
+from stream_jobs.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
+
+
+def privgw(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    """(exit code, stderr, seconds) of `privgw ARGS` in a fresh process."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+    return proc.returncode, proc.stderr, time.monotonic() - t0
+
+
+def assert_one_line(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("privgw: error: ")]
+    assert len(errors) == 1, err[-3000:]
+    assert "internal error" not in err and "Traceback" not in err
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def run_args(tmp_path: Path, bootstrap: str, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--policy",
+        str(POLICY),
+        "--bootstrap",
+        bootstrap,
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--metrics-port",
+        "0",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections and never says anything."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except TimeoutError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    srv.close()
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server() -> Iterator[int]:
+    srv = HTTPServer(("127.0.0.1", 0), _Hello)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+    t.join()
+
+
+def test_connection_refused_names_bootstrap(tmp_path: Path, secret_env: str) -> None:
+    port = free_port()
+    code, err, took = privgw(*run_args(tmp_path, f"127.0.0.1:{port}"))
+    assert_one_line(code, err, f"--bootstrap 127.0.0.1:{port}", "connection refused")
+    assert took < 30
+    code, err, _ = privgw("simulate", "--bootstrap", f"127.0.0.1:{port}")
+    assert_one_line(code, err, "--bootstrap", "connection refused")
+
+
+def test_an_unknown_host_names_bootstrap(tmp_path: Path, secret_env: str) -> None:
+    code, err, _ = privgw(*run_args(tmp_path, "no-such-host.invalid:9092"))
+    assert_one_line(code, err, "--bootstrap no-such-host.invalid:9092", "unknown host")
+
+
+@pytest.mark.parametrize("server", ["silent_server", "http_server"])
+def test_a_port_that_is_not_kafka_is_named_within_the_probe_timeout(
+    tmp_path: Path, secret_env: str, server: str, request: pytest.FixtureRequest
+) -> None:
+    port = request.getfixturevalue(server)
+    assert WorkerSettings().probe_timeout_s <= 10  # the default bound on the wait
+    code, err, took = privgw(
+        *run_args(tmp_path, f"127.0.0.1:{port}"), env={"PRIVGW_PROBE_TIMEOUT_S": "2"}
+    )
+    assert_one_line(code, err, f"--bootstrap 127.0.0.1:{port}", "is it a Kafka listener")
+    assert took < 2 + 20  # the probe's bound plus the start of a Python process
+
+
+def test_a_metrics_port_in_use_is_named(
+    tmp_path: Path, secret_env: str, broker: EmbeddedBroker
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        args = run_args(tmp_path, broker.bootstrap)
+        args[args.index("--metrics-port") + 1] = str(port)
+        code, err, _ = privgw(*args)
+    assert_one_line(
+        code, err, f"--metrics-port {port} (PRIVGW_METRICS_PORT)", "already in use", "free port"
+    )
+
+
+def test_an_output_topic_that_is_the_input_topic_is_refused(
+    tmp_path: Path, secret_env: str, broker: EmbeddedBroker
+) -> None:
+    code, err, _ = privgw(
+        *run_args(tmp_path, broker.bootstrap, "--output-topic", "survey.responses")
+    )
+    assert_one_line(code, err, "output topic (--output-topic", "same topic as input topic")
+
+
+def test_reconstruct_a_missing_topic_says_so(broker: EmbeddedBroker, unique_name: str) -> None:
+    topic = f"{unique_name}.nope"
+    code, err, took = privgw("reconstruct", "--bootstrap", broker.bootstrap, "--topic", topic)
+    assert_one_line(code, err, f"topic {topic} does not exist", "--bootstrap")
+    assert took < 30
