@@ -212,6 +212,19 @@ def cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_secret_create(args: argparse.Namespace) -> int:
+    from gateway.keyed import SECRET_FILE_ENV, Keyring, generate_secret_file, load_secret  # noqa: PLC0415
+
+    generate_secret_file(args.file)  # refuses an existing file: every key depends on it
+    fingerprint = Keyring(load_secret({SECRET_FILE_ENV: str(args.file)})).fingerprint()
+    print(
+        f"wrote a new secret to {args.file} (mode 0600); key fingerprint {fingerprint}\n"
+        f"use it with {SECRET_FILE_ENV}={args.file}; keep it, and back it up: a state is "
+        "refused with any other secret"
+    )
+    return 0
+
+
 def _entry_point(group: str, name: str) -> Any:
     for ep in importlib.metadata.entry_points(group=group):
         if ep.name == name:
@@ -322,6 +335,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_attack)
+
+    p = add_command(
+        sub,
+        "secret",
+        "manage the deployment secret (PRIVGW_SECRET_FILE)",
+        "privgw secret create /run/secrets/privgw",
+    )
+    actions = p.add_subparsers(dest="secret_command", metavar="ACTION", required=True)
+    p = add_command(
+        actions,
+        "create",
+        "write a new random secret (32 bytes, hex) to a new file, mode 0600; print its key "
+        "fingerprint, never the secret",
+        "privgw secret create /run/secrets/privgw",
+    )
+    p.add_argument("file", help="the file to create (an existing file is never overwritten)")
+    p.set_defaults(func=cmd_secret_create)
 
     for ep in importlib.metadata.entry_points(group="privgw.commands"):
         try:
