@@ -154,9 +154,28 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     if args.bootstrap:
         if not args.topic:
             raise PrivgwError("--bootstrap needs --topic (the protected topic)")
-        reader = _entry_point("privgw.readers", "kafka")
-        meta, rows = reader(args.bootstrap, args.topic)
-        result = workflows.reconstruct_rows(rows, workflows.mechanisms_from_meta(meta))
+        meta_topic = args.meta_topic
+        if meta_topic is None and args.policy:
+            policy = load_policy(args.policy)
+            if args.topic == policy.output.topic:
+                meta_topic = policy.meta_topic
+        # streamed: per-version category counts, never the topic's rows
+        reader = _entry_point("privgw.readers", "counts")
+        counts = reader(args.bootstrap, args.topic, meta_topic=meta_topic)
+        for version, n in counts.without_meta().items():
+            log.warning(
+                "policy version %s: no metadata record in %s; its %d rows are left out of "
+                "every estimate (give the right metadata topic with --meta-topic)",
+                version,
+                meta_topic or f"{args.topic}.meta",
+                n,
+            )
+        result = counts.reconstruct()
+        if not result:
+            raise PrivgwError(
+                f"no randomized values to reconstruct from in {args.topic} (rows per policy "
+                f"version: {counts.rows or 'none'})"
+            )
     else:
         if not args.protected or not args.policy:
             raise PrivgwError("give PROTECTED --policy P, or --bootstrap B --topic T")
@@ -165,16 +184,26 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
         _print_json(result)
         return 0
     for name, est in result.items():
-        print(f"{name} (n = {est['n']}):")
-        print(
-            f"  {'category':>20} {'observed':>9} {'inversion':>10} {'±se':>7} {'EM':>8} {'±se':>7}"
-        )
-        for i, c in enumerate(est["categories"]):
-            print(
-                f"  {c[:20]:>20} {est['observed'][i]:>9.4f} {est['inversion'][i]:>10.4f} "
-                f"{est['inversion_se'][i]:>7.4f} {est['em'][i]:>8.4f} {est['em_se'][i]:>7.4f}"
-            )
+        groups = est.get("groups", [])
+        if "categories" in est:
+            versions = f"; {len(groups)} matrices" if len(groups) > 1 else ""
+            print(f"{name} (n = {est['n']}{versions}):")
+            _print_estimate(est)
+        for g in groups if len(groups) > 1 or "categories" not in est else ():
+            print(f"  policy versions {', '.join(g['policy_versions'])} (n = {g['n']}):")
+            _print_estimate(g)
+        for note in est.get("notes", []):
+            print(f"  note: {note}")
     return 0
+
+
+def _print_estimate(est: Any) -> None:
+    print(f"  {'category':>20} {'observed':>9} {'inversion':>10} {'±se':>7} {'EM':>8} {'±se':>7}")
+    for i, c in enumerate(est["categories"]):
+        print(
+            f"  {c[:20]:>20} {est['observed'][i]:>9.4f} {est['inversion'][i]:>10.4f} "
+            f"{est['inversion_se'][i]:>7.4f} {est['em'][i]:>8.4f} {est['em_se'][i]:>7.4f}"
+        )
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
@@ -315,7 +344,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("protected", nargs="?", help="protected file (reads PROTECTED.meta.json too)")
     p.add_argument("--policy")
     p.add_argument("--bootstrap", help="read the protected topic and its .meta topic instead")
-    p.add_argument("--topic", help="protected topic (with --bootstrap)")
+    p.add_argument(
+        "--topic",
+        help="protected topic (with --bootstrap): read as a stream, each policy version's rows "
+        "reconstructed with that version's metadata",
+    )
+    p.add_argument(
+        "--meta-topic",
+        help="metadata topic (with --topic; default: the policy's meta topic when --policy "
+        "names that output topic, else TOPIC.meta)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reconstruct)
 
