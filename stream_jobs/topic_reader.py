@@ -26,7 +26,7 @@ from stream_jobs.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-_BATCH = 50_000
+_BATCH = 5_000
 
 
 class TopicReadError(PrivgwError):
