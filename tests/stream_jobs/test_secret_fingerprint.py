@@ -152,9 +152,13 @@ def test_another_secret_is_refused_unless_rotated(
     out = consume_all(broker.bootstrap, out_topic, timeout=5)
     assert len({m.headers["record_id"] for m in out}) == out1, "a refused run published"
 
-    # secret B with --rotate-secret: a privacy event, counted; wave 2 goes out
+    # secret B with --rotate-secret (or its variable): a privacy event, counted; wave 2 goes out
     log_r, port_r = tmp_path / "rotate.log", _free_port()
-    rotated = launch(SECRET_B, log_r, "--rotate-secret", "--metrics-port", str(port_r))
+    rotate: tuple[str, ...] = ("--rotate-secret",)
+    if config == "sqlite-thread":
+        monkeypatch.setenv("PRIVGW_ROTATE_SECRET", "1")
+        rotate = ()
+    rotated = launch(SECRET_B, log_r, *rotate, "--metrics-port", str(port_r))
     try:
         _wait_out(broker.bootstrap, out_topic, n1 + n2, rotated, log_r)
         assert _metric(port_r, "privgw_secret_rotations_total", rotated, log_r) == 1
