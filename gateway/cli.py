@@ -162,9 +162,28 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     if args.bootstrap:
         if not args.topic:
             raise PrivgwError("--bootstrap needs --topic (the protected topic)")
-        reader = _entry_point("privgw.readers", "kafka")
-        meta, rows = reader(args.bootstrap, args.topic)
-        result = workflows.reconstruct_rows(rows, workflows.mechanisms_from_meta(meta))
+        meta_topic = args.meta_topic
+        if meta_topic is None and args.policy:
+            policy = load_policy(args.policy)
+            if args.topic == policy.output.topic:
+                meta_topic = policy.meta_topic
+        # streamed: per-version category counts, never the topic's rows
+        reader = _entry_point("privgw.readers", "counts")
+        counts = reader(args.bootstrap, args.topic, meta_topic=meta_topic)
+        for version, n in counts.without_meta().items():
+            log.warning(
+                "policy version %s: no metadata record in %s; its %d rows are left out of "
+                "every estimate (give the right metadata topic with --meta-topic)",
+                version,
+                meta_topic or f"{args.topic}.meta",
+                n,
+            )
+        result = counts.reconstruct()
+        if not result:
+            raise PrivgwError(
+                f"no randomized values to reconstruct from in {args.topic} (rows per policy "
+                f"version: {counts.rows or 'none'})"
+            )
     else:
         if not args.protected or not args.policy:
             raise PrivgwError("give PROTECTED --policy P, or --bootstrap B --topic T")
@@ -173,16 +192,26 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
         _print_json(result)
         return 0
     for name, est in result.items():
-        print(f"{name} (n = {est['n']}):")
-        print(
-            f"  {'category':>20} {'observed':>9} {'inversion':>10} {'±se':>7} {'EM':>8} {'±se':>7}"
-        )
-        for i, c in enumerate(est["categories"]):
-            print(
-                f"  {c[:20]:>20} {est['observed'][i]:>9.4f} {est['inversion'][i]:>10.4f} "
-                f"{est['inversion_se'][i]:>7.4f} {est['em'][i]:>8.4f} {est['em_se'][i]:>7.4f}"
-            )
+        groups = est.get("groups", [])
+        if "categories" in est:
+            versions = f"; {len(groups)} matrices" if len(groups) > 1 else ""
+            print(f"{name} (n = {est['n']}{versions}):")
+            _print_estimate(est)
+        for g in groups if len(groups) > 1 or "categories" not in est else ():
+            print(f"  policy versions {', '.join(g['policy_versions'])} (n = {g['n']}):")
+            _print_estimate(g)
+        for note in est.get("notes", []):
+            print(f"  note: {note}")
     return 0
+
+
+def _print_estimate(est: Any) -> None:
+    print(f"  {'category':>20} {'observed':>9} {'inversion':>10} {'±se':>7} {'EM':>8} {'±se':>7}")
+    for i, c in enumerate(est["categories"]):
+        print(
+            f"  {c[:20]:>20} {est['observed'][i]:>9.4f} {est['inversion'][i]:>10.4f} "
+            f"{est['inversion_se'][i]:>7.4f} {est['em'][i]:>8.4f} {est['em_se'][i]:>7.4f}"
+        )
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
@@ -217,6 +246,19 @@ def cmd_attack(args: argparse.Namespace) -> int:
             f"intersection: {i['below_k']} of {i['respondents']} respondents with a candidate "
             f"set below k={i['k']}; smallest sets {i['smallest_candidate_sets']}"
         )
+    return 0
+
+
+def cmd_secret_create(args: argparse.Namespace) -> int:
+    from gateway.keyed import SECRET_FILE_ENV, Keyring, generate_secret_file, load_secret  # noqa: PLC0415
+
+    generate_secret_file(args.file)  # refuses an existing file: every key depends on it
+    fingerprint = Keyring(load_secret({SECRET_FILE_ENV: str(args.file)})).fingerprint()
+    print(
+        f"wrote a new secret to {args.file} (mode 0600); key fingerprint {fingerprint}\n"
+        f"use it with {SECRET_FILE_ENV}={args.file}; keep it, and back it up: a state is "
+        "refused with any other secret"
+    )
     return 0
 
 
@@ -314,7 +356,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("protected", nargs="?", help="protected file (reads PROTECTED.meta.json too)")
     p.add_argument("--policy")
     p.add_argument("--bootstrap", help="read the protected topic and its .meta topic instead")
-    p.add_argument("--topic", help="protected topic (with --bootstrap)")
+    p.add_argument(
+        "--topic",
+        help="protected topic (with --bootstrap): read as a stream, each policy version's rows "
+        "reconstructed with that version's metadata",
+    )
+    p.add_argument(
+        "--meta-topic",
+        help="metadata topic (with --topic; default: the policy's meta topic when --policy "
+        "names that output topic, else TOPIC.meta)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_reconstruct)
 
@@ -334,6 +385,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_attack)
+
+    p = add_command(
+        sub,
+        "secret",
+        "manage the deployment secret (PRIVGW_SECRET_FILE)",
+        "privgw secret create /run/secrets/privgw",
+    )
+    actions = p.add_subparsers(dest="secret_command", metavar="ACTION", required=True)
+    p = add_command(
+        actions,
+        "create",
+        "write a new random secret (32 bytes, hex) to a new file, mode 0600; print its key "
+        "fingerprint, never the secret",
+        "privgw secret create /run/secrets/privgw",
+    )
+    p.add_argument("file", help="the file to create (an existing file is never overwritten)")
+    p.set_defaults(func=cmd_secret_create)
 
     for ep in importlib.metadata.entry_points(group="privgw.commands"):
         try:

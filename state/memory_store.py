@@ -15,6 +15,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
+        self._fingerprint: str | None = None
 
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         data = self._data
@@ -32,6 +33,12 @@ class MemoryStore:
         """All entries (a snapshot), for inspection and tests."""
         with self._lock:
             return iter(list(self._data.items()))
+
+    def key_fingerprints(self) -> list[str | None]:
+        return [self._fingerprint]
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        self._fingerprint = fingerprint
 
     def close(self) -> None:
         pass

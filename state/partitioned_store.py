@@ -108,9 +108,36 @@ class PartitionedStore:
             stores = list(self._stores.values())
         return sum(s.count() for s in stores)
 
+    def key_fingerprints(self) -> list[str | None]:
+        """Of the partitions open here (each restored with its fingerprint from the
+        changelog)."""
+        return self.view(self.partitions).key_fingerprints()
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        self.view(self.partitions).set_key_fingerprint(fingerprint)
+
+    def view(self, partitions: Sequence[int]) -> PartitionsView:
+        """Some open partitions' stores, for checking the ones just assigned."""
+        with self._lock:
+            return PartitionsView([self._store(p) for p in sorted(partitions)])
+
     def close(self) -> None:
         for partition in self.partitions:
             self.close_partition(partition)
 
     def __repr__(self) -> str:
         return f"PartitionedStore({str(self.root)!r}, partitions={self.partitions})"
+
+
+class PartitionsView:
+    """``gateway.state_api.KeyFingerprintStore`` over some partitions' stores."""
+
+    def __init__(self, stores: Sequence[RocksStore]) -> None:
+        self.stores = list(stores)
+
+    def key_fingerprints(self) -> list[str | None]:
+        return [f for s in self.stores for f in s.key_fingerprints()]
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        for s in self.stores:
+            s.set_key_fingerprint(fingerprint)  # through each partition's changelog

@@ -43,6 +43,10 @@ from state.errors import StateStoreError, check_entries, check_entry
 
 _META_CF = "privgw_meta"
 _COUNT_KEY = b"respondents"
+_FINGERPRINT_KEY = b"key_fingerprint"  # in the meta column family
+# the fingerprint's entry in the changelog, which restores it with the rows; no engine key
+# looks like it (respondent keys are digests, group keys start with "group:")
+FINGERPRINT_ENTRY = b"\x00privgw/key_fingerprint"
 _RESTORE_CHUNK = 10_000
 
 
@@ -139,6 +143,10 @@ class RocksStore:
         with self._lock:
             for key, value in entries:
                 check_entry(key, value)
+                if key == FINGERPRINT_ENTRY:  # not a respondent: into the meta family
+                    self._put_meta(_FINGERPRINT_KEY, value)
+                    applied += 1
+                    continue
                 chunk[key] = value
                 applied += 1
                 if len(chunk) >= _RESTORE_CHUNK:
@@ -151,6 +159,26 @@ class RocksStore:
     def count(self) -> int:
         self._open()
         return self._count
+
+    def key_fingerprints(self) -> list[str | None]:
+        _, meta = self._open()
+        stored = meta.get(_FINGERPRINT_KEY)
+        return [stored.decode() if isinstance(stored, bytes) else None]
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        """Changelog first, as every write: a store rebuilt from it gets the fingerprint too."""
+        value = fingerprint.encode()
+        with self._lock:
+            self._open()
+            if self._changelog is not None:
+                self._changelog.write({FINGERPRINT_ENTRY: value})
+            self._put_meta(_FINGERPRINT_KEY, value)
+
+    def _put_meta(self, key: bytes, value: bytes) -> None:
+        db, _ = self._open()
+        batch = WriteBatch(raw_mode=True)
+        batch.put(key, value, self._meta_cf)
+        db.write(batch, self._sync)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All respondent entries in key order, for inspection, tests and hand-over."""

@@ -48,7 +48,10 @@ _MMAP_BYTES = 1 << 30  # reads of hot pages without a copy into the page cache
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS state "
     "(id INTEGER PRIMARY KEY, key BLOB NOT NULL, value BLOB NOT NULL)",
+    # facts about the state itself, apart from respondents (count and items never see them)
+    "CREATE TABLE IF NOT EXISTS privgw_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
+_FINGERPRINT = "key_fingerprint"  # gateway.state_api.KeyFingerprintStore
 # versions 1 and 2 kept the key as an indexed primary key (1 also a count trigger)
 _MIGRATE = (
     "INSERT INTO state (key, value) SELECT key, value FROM respondent ORDER BY rowid",
@@ -178,6 +181,30 @@ class SQLiteStore:
         with self._lock:
             self._connection()
             return len(self._ids)
+
+    def key_fingerprints(self) -> list[str | None]:
+        with self._lock:
+            row = (
+                self._connection()
+                .execute("SELECT value FROM privgw_meta WHERE name = ?", (_FINGERPRINT,))
+                .fetchone()
+            )
+        return [str(row[0]) if row is not None else None]
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        with self._lock:
+            con = self._connection()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute(
+                    "INSERT OR REPLACE INTO privgw_meta (name, value) VALUES (?, ?)",
+                    (_FINGERPRINT, fingerprint),
+                )
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All entries (a snapshot, in key order), for inspection and tests."""

@@ -69,6 +69,14 @@ def register(sub: Any) -> None:
         "processes with --engine process): windows use N cores. Fixed for the life of a "
         "state dir (env PRIVGW_ENGINE_SHARDS; default: what the state dir holds, else 1)",
     )
+    p.add_argument(
+        "--rotate-secret",
+        action="store_true",
+        default=None,
+        help="accept a state dir written with another secret (its key fingerprint differs): "
+        "a privacy event, logged and counted; the new fingerprint is stored (env "
+        "PRIVGW_ROTATE_SECRET)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = add_command(
@@ -145,6 +153,7 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     """Engine (keyed, with the durable state store) + worker for ``policy``."""
     from gateway.engine import Engine  # noqa: PLC0415
     from gateway.shards import ShardedEngine  # noqa: PLC0415
+    from gateway.state_api import check_key_fingerprint  # noqa: PLC0415
     from state.layout import resolve_shards, shard_paths  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
@@ -181,6 +190,16 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
                 [Engine(policy, keyring=keyring, store=s, measure_risk=False) for s in stores]
             )
     worker = GatewayWorker(policy, settings, engine)
+    worker.key_fingerprint = keyring.fingerprint()
+    if settings.state_backend != "partitioned":  # partitions are checked as they are assigned
+        try:
+            outcome = check_key_fingerprint(
+                store, worker.key_fingerprint, rotate=settings.rotate_secret, where=str(state_dir)
+            )
+        except BaseException:
+            store.close()
+            raise
+        worker.key_fingerprint_checked(outcome, str(state_dir))
     worker.closers.append(store.close)
     worker.state_store = store
     worker.engine_shards = len(paths)
@@ -206,6 +225,13 @@ class _Stores:
 
     def count(self) -> int:
         return sum(s.count() for s in self.stores)
+
+    def key_fingerprints(self) -> list[str | None]:
+        return [f for s in self.stores for f in s.key_fingerprints()]
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        for s in self.stores:
+            s.set_key_fingerprint(fingerprint)
 
     def close(self) -> None:
         for s in self.stores:
@@ -236,6 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             state_backend=args.state_backend,
             engine=args.engine,
             engine_shards=args.engine_shards,
+            rotate_secret=args.rotate_secret,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         logging.getLogger().setLevel(settings.log_level)
@@ -248,9 +275,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings.topics(policy)
         check_metrics_port(settings)
         asyncio.run(check_bootstrap(settings))
+        log.info("deployment secret: key fingerprint %s", keyring.fingerprint())
         worker = build_worker(policy, settings, keyring)
         start_exporter(worker, settings, store=worker.state_store)
-        return asyncio.run(serve(worker))
+        code = asyncio.run(serve(worker))
+        if worker.refused is not None:  # a partition's state holds another key fingerprint
+            raise worker.refused
+        return code
 
 
 # -- simulate --------------------------------------------------------------------------------

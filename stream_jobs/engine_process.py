@@ -211,6 +211,11 @@ def _answer(
         return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())
+    if op == "key_fingerprints":
+        return ("ok", store.key_fingerprints())
+    if op == "set_key_fingerprint":
+        store.set_key_fingerprint(request[1])
+        return ("ok",)
     if op == "close":
         store.close()
         return ("ok",)
@@ -304,6 +309,17 @@ class EngineProcess:
             return self._count
         finally:
             self._lock.release()
+
+    def key_fingerprints(self) -> list[str | None]:
+        """The key fingerprint the child's store holds (``gateway.state_api``)."""
+        with self._lock:
+            self._send(("key_fingerprints",))
+            return list(self._reply("key_fingerprints")[1])
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        with self._lock:
+            self._send(("set_key_fingerprint", fingerprint))
+            self._reply("set_key_fingerprint")
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the store in the child and wait for it to exit."""
@@ -402,6 +418,14 @@ class EngineShards:
 
     def count(self) -> int:
         return sum(s.count() for s in self.shards)
+
+    def key_fingerprints(self) -> list[str | None]:
+        """One per shard's file: all are checked before any is written."""
+        return [f for s in self.shards for f in s.key_fingerprints()]
+
+    def set_key_fingerprint(self, fingerprint: str) -> None:
+        for s in self.shards:
+            s.set_key_fingerprint(fingerprint)
 
     def close(self, timeout: float = 30.0) -> None:
         for shard in self.shards:

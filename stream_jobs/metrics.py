@@ -186,6 +186,11 @@ class _WorkerCollector(Collector):
             ("sticky_lookups", m.sticky_lookups, "values that could be served from state"),
             ("deferred_moves", m.deferred_moves, "changed QIs kept in their group for k"),
             ("k_violations", m.k_violations, "windows whose smallest group was below k"),
+            (
+                "secret_rotations",
+                st.secret_rotations,
+                "states accepted with another key fingerprint (rotate_secret): privacy events",
+            ),
         ):
             yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
         dlq = CounterMetricFamily(

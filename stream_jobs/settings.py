@@ -55,6 +55,13 @@ class WorkerSettings(BaseSettings):
         "partition with a changelog topic, restored when the partition is assigned",
     )
 
+    rotate_secret: bool = Field(
+        False,
+        description="accept a state written with another deployment secret (key fingerprint): "
+        "logs a privacy event and counts privgw_secret_rotations_total; without it such a "
+        "state is refused",
+    )
+
     engine: Literal["auto", "thread", "process"] = Field(
         "auto",
         description="process: the engine and its SQLite state in a child process, so that "

@@ -9,23 +9,29 @@ bound. Transport security comes from the ``PRIVGW_*`` environment (``WorkerSetti
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.errors import PrivgwError
+from gateway.workflows import VersionedCounts
 from stream_jobs.kafka import check_bootstrap, security_kwargs
 from stream_jobs.meta import parse_meta
 from stream_jobs.settings import WorkerSettings
 
+log = logging.getLogger(__name__)
+
+_BATCH = 5_000
+_TOPIC_WAIT_S = 3.0  # a topic that exists is in the first metadata; a bit more for a new one
+
 
 class TopicReadError(PrivgwError):
-    """The topic to read is not there: a user's mistake (exit 2), not an internal error."""
-
-
-_TOPIC_WAIT_S = 3.0  # a topic that exists is in the first metadata; a bit more for a new one
+    """A topic to read is missing or holds no metadata (the CLI exits 2 with the message)."""
 
 
 async def read_topic(
@@ -37,6 +43,25 @@ async def read_topic(
     settings: WorkerSettings | None = None,
 ) -> list[Any]:
     """Every record of ``topic`` (aiokafka ConsumerRecords, in partition/offset order)."""
+    records: dict[int, list[Any]] = {}
+    batches = iter_topic(bootstrap, topic, timeout=timeout, quiet=quiet, settings=settings)
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            for tp, msgs in batch.items():
+                records.setdefault(tp.partition, []).extend(msgs)
+    return [m for p in sorted(records) for m in records[p]]
+
+
+async def iter_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout: float = 10.0,
+    quiet: float = 1.0,
+    settings: WorkerSettings | None = None,
+) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
+    """``topic`` from the beginning, batch by batch as fetched (each partition in offset
+    order), so a reader can fold it without holding it."""
     settings = settings or WorkerSettings(bootstrap=bootstrap)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -66,15 +91,13 @@ async def read_topic(
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps)
-        records: dict[TopicPartition, list[Any]] = {tp: [] for tp in tps}
         last_new = time.monotonic()
         while True:
-            batch = await consumer.getmany(timeout_ms=100, max_records=50_000)
+            batch = await consumer.getmany(timeout_ms=100, max_records=_BATCH)
             now = time.monotonic()
             if batch:
                 last_new = now
-                for tp, msgs in batch.items():
-                    records[tp].extend(msgs)
+                yield batch
                 continue
             positions = [await _position(consumer, tp) for tp in tps]
             reached = all(pos >= end[tp] for pos, tp in zip(positions, tps, strict=True))
@@ -82,7 +105,6 @@ async def read_topic(
                 break
             if now - last_new >= timeout:
                 break  # nothing new for a long time: the end offsets were stale
-        return [m for tp in tps for m in records[tp]]
     finally:
         await consumer.stop()
 
@@ -135,3 +157,76 @@ def read_protected(
 ) -> tuple[dict[str, object], list[dict[str, object]]]:
     """(latest metadata of ``<topic>.meta``, all decoded records of ``topic``)."""
     return asyncio.run(read_protected_async(bootstrap, topic, timeout))
+
+
+async def read_metas_async(
+    bootstrap: str, meta_topic: str, *, timeout: float = 10.0, quiet: float = 1.0
+) -> dict[str, dict[str, object]]:
+    """Every policy version's metadata in ``meta_topic`` (the newest record of each)."""
+    metas: dict[str, tuple[tuple[int, int], dict[str, object]]] = {}
+    for m in await read_topic(bootstrap, meta_topic, timeout=timeout, quiet=quiet):
+        if m.value is None:
+            continue
+        try:
+            meta = parse_meta(m.value)
+        except ValueError:
+            log.warning(
+                "%s/%d/%d is not a metadata record: skipped", meta_topic, m.partition, m.offset
+            )
+            continue
+        version, order = str(meta["policy_version"]), (m.timestamp, m.offset)
+        if version not in metas or metas[version][0] < order:
+            metas[version] = (order, meta)
+    return {v: meta for v, (_, meta) in metas.items()}
+
+
+def _version_of(message: Any, row: dict[str, Any]) -> str:
+    """The record's policy version: its header, else its value's field."""
+    for name, value in message.headers or ():
+        if name == "policy_version":
+            return bytes(value).decode("utf-8", "replace")
+    return str(row.get("policy_version", "unknown"))
+
+
+async def count_protected_async(
+    bootstrap: str,
+    topic: str,
+    *,
+    meta_topic: str | None = None,
+    timeout: float = 10.0,
+    quiet: float = 1.0,
+) -> VersionedCounts:
+    """The protected ``topic`` folded into per-version category counts as it is read, each
+    version counted against its own record in ``meta_topic`` (default ``<topic>.meta``)."""
+    meta_topic = meta_topic or f"{topic}.meta"
+    metas = await read_metas_async(bootstrap, meta_topic, timeout=timeout, quiet=quiet)
+    if not metas:
+        raise TopicReadError(f"no metadata in {meta_topic}: has the gateway started?")
+    counts = VersionedCounts(metas)
+    add, loads = counts.add, orjson.loads
+    unreadable = 0
+    batches = iter_topic(bootstrap, topic, timeout=timeout, quiet=quiet)
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            for messages in batch.values():
+                for m in messages:
+                    try:
+                        row = loads(m.value) if m.value is not None else None
+                    except orjson.JSONDecodeError:
+                        row = None
+                    if isinstance(row, dict):
+                        add(_version_of(m, row), row)
+                    else:
+                        unreadable += 1
+    if unreadable:
+        log.warning("%d records of %s are not JSON objects: left out", unreadable, topic)
+    return counts
+
+
+def count_protected(
+    bootstrap: str, topic: str, *, meta_topic: str | None = None, timeout: float = 10.0
+) -> VersionedCounts:
+    """``privgw reconstruct --topic``'s reader (entry point ``privgw.readers``: counts)."""
+    return asyncio.run(
+        count_protected_async(bootstrap, topic, meta_topic=meta_topic, timeout=timeout)
+    )

@@ -42,7 +42,14 @@ from gateway.engine import (
     WindowReport,
     WindowResult,
 )
+from gateway.errors import PrivgwError
 from gateway.policy import Policy
+from gateway.state_api import (
+    KeyFingerprintCheck,
+    KeyFingerprintResult,
+    SecretMismatchError,
+    check_key_fingerprint,
+)
 from gateway.validation import DLQReason, Rejection, Validator, rejection
 from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
@@ -113,6 +120,7 @@ class WorkerStats:
     # (topic, partition) -> records behind the partition's high watermark after the last fetch
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     restore_remaining: int = 0  # changelog records still to replay (partitioned state)
+    secret_rotations: int = 0  # states accepted with another key fingerprint (--rotate-secret)
 
     @property
     def dlq_total(self) -> int:
@@ -186,6 +194,8 @@ class GatewayWorker:
         self.closers: list[Callable[[], None]] = []  # run after the clients are stopped
         self.state_store: Any = None  # the engine's store, for the metrics exporter
         self.engine_shards = 1  # engines the respondents are split over (gateway.shards)
+        self.key_fingerprint: str | None = None  # of the secret in force (Keyring.fingerprint)
+        self.refused: PrivgwError | None = None  # why the worker stopped before processing
         self._clock = clock
         self._validator = Validator(
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
@@ -390,7 +400,50 @@ class GatewayWorker:
                     restored,
                     time.perf_counter() - t0,
                 )
+                if self.key_fingerprint is not None:
+                    await self._check_key_fingerprint(store, wanted)
             self._epoch += 1
+
+    async def _check_key_fingerprint(self, store: PartitionedStore, wanted: list[int]) -> None:
+        """The restored partitions' key fingerprint against the secret's (off the loop: a
+        fingerprint written goes through the changelog, which sends on the loop). Another one,
+        without rotate_secret: stop before any of their records is processed."""
+        assert self.key_fingerprint is not None
+        where = f"partitions {wanted} of {store.root}"
+        check = functools.partial(
+            check_key_fingerprint,
+            store.view(wanted),
+            self.key_fingerprint,
+            rotate=self.settings.rotate_secret,
+            where=where,
+        )
+        try:
+            outcome = await asyncio.get_running_loop().run_in_executor(None, check)
+        except SecretMismatchError as err:
+            log.error("%s", err)
+            self.refused = err
+            self.request_stop()
+            return
+        self.key_fingerprint_checked(outcome, where)
+
+    def key_fingerprint_checked(self, result: KeyFingerprintResult, where: str) -> None:
+        """Log what the state's key fingerprint check found; count an accepted rotation."""
+        fp, outcome = self.key_fingerprint, result.outcome
+        if outcome is KeyFingerprintCheck.ROTATED:
+            self.stats.secret_rotations += 1
+            log.warning(
+                "privacy event: secret rotated. The state in %s was written with key "
+                "fingerprint %s and is now used with %s (rotate_secret): every respondent's "
+                "stored values and keyed draws change, so republished values differ from "
+                "earlier releases",
+                where,
+                ", ".join(result.previous),
+                fp,
+            )
+        elif outcome is KeyFingerprintCheck.NEW:
+            log.info("key fingerprint %s recorded in the state in %s", fp, where)
+        else:
+            log.info("key fingerprint %s matches the state in %s", fp, where)
 
     def _restore_progress(self, remaining: int) -> None:
         self.stats.restore_remaining = remaining

@@ -17,7 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.keyed import Keyring
-from gateway.state_api import StateStore
+from gateway.state_api import KeyFingerprintCheck as Check
+from gateway.state_api import (
+    KeyFingerprintStore,
+    SecretMismatchError,
+    StateStore,
+    check_key_fingerprint,
+)
 from state.changelog import ChangelogWriter
 from state.errors import StateStoreError
 from state.memory_store import MemoryStore
@@ -414,3 +420,51 @@ def test_rocks_changelog_failure_writes_nothing_locally(tmp_path: Path) -> None:
         with pytest.raises(TypeError):
             r.put_many(bad)  # type: ignore[arg-type]
     assert len(log.entries) == 10  # neither the failed nor the bad batch reached the changelog
+
+
+# --- the key fingerprint a state was written with (gateway.state_api) ------------------------
+
+
+def test_key_fingerprint_is_stored_apart_from_respondents(store: Store) -> None:
+    assert isinstance(store, KeyFingerprintStore)
+    assert store.key_fingerprints() == [None]
+    store.put_many(batch(0, 10))
+    store.set_key_fingerprint("0123456789abcdef")
+    assert store.key_fingerprints() == ["0123456789abcdef"]
+    assert store.count() == 10  # not a respondent
+    assert len(list(store.items())) == 10
+    store.set_key_fingerprint("fedcba9876543210")
+    assert store.key_fingerprints() == ["fedcba9876543210"]
+
+
+def test_key_fingerprint_is_durable(durable_kind: str, tmp_path: Path) -> None:
+    with open_store(durable_kind, tmp_path) as s:
+        s.set_key_fingerprint("0123456789abcdef")
+    with open_store(durable_kind, tmp_path) as s:
+        assert s.key_fingerprints() == ["0123456789abcdef"]
+
+
+def test_check_key_fingerprint_records_refuses_and_rotates(store: Store) -> None:
+    a, b = Keyring(b"a" * 32).fingerprint(), Keyring(b"b" * 32).fingerprint()
+    assert check_key_fingerprint(store, a, rotate=False, where="t").outcome is Check.NEW
+    assert check_key_fingerprint(store, a, rotate=False, where="t").outcome is Check.SAME
+    with pytest.raises(SecretMismatchError) as err:
+        check_key_fingerprint(store, b, rotate=False, where="the test dir")
+    message = str(err.value)
+    assert a in message and b in message and "--rotate-secret" in message
+    assert "the test dir" in message
+    assert store.key_fingerprints() == [a]  # a refusal writes nothing
+    rotated = check_key_fingerprint(store, b, rotate=True, where="t")
+    assert rotated.outcome is Check.ROTATED and rotated.previous == (a,)
+    assert store.key_fingerprints() == [b]
+
+
+def test_rocks_fingerprint_goes_through_the_changelog_and_is_restored(tmp_path: Path) -> None:
+    log = RecordingChangelog()
+    with RocksStore(tmp_path / "a", changelog=log) as a:
+        a.put_many(batch(0, 100))
+        a.set_key_fingerprint("0123456789abcdef")
+    with RocksStore(tmp_path / "b") as b:
+        assert b.restore(iter(log.entries)) == 101
+        assert b.key_fingerprints() == ["0123456789abcdef"]
+        assert b.count() == 100 and len(list(b.items())) == 100

@@ -1,0 +1,54 @@
+"""`privgw secret create FILE`, run as an operator runs it: a new 0600 secret, its key
+fingerprint printed (never the secret), an existing file never overwritten."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from gateway.keyed import SECRET_FILE_ENV, Keyring, load_secret
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def privgw(*args: str | Path, umask: int = 0o022) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.umask(umask),
+    )
+
+
+def test_secret_create_writes_a_private_secret_and_prints_its_fingerprint(tmp_path: Path) -> None:
+    path = tmp_path / "secrets" / "privgw.key"
+    proc = privgw("secret", "create", path, umask=0)  # 0600 whatever the umask
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    secret = load_secret({SECRET_FILE_ENV: str(path)})
+    assert len(bytes.fromhex(secret.decode())) == 32
+    printed = re.findall(r"key fingerprint ([0-9a-f]{16})\b", proc.stdout)
+    assert printed == [Keyring(secret).fingerprint()], proc.stdout
+    assert secret.decode() not in proc.stdout + proc.stderr
+
+    other = tmp_path / "other.key"
+    assert privgw("secret", "create", other).returncode == 0
+    assert other.read_bytes() != path.read_bytes()  # random, not derived from anything
+
+
+def test_secret_create_refuses_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "privgw.key"
+    assert privgw("secret", "create", path).returncode == 0
+    before = path.read_bytes()
+    proc = privgw("secret", "create", path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("privgw: error:") and "already exists" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert path.read_bytes() == before
