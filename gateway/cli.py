@@ -57,10 +57,32 @@ def cmd_protect(args: argparse.Namespace) -> int:
         f"(policy {summary['policy_version']}; {summary['groups']} groups, smallest "
         f"{summary['min_group_size']}; {summary['suppressed']} suppressed)"
     )
+    numeric_only = {"sse_sst_pct", "il1s", "dld", "interval_disclosure"}
     for name, value in summary["measures"].items():
-        print(f"  {name}: {_fmt(value)}")
+        label = f"{name} (numeric quasi-identifiers)" if name in numeric_only else name
+        print(f"  {label}: {_fmt(value)}")
     for name, value in summary["retention"].items():
         print(f"  retention {name}: {_fmt(value)}")
+    key = summary["whole_key"]
+    if key:
+        before, after, link = key["whole_key_original"], key["whole_key"], key["whole_key_linkage"]
+        print(
+            f"  whole key ({len(key['k_claim'])} quasi-identifiers): smallest class "
+            f"{before['smallest_class']} -> {after['smallest_class']}, records in classes < k "
+            f"{before['share_below_k']:.4f} -> {after['share_below_k']:.4f}, sample uniques "
+            f"{before['sample_uniques']} -> {after['sample_uniques']}"
+        )
+        print(
+            f"  whole-key record linkage: {link['share_linked']:.4f} ± "
+            f"{link['standard_error']:.4f} (exact categorical key, then nearest numeric: "
+            f"{link['exact_key_linkage']:.4f})"
+        )
+        for name, share in key["changed_categories"].items():
+            print(f"  changed categories {name}: {_fmt(share)}")
+        if key["unprotected_quasi_identifiers"]:
+            print(
+                "  NOT covered by the k claim: " + ", ".join(key["unprotected_quasi_identifiers"])
+            )
     print(f"  metadata for analysts: {summary['meta']}")
     return 0
 
@@ -112,11 +134,18 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
         ) from None
     check_output(args.output, suffixes=PICTURE_SUFFIXES, inputs=(args.input, args.policy))
     rows = workflows.ru_map(args.input, policy, ks)
-    print(f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'DLD':>8} {'ID':>8} {'DR':>8} {'score':>8}")
+    nan = float("nan")
+    print(
+        f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'changed':>8} {'DLD':>8} {'ID':>8} "
+        f"{'DR':>8} {'score':>8} {'whole-key linkage':>18}"
+    )
+    print(f"{'':>4} {'numeric QIs':>13} {'':>8} {'categ.':>8} {'numeric QIs only':>26}")
     for r in rows:
         print(
-            f"{int(r['k']):>4} {r['il']:>13.3f} {r['il1s']:>8.4f} {r['dld']:>8.4f} "
-            f"{r['interval_disclosure']:>8.4f} {r['dr']:>8.4f} {r['score']:>8.4f}"
+            f"{int(r['k']):>4} {r.get('il', nan):>13.3f} {r.get('il1s', nan):>8.4f} "
+            f"{r['changed_categories']:>8.4f} {r.get('dld', nan):>8.4f} "
+            f"{r.get('interval_disclosure', nan):>8.4f} {r.get('dr', nan):>8.4f} "
+            f"{r.get('score', nan):>8.4f} {r['whole_key_linkage']:>18.4f}"
         )
     workflows.plot_ru_map(rows, args.output)
     print(f"R-U map -> {args.output}")
@@ -129,7 +158,19 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
         _print_json(report)
         return 0
     print(f"policy {report['policy']} version {report['version']}")
-    print(f"k = {report['k']} for quasi-identifiers {', '.join(report['quasi_identifiers'])}")
+    claim = report["k_claim"]
+    if claim:
+        print(
+            f"k = {report['k']}: every published tuple of ({', '.join(claim)}) together is "
+            f"shared by at least {report['k']} respondents over the whole history"
+        )
+    else:
+        print("no k-anonymity claim: no quasi-identifier is microaggregated")
+    if report["unprotected_quasi_identifiers"]:
+        print(
+            "NOT covered by the k claim (unprotected: true): "
+            + ", ".join(report["unprotected_quasi_identifiers"])
+        )
     print(f"consistency: {report['consistency']}")
     for name, entry in report["attributes"].items():
         print(f"\n{name}: {entry['role']} {entry['type']}, {entry['method']}")
@@ -151,10 +192,17 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
                 print(f"    {c[:18]:>18} " + " ".join(f"{v:.3f}" for v in row))
             if "note" in entry:
                 print(f"  note: {entry['note']}")
-        elif "k" in entry:
-            print(f"  k = {entry['k']} ({entry['algorithm']})")
-        elif "noise_variance_ratio" in entry:
-            print(f"  noise variance = {entry['noise_variance_ratio']} × attribute variance")
+        elif entry.get("k") is not None:
+            print(f"  k = {entry['k']} ({entry['algorithm']}, {entry['kind']})")
+        elif "noise" in entry:
+            coding = entry.get("coding")
+            if coding:
+                print(f"  top/bottom coded first: {coding}")
+            print(
+                f"  Gaussian noise: sd = max(sd, sqrt(ratio) * S of the window): {entry['noise']}"
+            )
+        if "note" in entry and "gamma" not in entry:
+            print(f"  note: {entry['note']}")
     return 0
 
 

@@ -13,13 +13,19 @@ import orjson
 import pandas as pd
 from numpy.typing import NDArray
 
-from gateway import quality
+from gateway import key_risk, quality
 from gateway.attack import averaging_attack, intersection_attack
 from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
 from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
 from gateway.microaggregation import microaggregate
-from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, RRMode
+from gateway.mixed_microaggregation import (
+    QIKind,
+    claim_columns,
+    claim_inputs,
+    mixed_microaggregate,
+)
+from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, Role, RRMode
 from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource
 from gateway.reconstruction import reconstruct
@@ -79,7 +85,9 @@ def protect_file(
     meta = engine.metadata()
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     rep = result.report
+    whole_key = whole_key_evaluation(df, protected, policy, src, out) if policy.k_claim else {}
     return {
+        "whole_key": whole_key,
         "records": rep.records_in,
         "published": rep.published,
         "suppressed": rep.suppressed,
@@ -234,7 +242,94 @@ def evaluate_files(
             retention[name] = quality.rr_retention(t, p)
         if retention:
             result["retention"] = retention
+        result.update(whole_key_evaluation(orig, prot, policy, original, protected))
     return result
+
+
+def _missing_to_none(values: Sequence[object], tokens: set[str]) -> list[object]:
+    return [
+        None if v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in tokens else v
+        for v in values
+    ]
+
+
+def claim_frame(df: pd.DataFrame, policy: Policy, *, published: bool) -> pd.DataFrame:
+    """The k claim's columns as the partition sees them: numbers as floats, categories as
+    text (an original's generalized as the policy says; a published file's already are), a
+    missing value as the missing category where it is one, else None."""
+    tokens = set(policy.input.missing_tokens)
+    out: dict[str, list[object]] = {}
+    for name in policy.k_claim:
+        attr = policy.attributes[name]
+        values = _missing_to_none(df[name].tolist(), tokens)
+        if attr.type is AttrType.NUMERIC:
+            out[name] = [None if v is None else float(str(v)) for v in values]
+        elif published:
+            label = MISSING_LABEL if attr.missing_is_category else None
+            out[name] = [label if v is None else str(v) for v in values]
+        else:
+            out[name] = claim_inputs(attr, values)
+    return pd.DataFrame(out, index=df.index)
+
+
+def changed_categories(
+    original: pd.DataFrame, published: pd.DataFrame, policy: Policy
+) -> dict[str, float]:
+    """Per categorical attribute of the k claim: the share of records published with another
+    category than their own (the categorical information loss of the microaggregation)."""
+    out: dict[str, float] = {}
+    for c in claim_columns(policy):
+        if c.kind is QIKind.NUMERIC:
+            continue
+        a, b = original[c.name].to_numpy(dtype=object), published[c.name].to_numpy(dtype=object)
+        both = np.array([x is not None and y is not None for x, y in zip(a, b, strict=True)])
+        out[c.name] = float(np.mean(a[both] != b[both])) if both.any() else float("nan")
+    return out
+
+
+def whole_key_evaluation(
+    orig: pd.DataFrame,
+    prot: pd.DataFrame,
+    policy: Policy,
+    original: str | Path,
+    protected: str | Path,
+) -> dict[str, Any]:
+    """Risk over the whole quasi-identifier tuple (the k claim): frequency counts and
+    l-diversity of the original and of the published file, record linkage with the mixed
+    distance, and the categories the microaggregation changed."""
+    claim = policy.k_claim
+    if not claim:
+        return {}
+    for name in claim:
+        for df, path in ((orig, original), (prot, protected)):
+            if name not in df.columns:
+                raise InputDataError(
+                    f"{path}: no column '{name}', a quasi-identifier of the policy's k claim"
+                )
+    k = policy.microaggregation.k
+    sensitive = [
+        n
+        for n, a in policy.attributes.items()
+        if a.role is Role.SENSITIVE and n in orig.columns and n in prot.columns
+    ]
+    before, after = (
+        claim_frame(orig, policy, published=False),
+        claim_frame(prot, policy, published=True),
+    )
+    tokens = set(policy.input.missing_tokens)
+    sens_o = pd.DataFrame({n: _missing_to_none(orig[n].tolist(), tokens) for n in sensitive})
+    sens_p = pd.DataFrame({n: _missing_to_none(prot[n].tolist(), tokens) for n in sensitive})
+    risk_before = key_risk.key_risk(pd.concat([before, sens_o], axis=1), claim, k, sensitive)
+    risk_after = key_risk.key_risk(pd.concat([after, sens_p], axis=1), claim, k, sensitive)
+    linkage = key_risk.mixed_linkage(before, after, claim_columns(policy))
+    return {
+        "k_claim": claim,
+        "unprotected_quasi_identifiers": policy.unprotected_quasi_identifiers,
+        "whole_key_original": risk_before.to_dict(),
+        "whole_key": risk_after.to_dict(),
+        "whole_key_linkage": linkage.to_dict(),
+        "changed_categories": changed_categories(before, after, policy),
+    }
 
 
 def _category_codes(
@@ -255,40 +350,53 @@ def _category_codes(
 def ru_map(
     src: str | Path, policy: Policy, ks: Sequence[int], *, p_pct: float | None = None
 ) -> list[dict[str, float]]:
-    """Information loss vs disclosure risk of MDAV on the policy's numeric QIs, per k."""
-    df = read_table(src, as_text=True)
-    records = records_from_frame(df, policy, src)
-    cols = policy.microaggregated
-    if not cols:
+    """Information loss vs disclosure risk of MDAV on the policy's whole k claim, per k.
+
+    IL: SSE/SST and IL1s over the numeric quasi-identifiers, and the share of changed
+    categories over the categorical ones; risk: DLD and ID over the numeric ones (DR and the
+    score as in the seed paper), and record linkage over the whole key (mixed distance)."""
+    claim = policy.k_claim
+    if not claim:
         raise InputDataError("the policy microaggregates no attribute; an R-U map needs some")
-    x = np.array(
-        [
-            [float(str(r.values[c])) for c in cols]
-            for r in records
-            if all(r.values.get(c) is not None for c in cols)
-        ]
-    )
+    df = read_table(src, as_text=True)
+    records_from_frame(df, policy, src)  # validates the file against the policy
+    before = claim_frame(df, policy, published=False)
+    before = before[before.notna().all(axis=1)].reset_index(drop=True)
+    columns = claim_columns(policy)
+    numeric = [c.name for c in columns if c.kind is QIKind.NUMERIC]
     pct = p_pct if p_pct is not None else policy.risk.interval_pct
     rows = []
     for k in ks:
-        masked, _ = microaggregate(
-            x,
+        if k < 2 or k > len(before):
+            raise InputDataError(
+                f"--k: each k must be between 2 and the {len(before)} complete records; got {k}"
+            )
+        published, _ = mixed_microaggregate(
+            columns,
+            [before[c.name].tolist() for c in columns],
             k,
-            algorithm=policy.microaggregation.algorithm.value,
             standardize=policy.microaggregation.standardize,
         )
-        rep = quality.evaluate_numeric(x, masked, p_pct=pct)
-        rows.append(
-            {
-                "k": float(k),
-                "il": rep.sse_sst_pct,
-                "il1s": rep.il1s,
-                "dld": rep.dld,
-                "interval_disclosure": rep.interval_disclosure,
-                "dr": rep.dr,
-                "score": rep.score,
-            }
-        )
+        after = pd.DataFrame(dict(zip([c.name for c in columns], published, strict=True)))
+        row: dict[str, float] = {"k": float(k)}
+        if numeric:
+            rep = quality.evaluate_numeric(
+                before[numeric].to_numpy(dtype=float),
+                after[numeric].to_numpy(dtype=float),
+                p_pct=pct,
+            )
+            row.update(
+                il=rep.sse_sst_pct,
+                il1s=rep.il1s,
+                dld=rep.dld,
+                interval_disclosure=rep.interval_disclosure,
+                dr=rep.dr,
+                score=rep.score,
+            )
+        changed = changed_categories(before, after, policy)
+        row["changed_categories"] = float(np.mean(list(changed.values()))) if changed else 0.0
+        row["whole_key_linkage"] = key_risk.mixed_linkage(before, after, columns).share_linked
+        rows.append(row)
     return rows
 
 
@@ -299,16 +407,14 @@ def plot_ru_map(rows: Sequence[Mapping[str, float]], out: str | Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
-    il = [r["il"] for r in rows]
-    dr = [r["dr"] for r in rows]
+    il = [r.get("il", r["changed_categories"] * 100) for r in rows]
+    dr = [r["whole_key_linkage"] for r in rows]
     ax.plot(il, dr, "o-", color="#1f77b4")
-    for r in rows:
-        ax.annotate(
-            f"k={int(r['k'])}", (r["il"], r["dr"]), textcoords="offset points", xytext=(5, 5)
-        )
-    ax.set_xlabel("information loss: 100·SSE/SST")
-    ax.set_ylabel("disclosure risk DR = ½·DLD + ½·ID")
-    ax.set_title("R-U map, MDAV")
+    for r, x, y in zip(rows, il, dr, strict=True):
+        ax.annotate(f"k={int(r['k'])}", (x, y), textcoords="offset points", xytext=(5, 5))
+    ax.set_xlabel("information loss: 100·SSE/SST of the numeric quasi-identifiers")
+    ax.set_ylabel("record linkage over the whole key (share re-identified)")
+    ax.set_title("R-U map, MDAV over every quasi-identifier")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(out)
@@ -324,6 +430,8 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
             records_from_frame(read_table(data, as_text=True), policy, data), policy
         )
     attrs: dict[str, Any] = {}
+    claim = policy.k_claim
+    kinds = {c.name: c.kind.value for c in claim_columns(policy)}
     for name, attr in policy.attributes.items():
         entry: dict[str, Any] = {
             "role": attr.role.value,
@@ -343,12 +451,20 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
                     "protect` weighs by the input's value frequencies (see it with --data FILE) "
                     "and publishes that matrix in OUT.meta.json"
                 )
-        elif attr.method is Method.MICROAGGREGATION:
+        elif name in claim:
             entry["k"] = policy.microaggregation.k
             entry["algorithm"] = policy.microaggregation.algorithm.value
+            entry["kind"] = kinds[name]
+            if attr.method is Method.GENERALIZE:
+                entry["note"] = "generalized, then microaggregated at the generalized level"
         elif attr.method is Method.NOISE:
             assert attr.noise is not None
-            entry["noise_variance_ratio"] = attr.noise.ratio
+            entry["noise"] = attr.noise.model_dump(mode="json", exclude_none=True)
+            if attr.coding is not None:
+                entry["coding"] = attr.coding.model_dump(mode="json", exclude_none=True)
+        if attr.unprotected:
+            entry["k"] = None
+            entry["note"] = "unprotected: published outside the k claim"
         attrs[name] = entry
     return {
         "policy": policy.name,
@@ -357,6 +473,10 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
         "quasi_identifiers": [
             n for n, a in policy.attributes.items() if a.role.value == "quasi_identifier"
         ],
+        # every published tuple of these, together, is shared by >= k respondents over the
+        # whole publication history; the unprotected ones are outside that claim
+        "k_claim": claim,
+        "unprotected_quasi_identifiers": policy.unprotected_quasi_identifiers,
         "consistency": policy.consistency.mode.value,
         "attributes": attrs,
     }
