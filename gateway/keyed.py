@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import os
 import secrets
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,6 @@ _RESPONDENT = b"privgw/v1/respondent\x00"
 _VALUE = b"privgw/v1/value\x00"
 _PSEUDONYM = b"privgw/v1/pseudonym\x00"
 _DRAW = b"privgw/v1/draw\x00"
-_FINGERPRINT = b"privgw/v1/fingerprint\x00"
 
 _VALUE_DIGEST_BYTES = 16
 _BLOCK = 64  # SHA-256 block size
@@ -140,7 +140,7 @@ class Keyring:
         self._hmac = _PrekeyedHmac(self._secret)
 
     def __repr__(self) -> str:
-        return f"Keyring(fingerprint={self.fingerprint!r})"
+        return f"Keyring(fingerprint={self.fingerprint()!r})"
 
     __str__ = __repr__
 
@@ -152,10 +152,10 @@ class Keyring:
         socket (``stream_jobs.engine_process``). Never log, store or send it anywhere else."""
         return self._secret
 
-    @property
     def fingerprint(self) -> str:
-        """8 hex digits identifying the secret without revealing it."""
-        return self._hmac.digest(_FINGERPRINT, b"").hex()[:8]
+        """16 hex digits identifying the secret without revealing it (an HMAC of a fixed
+        label): stored in the state, so a state is never silently used with another secret."""
+        return hmac.new(self._secret, b"privgw/key-fingerprint", hashlib.sha256).hexdigest()[:16]
 
     def respondent_key(self, respondent_id: str) -> bytes:
         """32-byte state key of a respondent: the only form in which an id is stored."""

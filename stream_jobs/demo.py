@@ -161,7 +161,7 @@ async def _demo(
     policy_name: str,
 ) -> int:
     topics = settings.topics(policy)
-    await ensure_topics(settings, topics)
+    await ensure_topics(settings, topics, input_too=True)
     worker: GatewayWorker = build_worker(policy, settings, keyring)
     respondents = max(1, records // max(1, waves))
     survey = PanelSurvey(respondents=respondents, waves=waves + 1, seed=seed, rows=load_rows())

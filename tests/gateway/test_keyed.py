@@ -65,7 +65,7 @@ def test_digests_are_deterministic_across_instances() -> None:
     assert a.respondent_key("x") == b.respondent_key("x")
     assert a.value_digest("sex", "F") == b.value_digest("sex", "F")
     assert a.pseudonym("x") == b.pseudonym("x")
-    assert a.fingerprint == b.fingerprint
+    assert a.fingerprint() == b.fingerprint()
 
 
 def test_different_secret_gives_different_digests(ring: Keyring) -> None:
@@ -73,7 +73,7 @@ def test_different_secret_gives_different_digests(ring: Keyring) -> None:
     assert ring.respondent_key("x") != other.respondent_key("x")
     assert ring.value_digest("sex", "F") != other.value_digest("sex", "F")
     assert ring.pseudonym("x") != other.pseudonym("x")
-    assert ring.fingerprint != other.fingerprint
+    assert ring.fingerprint() != other.fingerprint()
 
 
 def test_domain_separation_between_digest_kinds(ring: Keyring) -> None:
@@ -301,7 +301,7 @@ def test_generate_secret_file(tmp_path: Path) -> None:
     assert len(content) == 65
     assert len(bytes.fromhex(content.decode().strip())) == 32
     secret = load_secret({SECRET_FILE_ENV: str(f)})
-    assert Keyring(secret).fingerprint
+    assert Keyring(secret).fingerprint()
     other = tmp_path / "other.key"
     generate_secret_file(other)
     assert other.read_bytes() != content

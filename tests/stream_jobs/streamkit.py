@@ -166,7 +166,7 @@ def make_worker(policy: Policy, settings: WorkerSettings, secret: str) -> Gatewa
 
 
 def create_topics(policy: Policy, settings: WorkerSettings) -> None:
-    asyncio.run(ensure_topics(settings, settings.topics(policy)))
+    asyncio.run(ensure_topics(settings, settings.topics(policy), input_too=True))
 
 
 async def run_until(
