@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
     where.add_argument(
         "--embedded-broker",
         action="store_true",
-        help="start the development broker (memory only) on a free loopback port",
+        help="start the development broker (memory only) on a free loopback port, with the "
+        "input topic created",
     )
     p.add_argument("--group-id", help="consumer group (env PRIVGW_GROUP_ID, default privgw)")
     p.add_argument(
@@ -69,7 +70,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--metrics-port",
         type=int,
-        help="port of /metrics, /healthz, /readyz on 127.0.0.1; 0 = off "
+        help="port of /metrics, /healthz, /readyz on PRIVGW_METRICS_HOST (127.0.0.1); 0 = off "
         "(env PRIVGW_METRICS_PORT, default 9464)",
     )
     p.add_argument(
@@ -264,6 +265,8 @@ class _Stores:
 
 # -- run ---------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
     from stream_jobs.kafka import check_input_topic, ensure_topics  # noqa: PLC0415
@@ -300,7 +303,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
             # it starts empty: the input topic is created for the development loop only
             asyncio.run(ensure_topics(settings, topics, input_too=True))
-        asyncio.run(check_input_topic(settings, topics))  # exit 2 before any engine starts
+        try:  # exit 2 before any engine starts
+            asyncio.run(check_input_topic(settings, topics))
+        except KafkaError as err:
+            raise PrivgwError(
+                f"cannot reach Kafka at {settings.bootstrap} ({err.__class__.__name__}): check "
+                "--bootstrap / PRIVGW_BOOTSTRAP and the PRIVGW_SECURITY_PROTOCOL settings"
+            ) from None
         worker = build_worker(policy, settings, keyring)
         _banner(worker, settings, keyring)
         monitor = start_monitor(worker, settings)

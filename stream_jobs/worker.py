@@ -312,7 +312,12 @@ class GatewayWorker:
     def highwater(self, topic: str, partition: int) -> int | None:
         """The partition's high watermark from the last fetch (None: not fetched yet)."""
         consumer = self._consumer
-        return None if consumer is None else consumer.highwater(TopicPartition(topic, partition))
+        if consumer is None:
+            return None
+        try:
+            return consumer.highwater(TopicPartition(topic, partition))
+        except (AssertionError, AttributeError):  # revoked meanwhile (asked from another thread)
+            return None
 
     async def stop(self) -> None:
         self.request_stop()
@@ -668,7 +673,8 @@ class GatewayWorker:
             raise err
         log.warning("%s (%s); trying again in %.1f s", what, err.__class__.__name__, delay)
         self.stats.retries += 1
-        self.stats.broker_ok = False
+        self.stats.broker_ok = False  # not ready; still live: waiting out the broker is
+        self.stats.loop_tick = time.monotonic()  # deliberate, a restart would not help
         await asyncio.sleep(delay)
         return min(delay * 2, _RETRY_MAX_S)
 

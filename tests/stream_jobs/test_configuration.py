@@ -60,6 +60,7 @@ def test_every_privgw_variable_the_repository_uses_is_known() -> None:
             if path.is_file() and path.suffix in {".py", ".yml", ".yaml", ""} and path != HERE:
                 text = path.read_text(encoding="utf-8", errors="replace")
                 used |= set(re.findall(r"PRIVGW_[A-Z_]*[A-Z](?![A-Z_*])", text))
+    used.discard("PRIVGW_BOOTSTRAP_SERVERS")  # the README's example of a misspelling
     check_environment(dict.fromkeys(used, "x"))
     assert set(OTHER_VARIABLES) <= used
 
@@ -128,3 +129,21 @@ def test_privgw_version() -> None:
     proc = run_privgw("--version")
     assert proc.returncode == 0
     assert re.fullmatch(r"privgw \d+\.\d+\S* \(Python 3\.\d+\.\d+\)\n", proc.stdout), proc.stdout
+
+
+def test_privgw_run_names_the_bootstrap_setting_when_kafka_cannot_be_reached() -> None:
+    from stream_jobs.broker import free_port  # noqa: PLC0415
+
+    proc = run_privgw(
+        "run",
+        "--policy",
+        str(POLICY),
+        "--bootstrap",
+        f"127.0.0.1:{free_port()}",  # nothing listens there
+        PRIVGW_SECRET="x" * 40,
+        PRIVGW_REQUEST_TIMEOUT_MS="2000",
+    )
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("privgw: error:")]
+    assert len(errors) == 1 and "--bootstrap / PRIVGW_BOOTSTRAP" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
