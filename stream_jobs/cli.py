@@ -284,7 +284,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             input_topic=args.input_topic,
             output_topic=args.output_topic,
             partitions=args.partitions,
-            replication_factor=args.replication_factor,
+            # one broker, memory only: replicas would be pointless
+            replication_factor=args.replication_factor or (1 if broker is not None else None),
             create_topics=args.create_topics,
             state_dir=args.state_dir,
             metrics_port=args.metrics_port,

@@ -154,6 +154,7 @@ def run_demo(
             bootstrap=broker.bootstrap,
             group_id="privgw-demo",
             partitions=3,
+            replication_factor=1,  # one embedded broker
             session_timeout_ms=3000,
             heartbeat_interval_ms=500,
             state_dir=state_dir,

@@ -43,6 +43,7 @@ def test_demo_runs_to_completion_and_leaves_the_jsonl_it_names(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "created a new secret" in proc.stdout  # no secret configured: the demo makes one
     assert " INFO " not in proc.stdout + proc.stderr  # the console is the summary
+    assert " WARNING " not in proc.stdout + proc.stderr  # nothing to worry a newcomer
     done = re.search(r"(\d+) in, (\d+) published .* (\d+) dead-lettered", proc.stdout)
     named = re.search(r"protected records: (\S+\.jsonl) \((\d+) lines\)", proc.stdout)
     assert done and named, proc.stdout[-2000:]
