@@ -62,7 +62,7 @@ _SCALE53 = 2.0**-53
 _HOW_TO_SET = (
     f"set {SECRET_ENV} (text of at least {MIN_SECRET_BYTES} bytes, or 'hex:...' / 'base64:...') "
     f"or {SECRET_FILE_ENV} (path to a file holding the secret; create one with "
-    "gateway.keyed.generate_secret_file)"
+    "`privgw secret create FILE`)"
 )
 
 

@@ -252,11 +252,11 @@ class _Stores:
     def __init__(self, stores: list[Any]) -> None:
         self.stores = stores
 
-    def count(self) -> int:
-        return sum(s.count() for s in self.stores)
-
     def count_prefix(self, prefix: bytes) -> int:
         return sum(s.count_prefix(prefix) for s in self.stores)
+
+    def count(self) -> int:
+        return sum(s.count() for s in self.stores)
 
     def close(self) -> None:
         for s in self.stores:
