@@ -169,7 +169,7 @@ class Monitor:
         live = self.liveness()
         now = self._clock()
         if not live.ok and self._stalled_since is None:
-            self._stalled_since = now
+            self._stalled_since = now - self.seconds_since_progress()  # when progress stopped
             log.warning(
                 "worker stalled: %s (PRIVGW_STALL_TIMEOUT_SECONDS %g); /healthz answers 503 "
                 "until it moves again",
@@ -177,7 +177,9 @@ class Monitor:
                 self.settings.stall_timeout_seconds,
             )
         elif live.ok and self._stalled_since is not None:
-            log.info("worker progressing again after a stall of %.0f s", now - self._stalled_since)
+            log.info(
+                "worker progressing again after %.0f s without progress", now - self._stalled_since
+            )
             self._stalled_since = None
 
     async def _measure(self) -> None:
