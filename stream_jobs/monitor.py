@@ -38,6 +38,7 @@ from stream_jobs.worker import GatewayWorker
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.25  # how often the monitor looks at the worker
+_MEASURE_TIMEOUT_S = 10.0  # one lag measurement at most (the broker may be away)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ class Monitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="privgw-monitor", daemon=True)
         self._consumer: Any = None
-        self._last_progress: tuple[float, int, int, int] | None = None
+        self._last_progress: tuple[float, int] | None = None  # (time, consumed) of the last line
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> Monitor:
@@ -85,24 +86,26 @@ class Monitor:
             self._thread.join(10)
 
     # -- liveness and readiness (any thread) -------------------------------------------
+    def _ages(self) -> tuple[float, float]:
+        """(seconds since the loop last turned, seconds the current window has been in the
+        engine); 0 for what does not apply. Before the loop's first turn (group join, restore)
+        the worker is starting, which /readyz reports, not stalled."""
+        st = self.worker.stats
+        now = self._clock()
+        since = st.engine_since
+        idle = now - st.loop_tick if st.loop_tick else 0.0
+        return max(0.0, idle), max(0.0, now - since) if since is not None else 0.0
+
     def seconds_since_progress(self) -> float:
         """How long the worker has made no progress: since the loop last turned, or since the
         window now in the engine went in, whichever is longer."""
-        st = self.worker.stats
-        if not st.loop_tick:
-            return 0.0  # starting (group join, restore): /readyz tells, not a stall
-        now = self._clock()
-        since = st.engine_since
-        return max(0.0, now - st.loop_tick, now - since if since is not None else 0.0)
+        return max(self._ages())
 
     def liveness(self) -> Verdict:
-        st = self.worker.stats
-        now = self._clock()
+        idle, in_engine = self._ages()
         limit = self.settings.stall_timeout_seconds
-        since = st.engine_since
-        if since is not None and now - since > limit:
-            return Verdict(False, f"a window has been in the engine for {now - since:.0f} s")
-        idle = now - st.loop_tick if st.loop_tick else 0.0  # (0: starting, see readiness)
+        if in_engine > limit:
+            return Verdict(False, f"a window has been in the engine for {in_engine:.0f} s")
         if idle > limit:
             return Verdict(False, f"the processing loop has not turned for {idle:.0f} s")
         return Verdict(True, "progressing")
@@ -138,26 +141,34 @@ class Monitor:
         asyncio.run(self._watch())
 
     async def _watch(self) -> None:
-        s = self.settings
-        next_lag = self._clock()
-        next_progress = self._clock() + s.progress_interval_seconds
+        # two tasks: a lag measurement waiting on an absent broker must not delay the stall
+        # check or the progress line
+        ticker = asyncio.create_task(self._tick())
         try:
             while not self._stop.is_set():
-                now = self._clock()
-                self._check_stall()
-                if now >= next_lag:
-                    next_lag = now + s.lag_interval_seconds
-                    try:
-                        await self._measure()
-                    except Exception as err:  # the broker away: try again next interval
-                        log.debug("lag not measured: %s", err.__class__.__name__)
-                        await self._close_consumer()
-                if s.progress_interval_seconds and now >= next_progress:
-                    next_progress = now + s.progress_interval_seconds
-                    self._log_progress()
-                await asyncio.sleep(_TICK_S)
+                next_lag = self._clock() + self.settings.lag_interval_seconds
+                try:
+                    await asyncio.wait_for(self._measure(), _MEASURE_TIMEOUT_S)
+                except Exception as err:  # the broker away: try again next interval
+                    log.debug("lag not measured: %s", err.__class__.__name__)
+                    await self._close_consumer()
+                while not self._stop.is_set() and self._clock() < next_lag:
+                    await asyncio.sleep(_TICK_S)
         finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
             await self._close_consumer()
+
+    async def _tick(self) -> None:
+        interval = self.settings.progress_interval_seconds
+        next_progress = self._clock() + interval
+        while True:
+            self._check_stall()
+            if interval and self._clock() >= next_progress:
+                next_progress = self._clock() + interval
+                self._log_progress()
+            await asyncio.sleep(_TICK_S)
 
     async def _close_consumer(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -242,7 +253,7 @@ class Monitor:
         rate = (
             (st.consumed - prev[1]) / (now - prev[0]) if prev is not None and now > prev[0] else 0.0
         )
-        self._last_progress = (now, st.consumed, st.windows, st.dlq_total)
+        self._last_progress = (now, st.consumed)
         log.info(
             "progress: %d records consumed (%.0f/s), %d published, %d windows, %d dead-lettered, "
             "%d held, lag %s",
