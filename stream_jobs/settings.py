@@ -281,7 +281,8 @@ class WorkerSettings(BaseSettings):
 # Variables of the PRIVGW_ prefix that are not worker settings: the deployment secret, read by
 # gateway.keyed.load_secret. Anything else with the prefix is a typo (check_environment).
 OTHER_VARIABLES: dict[str, str] = {
-    "PRIVGW_SECRET": "the deployment secret that keys pseudonyms and randomness",
+    "PRIVGW_SECRET": "the deployment secret that keys pseudonyms and randomness (text, or "
+    "hex:/base64: prefixed); set it or PRIVGW_SECRET_FILE",
     "PRIVGW_SECRET_FILE": "a file holding the deployment secret",
 }
 
@@ -360,7 +361,8 @@ def configuration_table() -> str:
             f"{_type_name(field.annotation)} | `{shown}` | {field.description or ''} |"
         )
     for name, doc in OTHER_VARIABLES.items():
-        lines.append(f"| `{name}` |  | secret |  | {doc} (not a worker setting) |")
+        kind = "path" if name.endswith("_FILE") else "secret"
+        lines.append(f"| `{name}` |  | {kind} |  | {doc} (not a worker setting) |")
     return "\n".join(lines) + "\n"
 
 
