@@ -164,7 +164,8 @@ def _admin(settings: WorkerSettings) -> AIOKafkaAdminClient:
 
 
 async def check_input_topic(settings: WorkerSettings, topics: Topics) -> None:
-    """Raise :class:`MissingTopicError`, naming the setting to fix, if the input is missing."""
+    """Raise :class:`MissingTopicError`, naming the setting to fix, if the input is missing
+    (or, with topic creation off, any topic the worker writes)."""
     admin = _admin(settings)
     await admin.start()
     try:
@@ -179,6 +180,14 @@ async def check_input_topic(settings: WorkerSettings, topics: Topics) -> None:
             f"input topic {topics.input} does not exist on {settings.bootstrap}: check the "
             f"policy key input.topic{where}; the worker never creates its input topic, so "
             "create it with your Kafka tooling first"
+        )
+    outputs = [topics.output, topics.dlq, topics.meta, topics.repartition]
+    missing = [t for t in outputs if t is not None and t not in existing]
+    if missing and not settings.create_topics:
+        raise MissingTopicError(
+            f"topics {', '.join(missing)} do not exist on {settings.bootstrap} and "
+            "PRIVGW_CREATE_TOPICS (--create-topics) is false: create them, or let the worker "
+            "create them"
         )
 
 

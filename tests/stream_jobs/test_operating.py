@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient
-from streamkit import create_topics, produce, settings_for
+from streamkit import create_input_topic, create_topics, produce, settings_for
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker, free_port
@@ -221,3 +221,25 @@ def test_privgw_run_as_an_operator_sees_it(
             proc.wait()
     text = log2.read_text()
     assert "400 respondents restored" in text and f"key fingerprint {fingerprint.group(1)}" in text
+
+
+def test_with_topic_creation_off_missing_output_topics_are_named(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    create_input_topic(broker.bootstrap, f"{unique_name}.in", partitions=2)
+    proc = subprocess.run(
+        run_args(broker.bootstrap, unique_name, tmp_path / "state", 0, "--no-create-topics"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=privgw_env(secret_env),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("privgw: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for topic in (f"{unique_name}.out", f"{unique_name}.in.dlq", f"{unique_name}.out.meta"):
+        assert topic in errors[0]
+    assert "PRIVGW_CREATE_TOPICS" in errors[0]
+    assert not {t for t in topics_on(broker.bootstrap) if t.startswith(f"{unique_name}.out")}
