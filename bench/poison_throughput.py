@@ -87,6 +87,7 @@ async def one(
     await ensure_topics(
         settings,
         Topics(input=f"{name}.in", output=f"{name}.out", dlq=f"{name}.in.dlq", meta=f"{name}.m"),
+        input_too=True,
     )
     await preload(bootstrap, f"{name}.in", records)
     t_read = await plain_read(settings, f"{name}.in", len(records))

@@ -120,7 +120,9 @@ async def bench_topics(bootstrap: str, src: str, dst: str) -> None:
     """A side's input and output topics (with their dead-letter and metadata topics)."""
     settings = WorkerSettings(bootstrap=bootstrap, partitions=PARTITIONS)
     await ensure_topics(
-        settings, Topics(input=src, output=dst, dlq=f"{src}.dlq", meta=f"{dst}.meta")
+        settings,
+        Topics(input=src, output=dst, dlq=f"{src}.dlq", meta=f"{dst}.meta"),
+        input_too=True,
     )
 
 

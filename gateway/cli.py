@@ -318,6 +318,14 @@ def _entry_point(group: str, name: str) -> Any:
 
 
 # -- parser --------------------------------------------------------------------------------
+def package_version() -> str:
+    """The installed privgw's version (``privgw --version``, the banner, privgw_build_info)."""
+    try:
+        return importlib.metadata.version("privgw")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="privgw",
@@ -327,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"privgw {package_version()} (Python {sys.version.split()[0]})",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = add_command(

@@ -177,6 +177,12 @@ class SQLiteStore:
             ids.update(fresh)  # only once the batch is durable
             self._next_id = next_id
 
+    def count_prefix(self, prefix: bytes) -> int:
+        """Keys that start with ``prefix`` (the engine's group registry rows, for metrics)."""
+        with self._lock:
+            self._connection()
+            return sum(1 for key in self._ids if key.startswith(prefix))
+
     def count(self) -> int:
         with self._lock:
             self._connection()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,31 +37,75 @@ def register(sub: Any) -> None:
     where.add_argument(
         "--embedded-broker",
         action="store_true",
-        help="start the development broker (memory only) on a free loopback port",
+        help="start the development broker (memory only) on a free loopback port, with the "
+        "input topic created",
     )
     p.add_argument("--group-id", help="consumer group (env PRIVGW_GROUP_ID, default privgw)")
-    p.add_argument("--input-topic", help="overrides the policy's input.topic")
-    p.add_argument("--output-topic", help="overrides the policy's output.topic")
-    p.add_argument("--partitions", type=int, help="partitions of topics created (default 6)")
+    p.add_argument(
+        "--input-topic",
+        help="overrides the policy's input.topic; must exist (env PRIVGW_INPUT_TOPIC)",
+    )
+    p.add_argument(
+        "--output-topic", help="overrides the policy's output.topic (env PRIVGW_OUTPUT_TOPIC)"
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        help="partitions of topics created (env PRIVGW_PARTITIONS, default 6)",
+    )
+    p.add_argument(
+        "--replication-factor",
+        type=int,
+        help="replication factor of topics created, capped at the broker count "
+        "(env PRIVGW_REPLICATION_FACTOR, default 3)",
+    )
+    p.add_argument(
+        "--create-topics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="create missing output, DLQ, meta and changelog topics; never the input "
+        "(env PRIVGW_CREATE_TOPICS, default true)",
+    )
     p.add_argument("--state-dir", help="state store directory (env PRIVGW_STATE_DIR)")
-    p.add_argument("--metrics-port", type=int, help="Prometheus port on 127.0.0.1; 0 = off")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="port of /metrics, /healthz, /readyz on PRIVGW_METRICS_HOST (127.0.0.1); 0 = off "
+        "(env PRIVGW_METRICS_PORT, default 9464)",
+    )
+    p.add_argument(
+        "--stall-timeout-seconds",
+        type=float,
+        help="stalled (/healthz 503) when the loop or a window in the engine makes no "
+        "progress this long (env PRIVGW_STALL_TIMEOUT_SECONDS, default 30)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="log lines as text or one JSON object each (env PRIVGW_LOG_FORMAT)",
+    )
     p.add_argument(
         "--worker-index",
         type=int,
-        help="static assignment: this worker's index i (takes partitions p with p mod n = i)",
+        help="static assignment: this worker's index i (takes partitions p with p mod n = i; "
+        "env PRIVGW_WORKER_INDEX)",
     )
-    p.add_argument("--workers", type=int, help="static assignment: number of workers n")
+    p.add_argument(
+        "--workers", type=int, help="static assignment: number of workers n (env PRIVGW_WORKERS)"
+    )
     p.add_argument(
         "--state-backend",
         choices=["sqlite", "partitioned"],
         help="sqlite (default): one file per worker; partitioned: state per input partition, "
-        "with a changelog topic, restored when a partition is assigned",
+        "with a changelog topic, restored when a partition is assigned "
+        "(env PRIVGW_STATE_BACKEND)",
     )
     p.add_argument(
         "--engine",
         choices=["auto", "thread", "process"],
         help="where the engine runs: process (its own child process, a second core), thread "
-        "(the worker's process), auto (default: process with sqlite state and 2+ cores)",
+        "(the worker's process), auto (default: process with sqlite state and 2+ cores; "
+        "env PRIVGW_ENGINE)",
     )
     p.add_argument(
         "--engine-shards",
@@ -137,16 +182,32 @@ def _keyring() -> Any:
 def _settings(**overrides: Any) -> Any:
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from stream_jobs.settings import WorkerSettings  # noqa: PLC0415
+    from stream_jobs.settings import (  # noqa: PLC0415
+        FLAGS,
+        WorkerSettings,
+        check_environment,
+        env_var,
+    )
 
     try:
+        check_environment(os.environ)
         return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as err:
+
+        def where(loc: tuple[Any, ...]) -> str:
+            if not loc:
+                return ""
+            name = str(loc[0])
+            flag = f" ({FLAGS[name]})" if name in FLAGS and overrides.get(name) is not None else ""
+            return f"{env_var(name)}{flag}: "
+
         problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+            f"{where(e['loc'])}{e['msg'].removeprefix('Value error, ')}"
             for e in err.errors(include_url=False, include_input=False)
         )
         raise PrivgwError(f"invalid settings: {problems}") from None
+    except ValueError as err:
+        raise PrivgwError(str(err)) from None
 
 
 def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
@@ -223,6 +284,9 @@ class _Stores:
     def __init__(self, stores: list[Any]) -> None:
         self.stores = stores
 
+    def count_prefix(self, prefix: bytes) -> int:
+        return sum(s.count_prefix(prefix) for s in self.stores)
+
     def count(self) -> int:
         return sum(s.count() for s in self.stores)
 
@@ -240,10 +304,14 @@ class _Stores:
 
 # -- run ---------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
-    from stream_jobs.kafka import check_bootstrap  # noqa: PLC0415
+    from stream_jobs.kafka import check_bootstrap, check_input_topic, ensure_topics  # noqa: PLC0415
+    from stream_jobs.logs import configure_logging  # noqa: PLC0415
     from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
+    from stream_jobs.monitor import start_monitor  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     keyring = _keyring()
@@ -255,8 +323,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             input_topic=args.input_topic,
             output_topic=args.output_topic,
             partitions=args.partitions,
+            # one broker, memory only: replicas would be pointless
+            replication_factor=args.replication_factor or (1 if broker is not None else None),
+            create_topics=args.create_topics,
             state_dir=args.state_dir,
             metrics_port=args.metrics_port,
+            stall_timeout_seconds=args.stall_timeout_seconds,
+            log_format=args.log_format,
             worker_index=args.worker_index,
             workers=args.workers,
             state_backend=args.state_backend,
@@ -265,23 +338,88 @@ def cmd_run(args: argparse.Namespace) -> int:
             rotate_secret=args.rotate_secret,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
-        logging.getLogger().setLevel(settings.log_level)
-        # aiokafka's DEBUG lines dump whole requests and responses, record bytes included:
-        # never let them through, whatever the level (no raw personal value in a log line)
-        logging.getLogger("aiokafka").setLevel(max(logging.INFO, logging.getLogger().level))
+        configure_logging(settings)
+        topics = settings.topics(policy)
         if broker is not None:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
+            # it starts empty: the input topic is created for the development loop only
+            asyncio.run(ensure_topics(settings, topics, input_too=True))
         # the user's mistakes first, each in one line, before any process or client starts
-        settings.topics(policy)
         check_metrics_port(settings)
         asyncio.run(check_bootstrap(settings))
-        log.info("deployment secret: key fingerprint %s", keyring.fingerprint())
+        try:  # exit 2 before any engine starts
+            asyncio.run(check_input_topic(settings, topics))
+        except KafkaError as err:
+            raise PrivgwError(
+                f"cannot reach Kafka at {settings.bootstrap} ({err.__class__.__name__}): check "
+                "--bootstrap / PRIVGW_BOOTSTRAP and the PRIVGW_SECURITY_PROTOCOL settings"
+            ) from None
         worker = build_worker(policy, settings, keyring)
-        start_exporter(worker, settings, store=worker.state_store)
-        code = asyncio.run(serve(worker))
+        _banner(worker, settings, keyring)
+        monitor = start_monitor(worker, settings)
+        start_exporter(worker, settings, store=worker.state_store, monitor=monitor)
+        t0 = time.monotonic()
+        try:
+            code = asyncio.run(serve(worker))
+        finally:
+            _summary(worker, time.monotonic() - t0)
         if worker.refused is not None:  # a partition's state holds another key fingerprint
             raise worker.refused
         return code
+
+
+def _banner(worker: Any, settings: Any, keyring: Any) -> None:
+    """The effective configuration, once at start (no secret: its fingerprint only)."""
+    from gateway.cli import package_version  # noqa: PLC0415
+
+    t = worker.topics
+    engine = "process" if settings.engine_in_process else "thread"
+    log.info(
+        "privgw %s: policy %s (%s); input %s, output %s, dlq %s, meta %s; group %s; "
+        "state %s (%s backend, %d respondents restored); engine %s, %d shard(s); "
+        "broker %s (%s); key fingerprint %s; metrics %s",
+        package_version(),
+        worker.policy.name or "unnamed",
+        worker.engine.version,
+        t.input,
+        t.output,
+        t.dlq,
+        t.meta,
+        settings.group_id,
+        Path(settings.state_dir).resolve(),
+        settings.state_backend,
+        _respondents(worker.state_store),
+        engine,
+        worker.engine_shards,
+        settings.bootstrap,
+        settings.security_protocol,
+        keyring.fingerprint(),
+        f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
+        if settings.metrics_port
+        else "off",
+    )
+
+
+def _respondents(store: Any) -> int:
+    from stream_jobs.metrics import count_respondents  # noqa: PLC0415
+
+    return count_respondents(store)
+
+
+def _summary(worker: Any, elapsed: float) -> None:
+    st = worker.stats
+    log.info(
+        "privgw stopped after %.0f s: %d records consumed, %d published (%d with "
+        "quasi-identifiers suppressed), %d dead-lettered, %d windows, %d held records left "
+        "uncommitted for the next run",
+        elapsed,
+        st.consumed,
+        st.published,
+        st.suppressed,
+        st.dlq_total,
+        st.windows,
+        st.held,
+    )
 
 
 # -- simulate --------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
 import time
 from pathlib import Path
 
@@ -20,9 +25,10 @@ from gateway.errors import PrivgwError
 from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring, generate_secret_file, load_secret
 from gateway.policy import Policy, load_policy
 from stream_jobs.app import serve
-from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.broker import EmbeddedBroker, free_port
 from stream_jobs.cli import build_worker
 from stream_jobs.kafka import ensure_topics, make_producer
+from stream_jobs.metrics import start_exporter
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate, produce_panel
 from stream_jobs.topic_reader import read_protected_async
@@ -31,7 +37,8 @@ from stream_jobs.worker import GatewayWorker
 REPO_POLICY = Path("deploy") / "policies" / "adult.yaml"
 
 
-def _policy(path: str | None) -> tuple[Policy, str]:
+def _policy(path: str | None, data_dir: Path) -> tuple[Policy, str]:
+    """The policy and a path to it that the printed next step can use."""
     if path is not None:
         return load_policy(path), path
     if REPO_POLICY.is_file():
@@ -39,9 +46,34 @@ def _policy(path: str | None) -> tuple[Policy, str]:
     import importlib.resources  # noqa: PLC0415
 
     bundled = importlib.resources.files("stream_jobs").joinpath("data", "adult.yaml")
-    from gateway.policy import policy_from_yaml  # noqa: PLC0415
+    copy = data_dir / "adult.yaml"  # the bundled policy, where a later command can read it
+    copy.write_text(bundled.read_text(encoding="utf-8"), encoding="utf-8")
+    return load_policy(copy), str(copy)
 
-    return policy_from_yaml(bundled.read_text(encoding="utf-8")), "bundled adult.yaml"
+
+def privgw_command() -> str:
+    """How to call privgw again from this shell: ``privgw`` when it is on PATH, else the
+    script beside this interpreter (``.venv/bin/privgw`` after scripts/demo), else
+    ``python -m gateway``."""
+    script = Path(sys.executable).parent / "privgw"
+    on_path = shutil.which("privgw")
+    if on_path is not None and (not script.exists() or Path(on_path).samefile(script)):
+        return "privgw"
+    if script.exists():
+        with contextlib.suppress(ValueError):
+            return str(script.absolute().relative_to(Path.cwd()))
+        return str(script.absolute())
+    return f"{shlex.quote(sys.executable)} -m gateway"
+
+
+def _metrics_port() -> int:
+    """The exporter's usual port if it is free, else any free one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", 9464))
+        except OSError:
+            return free_port()
+    return 9464
 
 
 def _secret(data_dir: Path) -> bytes:
@@ -107,7 +139,7 @@ def run_demo(
         raise PrivgwError(f"--rate must be records per second like 5000, got {rate}") from None
     data_dir.mkdir(parents=True, exist_ok=True)
     _quiet_libraries()
-    policy, policy_name = _policy(policy_path)
+    policy, policy_name = _policy(policy_path, data_dir)
     keyring = Keyring(_secret(data_dir))
     # A fresh state per demo run: the embedded broker forgets everything when it stops.
     state_dir = data_dir / "demo-state"
@@ -122,10 +154,11 @@ def run_demo(
             bootstrap=broker.bootstrap,
             group_id="privgw-demo",
             partitions=3,
+            replication_factor=1,  # one embedded broker
             session_timeout_ms=3000,
             heartbeat_interval_ms=500,
             state_dir=state_dir,
-            metrics_port=0,
+            metrics_port=_metrics_port(),
             flush_held_on_shutdown=True,  # the demo ends: suppress what still waits for k
             shutdown_grace_seconds=20,
         )
@@ -161,8 +194,13 @@ async def _demo(
     policy_name: str,
 ) -> int:
     topics = settings.topics(policy)
-    await ensure_topics(settings, topics)
+    await ensure_topics(settings, topics, input_too=True)
     worker: GatewayWorker = build_worker(policy, settings, keyring)
+    start_exporter(worker, settings, store=worker.state_store)
+    print(
+        f"metrics: http://127.0.0.1:{settings.metrics_port}/metrics "
+        "(and /healthz, /readyz) while the demo runs"
+    )
     respondents = max(1, records // max(1, waves))
     survey = PanelSurvey(respondents=respondents, waves=waves + 1, seed=seed, rows=load_rows())
     stream = (r for _, r in zip(range(records), survey.records(), strict=False))
@@ -193,17 +231,39 @@ async def _demo(
             if done:
                 stop.set()
 
+    interrupted: list[int] = []
+
+    def interrupt(sig: int) -> None:
+        interrupted.append(sig)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupt, sig)
     sim = asyncio.create_task(simulate())
     watcher = asyncio.create_task(watch())
     try:
-        code = await serve(worker, stop=stop)
+        code = await serve(worker, stop=stop, install_signals=False)
     finally:
         stop.set()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
         for task in (sim, watcher):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     print(summary_line(worker, time.monotonic() - t0, sent[0]))
+    if interrupted:
+        st = worker.stats
+        done = st.published + st.dlq_total
+        print(
+            f"interrupted ({signal.Signals(interrupted[0]).name}) after "
+            f"{time.monotonic() - t0:.1f} s: {done} of {records} records processed "
+            f"({st.published} published, {st.dlq_total} dead-lettered); left unprocessed: "
+            f"{records - sent[0]} not sent, {max(0, sent[0] - st.consumed)} sent but not read, "
+            f"{st.held} held (the embedded broker forgets them all); no output file written"
+        )
+        return 130
     meta, rows = await read_protected_async(settings.bootstrap, topics.output, quiet=0.5)
     with out_path.open("wb") as f:
         for row in rows:
@@ -216,5 +276,8 @@ async def _demo(
         f"({st.suppressed} with quasi-identifiers suppressed), {st.dlq_total} dead-lettered"
     )
     print(f"protected records: {out_path} ({len(rows)} lines); metadata: {meta_path}")
-    print(f"estimate distributions: privgw reconstruct {out_path} --policy {policy_name}")
+    print(
+        f"estimate distributions: {privgw_command()} reconstruct {shlex.quote(str(out_path))} "
+        f"--policy {shlex.quote(policy_name)}"
+    )
     return code

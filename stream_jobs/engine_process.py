@@ -201,6 +201,8 @@ def _answer(
     request: tuple[Any, ...], engine: Engine, store: Any, collector: Collector
 ) -> tuple[Any, ...]:
     op = request[0]
+    if op == "count_prefix":
+        return ("ok", store.count_prefix(request[1]))
     if op == "protect":
         _, blob, now, flush_all = request
         records = _decode_window(blob)
@@ -256,6 +258,7 @@ class EngineProcess:
         self._lock = threading.Lock()
         self._closed = False
         self._count = 0
+        self._prefixed: dict[bytes, int] = {}
         try:
             with self._lock:
                 self._send(("start", spec))
@@ -297,6 +300,18 @@ class EngineProcess:
         finally:
             self._lock.release()
         return _decode_result(records, columns, extra)
+
+    def count_prefix(self, prefix: bytes) -> int:
+        """Keys of the child's store that start with ``prefix``; 0 while a window is in the
+        child (a scrape does not wait for the engine)."""
+        if not self._lock.acquire(blocking=False):
+            return self._prefixed.get(prefix, 0)
+        try:
+            self._send(("count_prefix", prefix))
+            self._prefixed[prefix] = int(self._reply("count_prefix")[1])
+            return self._prefixed[prefix]
+        finally:
+            self._lock.release()
 
     def count(self) -> int:
         """Entries in the child's state store (for the metrics exporter). While a window is in
@@ -415,6 +430,9 @@ class EngineShards:
         if error is not None:
             raise error
         return merge(records, parts, results, interval_pct=self._interval_pct)
+
+    def count_prefix(self, prefix: bytes) -> int:
+        return sum(s.count_prefix(prefix) for s in self.shards)
 
     def count(self) -> int:
         return sum(s.count() for s in self.shards)

@@ -22,6 +22,10 @@ from stream_jobs.settings import Topics, WorkerSettings
 log = logging.getLogger(__name__)
 
 
+class MissingTopicError(PrivgwError):
+    """A topic the worker reads does not exist (it never creates the input topic)."""
+
+
 def security_kwargs(settings: WorkerSettings) -> dict[str, Any]:
     """aiokafka keyword arguments for TLS and SASL (secrets only in the returned dict)."""
     kw: dict[str, Any] = {"security_protocol": settings.security_protocol}
@@ -183,34 +187,103 @@ def make_producer(settings: WorkerSettings) -> Any:
     )
 
 
-async def ensure_topics(settings: WorkerSettings, topics: Topics) -> None:
-    """Create the worker's topics if missing; the metadata topic is compacted."""
+async def ensure_topics(
+    settings: WorkerSettings, topics: Topics, *, input_too: bool = False
+) -> None:
+    """Create the worker's output topics if missing; the metadata topic is compacted.
+
+    The input topic only with ``input_too`` — for a development broker that starts empty (the
+    demo, ``--embedded-broker``, tests): a worker never creates it, because a misspelt input
+    topic would then be created and the worker would wait on it forever."""
     rf = settings.replication_factor
     await create_missing_topics(
         settings,
         [
             NewTopic(t, settings.partitions, rf)
-            for t in (topics.input, topics.output, topics.dlq, topics.repartition)
+            for t in (
+                topics.input if input_too else None,
+                topics.output,
+                topics.dlq,
+                topics.repartition,
+            )
             if t is not None
         ]
         + [NewTopic(topics.meta, 1, rf, topic_configs={"cleanup.policy": "compact"})],
     )
 
 
-async def create_missing_topics(settings: WorkerSettings, topics: Sequence[NewTopic]) -> None:
-    """Create those of ``topics`` that do not exist yet (a concurrent creator may win)."""
-    admin = AIOKafkaAdminClient(
+def _admin(settings: WorkerSettings) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap,
         client_id=f"{settings.client_id}-admin",
         request_timeout_ms=settings.request_timeout_ms,
         **security_kwargs(settings),
     )
+
+
+async def check_input_topic(settings: WorkerSettings, topics: Topics) -> None:
+    """Raise :class:`MissingTopicError`, naming the setting to fix, if the input is missing
+    (or, with topic creation off, any topic the worker writes)."""
+    admin = _admin(settings)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    if topics.input not in existing:
+        where = (
+            " (overridden by --input-topic / PRIVGW_INPUT_TOPIC)" if settings.input_topic else ""
+        )
+        raise MissingTopicError(
+            f"input topic {topics.input} does not exist on {settings.bootstrap}: check the "
+            f"policy key input.topic{where}; the worker never creates its input topic, so "
+            "create it with your Kafka tooling first"
+        )
+    outputs = [topics.output, topics.dlq, topics.meta, topics.repartition]
+    missing = [t for t in outputs if t is not None and t not in existing]
+    if missing and not settings.create_topics:
+        raise MissingTopicError(
+            f"topics {', '.join(missing)} do not exist on {settings.bootstrap} and "
+            "PRIVGW_CREATE_TOPICS (--create-topics) is false: create them, or let the worker "
+            "create them"
+        )
+
+
+_warned_replication: set[tuple[str, int]] = set()  # (bootstrap, brokers): warn once each
+
+
+async def create_missing_topics(settings: WorkerSettings, topics: Sequence[NewTopic]) -> None:
+    """Create those of ``topics`` that do not exist yet (a concurrent creator may win), with
+    the replication factor capped at the cluster's broker count."""
+    if not settings.create_topics:
+        return
+    admin = _admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         wanted = [t for t in topics if t.name not in existing]
         if not wanted:
             return
+        brokers = len((await admin.describe_cluster())["brokers"])
+        if brokers and any(t.replication_factor > brokers for t in wanted):
+            if (settings.bootstrap, brokers) not in _warned_replication:
+                _warned_replication.add((settings.bootstrap, brokers))
+                log.warning(
+                    "PRIVGW_REPLICATION_FACTOR is %d but the cluster has %d broker(s): topics "
+                    "are created with replication factor %d (no copy survives a lost broker)",
+                    settings.replication_factor,
+                    brokers,
+                    brokers,
+                )
+            wanted = [
+                NewTopic(
+                    t.name,
+                    t.num_partitions,
+                    min(t.replication_factor, brokers),
+                    topic_configs=t.topic_configs,
+                )
+                for t in wanted
+            ]
         response = await admin.create_topics(wanted)
         for name, code, *_ in response.topic_errors:
             if code == TopicAlreadyExistsError.errno:  # a concurrent creator won the race

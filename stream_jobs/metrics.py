@@ -26,21 +26,27 @@ from __future__ import annotations
 
 import errno
 import logging
+import platform
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
-from gateway.engine import WindowReport
+from gateway.cli import package_version
+from gateway.engine import _GROUP_KEY_PREFIX, WindowReport
 from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
 from gateway.validation import DLQReason
+from stream_jobs.monitor import Monitor, start_monitor
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.windows import Flush
 from stream_jobs.worker import GatewayWorker
@@ -103,7 +109,13 @@ class GatewayMetrics:
     def create(cls, registry: CollectorRegistry, prefix: str = "privgw") -> Self:
         return cls(registry, prefix)
 
-    def attach(self, worker: GatewayWorker, *, store: StateStore | None = None) -> None:
+    def attach(
+        self,
+        worker: GatewayWorker,
+        *,
+        store: StateStore | None = None,
+        monitor: Monitor | None = None,
+    ) -> None:
         """Observe the worker's windows and export its figures at scrape time."""
         if self._collector is not None:
             raise RuntimeError("these metrics are attached to a worker already")
@@ -117,7 +129,7 @@ class GatewayMetrics:
             + (1 if policy.microaggregated else 0)
         )
         worker.observers.append(self.observe)
-        self._collector = _WorkerCollector(self, worker, store)
+        self._collector = _WorkerCollector(self, worker, store, monitor)
         self.registry.register(self._collector)
 
     # -- per window (called in the worker's event loop) --------------------------------------
@@ -156,11 +168,16 @@ class _WorkerCollector(Collector):
     """Figures read from ``WorkerStats`` (and the store) at scrape time."""
 
     def __init__(
-        self, metrics: GatewayMetrics, worker: GatewayWorker, store: StateStore | None
+        self,
+        metrics: GatewayMetrics,
+        worker: GatewayWorker,
+        store: StateStore | None,
+        monitor: Monitor | None,
     ) -> None:
         self._m = metrics
         self._worker = worker
         self._store = store
+        self._monitor = monitor
         meta = worker.engine.metadata()
         rr = meta.get("randomized_response", {})
         self._rr: dict[str, dict[str, Any]] = dict(rr) if isinstance(rr, dict) else {}
@@ -168,6 +185,11 @@ class _WorkerCollector(Collector):
     def collect(self) -> Iterator[Any]:
         m, w = self._m, self._worker
         p, st, policy = m.prefix, w.stats, w.policy
+        yield InfoMetricFamily(
+            f"{p}_build",
+            "the running privgw and Python",
+            value={"version": package_version(), "python": platform.python_version()},
+        )
         yield InfoMetricFamily(
             f"{p}_policy",
             "policy in force (name and version hash)",
@@ -207,14 +229,7 @@ class _WorkerCollector(Collector):
             "engines the respondents are split over, each with its own state file",
             value=w.engine_shards,
         )
-        lag = GaugeMetricFamily(
-            f"{p}_consumer_lag_records",
-            "records behind the high watermark after the last fetch",
-            labels=["topic", "partition"],
-        )
-        for (topic, partition), value in sorted(st.lag.items()):
-            lag.add_metric([topic, str(partition)], value)
-        yield lag
+        yield from self._health()
         yield GaugeMetricFamily(
             f"{p}_restore_records_remaining",
             "changelog records still to replay before processing (partitioned state)",
@@ -222,7 +237,9 @@ class _WorkerCollector(Collector):
         )
         if self._store is not None:
             yield GaugeMetricFamily(
-                f"{p}_state_respondents", "respondents in the state store", value=self._count()
+                f"{p}_state_respondents",
+                "respondents in the state store (the group registry's rows left out)",
+                value=self._count(),
             )
         lookups = m.sticky_lookups
         yield GaugeMetricFamily(
@@ -288,10 +305,56 @@ class _WorkerCollector(Collector):
                     average[key],
                 )
 
+    def _health(self) -> Iterator[Any]:
+        """Lag and liveness from the monitor, which keeps measuring when the loop is stuck."""
+        p, st, mon = self._m.prefix, self._worker.stats, self._monitor
+        measured = mon.lag() if mon is not None else None
+        lag = GaugeMetricFamily(
+            f"{p}_consumer_lag_records",
+            "records between the group's committed offset and the end of each assigned "
+            "partition (measured apart from the processing loop)"
+            if mon is not None
+            else "records behind the high watermark after the last fetch",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), value in sorted((st.lag if measured is None else measured).items()):
+            lag.add_metric([topic, str(partition)], value)
+        yield lag
+        if mon is None:
+            return
+        if mon.lag_measured_at is not None:
+            yield GaugeMetricFamily(
+                f"{p}_lag_measured_timestamp_seconds",
+                "when consumer lag was last measured (Unix time)",
+                value=mon.lag_measured_at,
+            )
+        since = mon.seconds_since_progress()
+        yield GaugeMetricFamily(
+            f"{p}_seconds_since_progress",
+            "since the processing loop last turned or the window in the engine went in",
+            value=since,
+        )
+        yield GaugeMetricFamily(
+            f"{p}_last_progress_timestamp_seconds",
+            "when the worker last made progress (Unix time)",
+            value=time.time() - since,
+        )
+        yield GaugeMetricFamily(
+            f"{p}_stall_timeout_seconds",
+            "no progress for this long counts as a stall (PRIVGW_STALL_TIMEOUT_SECONDS)",
+            value=self._worker.settings.stall_timeout_seconds,
+        )
+        yield GaugeMetricFamily(
+            f"{p}_stalled", "1 when the worker is stalled (/healthz 503)", value=mon.stalled()
+        )
+        yield GaugeMetricFamily(
+            f"{p}_ready", "1 when the worker is ready (/readyz 200)", value=mon.readiness().ok
+        )
+
     def _count(self) -> int:
         assert self._store is not None
         try:
-            return self._store.count()
+            return count_respondents(self._store)
         except Exception as err:  # a scrape must not fail because the store is busy
             log.warning("state size unavailable: %s", err.__class__.__name__)
             return 0
@@ -322,25 +385,70 @@ def check_metrics_port(settings: WorkerSettings) -> None:
         raise PrivgwError(_port_problem(settings, err)) from None
 
 
+def count_respondents(store: Any) -> int:
+    """Respondents in ``store``: its entries less the engine's group registry rows (keys
+    ``group:…``; respondent keys are 32-byte digests). A store that cannot count by prefix
+    (the partitioned backend) gives all its entries."""
+    count_prefix = getattr(store, "count_prefix", None)
+    groups = count_prefix(_GROUP_KEY_PREFIX) if count_prefix is not None else 0
+    return int(store.count()) - int(groups)
+
+
+class _Handler(MetricsHandler):
+    """/metrics, /healthz (liveness) and /readyz (readiness); 404 elsewhere.
+
+    Kubernetes' probes read only the status: 200 healthy, 503 not; the body says why."""
+
+    monitor: Monitor | None = None
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            super().do_GET()
+            return
+        if path in ("/healthz", "/readyz") and self.monitor is not None:
+            verdict = self.monitor.liveness() if path == "/healthz" else self.monitor.readiness()
+            self._answer(200 if verdict.ok else 503, verdict.reason)
+            return
+        self._answer(404, "not found: /metrics, /healthz or /readyz")
+
+    def _answer(self, status: int, text: str) -> None:
+        body = (text + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 def start_exporter(
     worker: GatewayWorker,
     settings: WorkerSettings,
     *,
     store: StateStore | None = None,
     registry: CollectorRegistry | None = None,
+    monitor: Monitor | None = None,
 ) -> GatewayMetrics | None:
-    """Metrics for ``worker`` served on ``metrics_host:metrics_port`` (None when port is 0)."""
+    """Metrics for ``worker`` served on ``metrics_host:metrics_port`` with /healthz and
+    /readyz (None when the port is 0). Starts a :class:`Monitor` unless one is given."""
     if settings.metrics_port == 0:
         return None
+    monitor = monitor or start_monitor(worker, settings)
     metrics = GatewayMetrics.create(registry or CollectorRegistry(auto_describe=False))
-    metrics.attach(worker, store=store)
+    metrics.attach(worker, store=store, monitor=monitor)
+    ProcessCollector(registry=metrics.registry)  # memory, CPU, open files of this process
+    handler = type("PrivgwHandler", (_Handler,), {"registry": metrics.registry, "monitor": monitor})
     try:
-        server, _ = start_http_server(
-            settings.metrics_port, addr=settings.metrics_host, registry=metrics.registry
-        )
+        server = ThreadingHTTPServer((settings.metrics_host, settings.metrics_port), handler)
     except OSError as err:
         raise PrivgwError(_port_problem(settings, err)) from None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="privgw-exporter", daemon=True).start()
     worker.closers.append(server.shutdown)
     worker.closers.append(server.server_close)
-    log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+    log.info(
+        "metrics on http://%s:%d/metrics (and /healthz, /readyz)",
+        settings.metrics_host,
+        settings.metrics_port,
+    )
     return metrics

@@ -9,8 +9,11 @@ pseudonyms and randomness is read separately by ``gateway.keyed.load_secret``
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Iterable
+import types
+import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal, Self
 
@@ -39,16 +42,39 @@ class WorkerSettings(BaseSettings):
 
     # -- where ------------------------------------------------------------------------
     bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers host:port[,…]")
-    group_id: str = "privgw"
-    client_id: str = "privgw"
-    input_topic: str | None = Field(None, description="overrides the policy's input.topic")
+    group_id: str = Field("privgw", description="consumer group of the workers")
+    client_id: str = Field("privgw", description="client id the broker sees (logs, quotas)")
+    input_topic: str | None = Field(
+        None,
+        description="overrides the policy's input.topic; it must exist (never created: a "
+        "typo would leave the worker idle)",
+    )
     output_topic: str | None = Field(None, description="overrides the policy's output.topic")
-    dlq_topic: str | None = Field(None, description="default <input>.dlq")
-    meta_topic: str | None = Field(None, description="default <output>.meta")
-    partitions: int = Field(6, ge=1, description="partitions of topics this worker creates")
-    replication_factor: int = Field(1, ge=1)
-    create_topics: bool = Field(True, description="create missing topics at startup")
-    state_dir: Path = Path("privgw-state")
+    dlq_topic: str | None = Field(
+        None,
+        description="dead-letter topic (raw input bytes: same access control as the input); "
+        "default the policy's dlq_topic, else <input>.dlq",
+    )
+    meta_topic: str | None = Field(
+        None, description="metadata topic; default the policy's meta_topic, else <output>.meta"
+    )
+    partitions: int = Field(
+        6,
+        ge=1,
+        description="partitions of the topics this worker creates (output, DLQ, repartition)",
+    )
+    replication_factor: int = Field(
+        3,
+        ge=1,
+        description="replication factor of the topics this worker creates; a cluster with "
+        "fewer brokers gets its broker count, with a warning",
+    )
+    create_topics: bool = Field(
+        True,
+        description="create missing output, DLQ, meta, repartition and changelog topics at "
+        "start (never the input topic); false: they must exist",
+    )
+    state_dir: Path = Field(Path("privgw-state"), description="state store directory")
     state_backend: Literal["sqlite", "partitioned"] = Field(
         "sqlite",
         description="sqlite: one file per worker; partitioned: one RocksDB per input "
@@ -77,52 +103,104 @@ class WorkerSettings(BaseSettings):
         "cores. Fixed for the life of a state dir; default: what the state dir holds, else 1",
     )
 
-    # -- metrics ------------------------------------------------------------------------
-    metrics_port: int = Field(9464, ge=0, le=65535, description="0 disables the exporter")
-    metrics_host: str = "127.0.0.1"
+    # -- metrics, health and logs ------------------------------------------------------------
+    metrics_port: int = Field(
+        9464,
+        ge=0,
+        le=65535,
+        description="port of /metrics, /healthz and /readyz; 0 disables the exporter",
+    )
+    metrics_host: str = Field("127.0.0.1", description="address the exporter binds")
+    stall_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="the worker counts as stalled (/healthz 503, privgw_stalled 1, a warning) "
+        "when its loop has not turned, or a window has been in the engine, this long",
+    )
+    lag_interval_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="how often consumer lag is measured from the broker's end offsets and the "
+        "group's committed offsets (apart from the processing loop)",
+    )
+    progress_interval_seconds: float = Field(
+        60.0, ge=0, description="one INFO progress line per interval; 0: none"
+    )
+    input_idle_warning_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="warn once when the input topic still holds no record this long after start",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="log level of the worker"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: one readable line per event; json: one JSON object per line"
+    )
 
     # -- transport security ----------------------------------------------------------------
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
-    ssl_key_password: SecretStr | None = None
-    ssl_check_hostname: bool = True
-    sasl_mechanism: SaslMechanism | None = None
-    sasl_username: str | None = None
-    sasl_username_file: Path | None = None
-    sasl_password: SecretStr | None = None
-    sasl_password_file: Path | None = None
+    security_protocol: SecurityProtocol = Field(
+        "PLAINTEXT", description="Kafka transport: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"
+    )
+    ssl_cafile: Path | None = Field(None, description="CA bundle to verify the brokers")
+    ssl_certfile: Path | None = Field(None, description="client certificate (mutual TLS)")
+    ssl_keyfile: Path | None = Field(None, description="client private key (mutual TLS)")
+    ssl_key_password: SecretStr | None = Field(None, description="password of the client key")
+    ssl_check_hostname: bool = Field(True, description="check the broker's host name")
+    sasl_mechanism: SaslMechanism | None = Field(
+        None, description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (needed by SASL_*)"
+    )
+    sasl_username: str | None = Field(None, description="SASL user name")
+    sasl_username_file: Path | None = Field(None, description="file holding the SASL user name")
+    sasl_password: SecretStr | None = Field(None, description="SASL password")
+    sasl_password_file: Path | None = Field(None, description="file holding the SASL password")
 
     # -- consumer group and batching ---------------------------------------------------------
     # Short session timeouts: a group join waits about half of it on the development broker.
-    session_timeout_ms: int = Field(6000, ge=1000)
-    heartbeat_interval_ms: int = Field(1000, ge=100)
-    max_poll_interval_ms: int = Field(300_000, ge=1000)
-    max_poll_records: int = Field(5000, ge=1)
-    fetch_max_bytes: int = Field(64 * 1024 * 1024, ge=1024)
-    max_partition_fetch_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    linger_ms: int = Field(5, ge=0)
+    session_timeout_ms: int = Field(6000, ge=1000, description="consumer group session timeout")
+    heartbeat_interval_ms: int = Field(
+        1000, ge=100, description="group heartbeat; at most a third of the session timeout"
+    )
+    max_poll_interval_ms: int = Field(
+        300_000, ge=1000, description="longest gap between fetches before the group evicts"
+    )
+    max_poll_records: int = Field(5000, ge=1, description="records per fetch call, at most")
+    fetch_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="bytes per fetch")
+    max_partition_fetch_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="bytes per partition and fetch"
+    )
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="where a partition without a committed offset starts"
+    )
+    linger_ms: int = Field(5, ge=0, description="producer linger before sending a batch")
     max_batch_bytes: int = Field(1024 * 1024, ge=1024, description="producer batch size")
-    request_timeout_ms: int = Field(30_000, ge=1000)
+    request_timeout_ms: int = Field(30_000, ge=1000, description="Kafka request timeout")
     # a Kafka broker answers metadata in milliseconds; an HTTP or silent port never does
     probe_timeout_s: float = Field(
         8.0, gt=0, le=120, description="startup check that --bootstrap is a Kafka broker"
     )
 
     # -- input limits and lifecycle ----------------------------------------------------------
-    max_message_bytes: int = Field(1_048_576, ge=1)
-    max_depth: int = Field(64, ge=1)
-    shutdown_grace_seconds: float = Field(30.0, gt=0)
+    max_message_bytes: int = Field(
+        1_048_576, ge=1, description="larger input records are dead-lettered"
+    )
+    max_depth: int = Field(64, ge=1, description="deepest JSON nesting accepted")
+    shutdown_grace_seconds: float = Field(
+        30.0, gt=0, description="longest wait for the last window at shutdown"
+    )
     # False: held records stay uncommitted for the next owner (DESIGN §6). True: the last
     # window before shutdown treats them as timed out (suppress or keep holding, per policy).
-    flush_held_on_shutdown: bool = False
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    flush_held_on_shutdown: bool = Field(
+        False,
+        description="at shutdown, treat records held for k as timed out (else they stay "
+        "uncommitted for the next owner)",
+    )
 
     # -- static assignment (no group coordination): worker i of n takes p mod n == i ---------
-    worker_index: int | None = Field(None, ge=0)
-    workers: int | None = Field(None, ge=1)
+    worker_index: int | None = Field(
+        None, ge=0, description="static assignment: this worker takes partitions p mod n = i"
+    )
+    workers: int | None = Field(None, ge=1, description="static assignment: number of workers n")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -131,26 +209,33 @@ class WorkerSettings(BaseSettings):
         if self.sasl_username is not None and self.sasl_username_file is not None:
             raise ValueError("set PRIVGW_SASL_USERNAME or PRIVGW_SASL_USERNAME_FILE, not both")
         if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
-            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism")
+            raise ValueError(
+                f"PRIVGW_SECURITY_PROTOCOL {self.security_protocol} needs PRIVGW_SASL_MECHANISM"
+            )
         if (self.worker_index is None) != (self.workers is None):
-            raise ValueError("static assignment needs both worker_index and workers")
+            raise ValueError(
+                "static assignment needs both PRIVGW_WORKER_INDEX (--worker-index) and "
+                "PRIVGW_WORKERS (--workers)"
+            )
         if self.workers is not None and not 0 <= (self.worker_index or 0) < self.workers:
             raise ValueError(
-                f"worker_index must be in 0..{self.workers - 1} for {self.workers} workers, "
+                f"PRIVGW_WORKER_INDEX must be in 0..{self.workers - 1} for {self.workers} workers, "
                 f"got {self.worker_index}"
             )
         if self.engine == "process" and self.state_backend != "sqlite":
             raise ValueError(
-                "engine process needs state_backend sqlite (the partitioned backend writes "
-                "its changelog through the worker's producer); set engine to thread or auto"
+                "PRIVGW_ENGINE process needs PRIVGW_STATE_BACKEND sqlite (the partitioned backend "
+                "writes its changelog through the worker's producer); set engine to thread or auto"
             )
         if (self.engine_shards or 1) > 1 and self.state_backend != "sqlite":
             raise ValueError(
-                "engine_shards needs state_backend sqlite (the partitioned backend shards its "
-                "state by input partition already); unset engine_shards"
+                "PRIVGW_ENGINE_SHARDS needs PRIVGW_STATE_BACKEND sqlite (the partitioned backend "
+                "shards its state by input partition already); unset engine_shards"
             )
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
-            raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")
+            raise ValueError(
+                "PRIVGW_HEARTBEAT_INTERVAL_MS must be at most a third of PRIVGW_SESSION_TIMEOUT_MS"
+            )
         return self
 
     # -- derived -------------------------------------------------------------------------
@@ -221,6 +306,107 @@ class WorkerSettings(BaseSettings):
         return user, password
 
 
+# Variables of the PRIVGW_ prefix that are not worker settings: the deployment secret, read by
+# gateway.keyed.load_secret. Anything else with the prefix is a typo (check_environment).
+OTHER_VARIABLES: dict[str, str] = {
+    "PRIVGW_SECRET": "the deployment secret that keys pseudonyms and randomness (text, or "
+    "hex:/base64: prefixed); set it or PRIVGW_SECRET_FILE",
+    "PRIVGW_SECRET_FILE": "a file holding the deployment secret",
+}
+
+# settings that are also flags of `privgw run`
+FLAGS: dict[str, str] = {
+    "bootstrap": "--bootstrap",
+    "group_id": "--group-id",
+    "input_topic": "--input-topic",
+    "output_topic": "--output-topic",
+    "partitions": "--partitions",
+    "state_dir": "--state-dir",
+    "metrics_port": "--metrics-port",
+    "worker_index": "--worker-index",
+    "workers": "--workers",
+    "state_backend": "--state-backend",
+    "engine": "--engine",
+    "engine_shards": "--engine-shards",
+    "replication_factor": "--replication-factor",
+    "create_topics": "--create-topics / --no-create-topics",
+    "stall_timeout_seconds": "--stall-timeout-seconds",
+    "log_format": "--log-format",
+    "rotate_secret": "--rotate-secret",
+}
+
+
+def env_var(name: str) -> str:
+    """The environment variable of setting ``name``."""
+    return f"PRIVGW_{name.upper()}"
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse ``PRIVGW_*`` variables that are neither settings nor the secret's: a misspelt one
+    would otherwise be ignored silently (a misspelt bootstrap variable left the default broker)."""
+    known = {env_var(name) for name in WorkerSettings.model_fields} | set(OTHER_VARIABLES)
+    for name in sorted(environ):
+        if not name.startswith("PRIVGW_") or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}?" if close else "see docs/configuration.md"
+        raise ValueError(f"unknown environment variable {name}: {hint} (or unset it)")
+
+
+def _type_name(annotation: object) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return " \\| ".join(str(a) for a in args)
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return " \\| ".join(_type_name(a) for a in inner) + " (optional)"
+    names = {str: "text", int: "integer", float: "number", bool: "true/false", Path: "path"}
+    if annotation in names:
+        return names[annotation]  # type: ignore[index]
+    if annotation is SecretStr:
+        return "secret"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def configuration_table() -> str:
+    """The configuration reference in markdown, generated from the settings model
+    (docs/configuration.md holds it; a test keeps the two equal)."""
+    lines = [
+        "| Environment variable | `privgw run` flag | Type | Default | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for name, field in WorkerSettings.model_fields.items():
+        default = field.default
+        shown = (
+            "—"
+            if default is None
+            else str(default).lower()
+            if isinstance(default, bool)
+            else str(default)
+        )
+        flag = FLAGS.get(name)
+        lines.append(
+            f"| `{env_var(name)}` | {f'`{flag}`' if flag else ''} | "
+            f"{_type_name(field.annotation)} | `{shown}` | {field.description or ''} |"
+        )
+    for name, doc in OTHER_VARIABLES.items():
+        kind = "path" if name.endswith("_FILE") else "secret"
+        lines.append(f"| `{name}` |  | {kind} |  | {doc} (not a worker setting) |")
+    return "\n".join(lines) + "\n"
+
+
+def configuration_reference() -> str:
+    """docs/configuration.md: regenerate it with ``python -m stream_jobs.settings``."""
+    return (
+        "# Configuration reference\n\n"
+        "<!-- generated by `python -m stream_jobs.settings > docs/configuration.md` from "
+        "stream_jobs/settings.py; tests/stream_jobs/test_configuration.py keeps them equal -->\n\n"
+        "Every setting of `privgw run` is an environment variable; some are flags too (a flag "
+        "wins over its variable). Another variable with the `PRIVGW_` prefix is an error that "
+        "names the closest real one. Settings errors name the variable.\n\n" + configuration_table()
+    )
+
+
 class Topics:
     """The topics one worker touches."""
 
@@ -246,3 +432,7 @@ def _read_secret_file(path: Path, variable: str) -> str:
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{variable} cannot be read ({err.__class__.__name__}): {path}") from None
     return text.removesuffix("\n").removesuffix("\r")
+
+
+if __name__ == "__main__":
+    print(configuration_reference(), end="")

@@ -55,6 +55,7 @@ from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restor
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.kafka import (
     BatchItem,
+    check_input_topic,
     ensure_topics,
     make_consumer,
     make_producer,
@@ -121,6 +122,12 @@ class WorkerStats:
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     restore_remaining: int = 0  # changelog records still to replay (partitioned state)
     secret_rotations: int = 0  # states accepted with another key fingerprint (--rotate-secret)
+    # liveness (stream_jobs.monitor, read from other threads): time.monotonic() of the loop's
+    # last turn, of the hand-over of the window now in the engine (None: none is), and whether
+    # the last produce and commit went through
+    loop_tick: float = 0.0
+    engine_since: float | None = None
+    broker_ok: bool = True
 
     @property
     def dlq_total(self) -> int:
@@ -219,6 +226,7 @@ class GatewayWorker:
         self._dlq_partitions: list[int] = []
         self._repartition_partitions: list[int] = []
         self.ready = asyncio.Event()
+        self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
         self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
         self._protecting: _Protecting | None = None  # the window in the engine
@@ -232,8 +240,8 @@ class GatewayWorker:
         s = self.settings
         tune_memory()
         self._gc.start(time.monotonic())
-        if s.create_topics:
-            await ensure_topics(s, self.topics)
+        await check_input_topic(s, self.topics)
+        await ensure_topics(s, self.topics)  # (unless create_topics is off)
         self._producer = make_producer(s)
         await self._producer.start()
         self._out_partitions = sorted(await self._producer.partitions_for(self.topics.output))
@@ -261,6 +269,7 @@ class GatewayWorker:
             ]
             self._consumer.assign(mine)
             await self._on_assigned(mine)
+        self.started = True
         log.info(
             "worker started: group %s, input %s, output %s, policy %s",
             s.group_id,
@@ -281,6 +290,7 @@ class GatewayWorker:
         """Consume until :meth:`request_stop`; then flush, commit and close the clients."""
         try:
             while not self._stopping.is_set():
+                self.stats.loop_tick = time.monotonic()
                 epoch = self._epoch
                 if self._protecting is not None and self._protecting.done():
                     async with self._lock:
@@ -313,6 +323,23 @@ class GatewayWorker:
 
     def request_stop(self) -> None:
         self._stopping.set()
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, partition)s this worker owns now; any thread may ask."""
+        consumer = self._consumer
+        if consumer is None:
+            return []
+        return sorted((tp.topic, tp.partition) for tp in list(consumer.assignment()))
+
+    def highwater(self, topic: str, partition: int) -> int | None:
+        """The partition's high watermark from the last fetch (None: not fetched yet)."""
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        try:
+            return consumer.highwater(TopicPartition(topic, partition))
+        except (AssertionError, AttributeError):  # revoked meanwhile (asked from another thread)
+            return None
 
     async def stop(self) -> None:
         self.request_stop()
@@ -447,6 +474,7 @@ class GatewayWorker:
 
     def _restore_progress(self, remaining: int) -> None:
         self.stats.restore_remaining = remaining
+        self.stats.loop_tick = time.monotonic()  # a long restore is progress, not a stall
 
     def _close_revoked_state(self, revoked: Sequence[TopicPartition]) -> None:
         store = self.state_store
@@ -609,6 +637,7 @@ class GatewayWorker:
         forward, self._forward = self._forward, []
         future: asyncio.Future[WindowResult] | None = None
         if flush.records:
+            self.stats.engine_since = time.monotonic()
             # in the engine's own thread: the event loop keeps heartbeating, fetching and
             # settling the previous window while this one is protected and fsynced
             future = asyncio.get_running_loop().run_in_executor(
@@ -642,6 +671,7 @@ class GatewayWorker:
             except BaseException:
                 self._engine_failed = True
                 raise
+            self.stats.engine_since = None
         commits = self._buffer.complete(flush, result.held if result is not None else ())
         if then is not None:
             self._protect(then)
@@ -686,6 +716,7 @@ class GatewayWorker:
         while futures:
             try:
                 await asyncio.gather(*futures)
+                self.stats.broker_ok = True
                 break
             except KafkaError as err:
                 delay = await self._back_off(err, "outputs of a window not acknowledged", delay)
@@ -707,6 +738,7 @@ class GatewayWorker:
                 continue
             self._buffer.committed(commits)
             self.stats.commits += 1
+            self.stats.broker_ok = True
             break
         self._account(report, flush, time.perf_counter() - t0, commits)
 
@@ -717,6 +749,8 @@ class GatewayWorker:
             raise err
         log.warning("%s (%s); trying again in %.1f s", what, err.__class__.__name__, delay)
         self.stats.retries += 1
+        self.stats.broker_ok = False  # not ready; still live: waiting out the broker is
+        self.stats.loop_tick = time.monotonic()  # deliberate, a restart would not help
         await asyncio.sleep(delay)
         return min(delay * 2, _RETRY_MAX_S)
 

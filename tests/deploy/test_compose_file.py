@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,68 @@ def test_promtool_accepts_config_and_rules(args: tuple[str, ...]) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_kafka_keeps_its_log_in_the_named_volume() -> None:
+    kafka = SERVICES["kafka"]
+    log_dirs = kafka["environment"]["KAFKA_LOG_DIRS"]
+    mounts = dict(v.split(":")[:2] for v in kafka["volumes"])
+    assert mounts.get("kafka-data") == log_dirs
+    assert "kafka-data" in COMPOSE["volumes"]
+
+
+def test_the_host_can_read_the_protected_topic() -> None:
+    env = SERVICES["kafka"]["environment"]
+    listeners = dict(x.split("://") for x in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    host, port = listeners["HOST"].rsplit(":", 1)
+    assert host == "localhost"
+    assert f"127.0.0.1:{port}:{port}" in SERVICES["kafka"]["ports"]  # not on the network
+    assert f"HOST://:{port}" in env["KAFKA_LISTENERS"]
+    assert "HOST:PLAINTEXT" in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+    readme = (ROOT / "README.md").read_text()
+    assert f"--bootstrap localhost:{port} --topic survey.protected" in readme
+
+
+def test_the_input_topic_is_created_before_the_worker_starts() -> None:
+    """The worker never creates its input topic: the stack does, from the policy's name."""
+    policy = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
+    command = SERVICES["topics-init"]["command"]
+    assert command[command.index("--topic") + 1] == policy["input"]["topic"]
+    depends = SERVICES["privgw"]["depends_on"]["topics-init"]
+    assert depends["condition"] == "service_completed_successfully"
+    assert "/readyz" in " ".join(SERVICES["privgw"]["healthcheck"]["test"])
+
+
+def test_the_image_installs_pinned_versions_with_the_extras_the_readme_needs() -> None:
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert 'pip install --constraint constraints.txt ".[embedded,rocksdb]"' in text
+    pins = {}
+    for line in (ROOT / "deploy" / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = version
+    assert pins and all(pins.values())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [
+        d for extra in ("embedded", "rocksdb") for d in project["optional-dependencies"][extra]
+    ]
+    for dep in wanted:
+        name = dep.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+        assert name in pins, f"{name} has no pinned version in deploy/constraints.txt"
+
+
+def test_the_readme_says_the_dead_letters_need_the_inputs_access_control() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "raw input bytes" in readme and "same access control as the input" in readme
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="needs docker-compose")
+def test_docker_compose_accepts_the_file() -> None:
+    proc = subprocess.run(
+        ["docker-compose", "-f", "docker-compose.yml", "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from gateway.engine import SourceRef, ValidRecord
 from gateway.keyed import Keyring
@@ -166,7 +167,7 @@ def make_worker(policy: Policy, settings: WorkerSettings, secret: str) -> Gatewa
 
 
 def create_topics(policy: Policy, settings: WorkerSettings) -> None:
-    asyncio.run(ensure_topics(settings, settings.topics(policy)))
+    asyncio.run(ensure_topics(settings, settings.topics(policy), input_too=True))
 
 
 async def run_until(
@@ -220,7 +221,10 @@ def published_qi_groups(
 def start_worker(
     bootstrap: str, name: str, policy: Path, state: Path, log: Path, *extra: str
 ) -> Any:
-    """`privgw run` as a real process (PRIVGW_SECRET from the environment), log to ``log``."""
+    """`privgw run` as a real process (PRIVGW_SECRET from the environment), log to ``log``.
+    Its input topic ``<name>.in`` is created first if missing, as an operator would: the
+    worker never creates it."""
+    create_input_topic(bootstrap, f"{name}.in", partitions=3)
     env = dict(
         os.environ,
         PRIVGW_SESSION_TIMEOUT_MS="3000",
@@ -257,6 +261,19 @@ def start_worker(
             env=env,
             cwd=Path(__file__).resolve().parents[2],
         )
+
+
+def create_input_topic(bootstrap: str, topic: str, *, partitions: int) -> None:
+    """Create ``topic`` with the independent client unless it exists."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        try:
+            future.result(30)
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
 
 def high_watermarks(bootstrap: str, topic: str) -> int:

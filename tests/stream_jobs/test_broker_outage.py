@@ -41,7 +41,7 @@ def _recreate_topics(bootstrap: str, name: str, policy: Path) -> None:
     settings = WorkerSettings(
         bootstrap=bootstrap, input_topic=f"{name}.in", output_topic=f"{name}.out", partitions=3
     )
-    asyncio.run(ensure_topics(settings, settings.topics(load_policy(policy))))
+    asyncio.run(ensure_topics(settings, settings.topics(load_policy(policy)), input_too=True))
 
 
 def _wait_for(predicate: object, what: str, timeout: float, worker: object, log: Path) -> None:

@@ -62,7 +62,7 @@ def test_output_keyed_by_pseudonym_lands_where_kafka_puts_the_key(
     policy = load_policy(path)
     settings = settings_for(broker.bootstrap, unique_name, tmp_path / "state")
     topics = settings.topics(policy)
-    asyncio.run(ensure_topics(settings, topics))
+    asyncio.run(ensure_topics(settings, topics, input_too=True))
     panel = PanelSurvey(respondents=500, waves=2, seed=4, new_share=0.0, rows=load_rows())
     sent = produce(broker.bootstrap, topics.input, [encode(r) for r in panel.records()])
     worker = make_worker(policy, settings, secret_env)

@@ -50,7 +50,7 @@ def test_keyless_records_are_rekeyed_by_respondent_and_then_protected(
     settings = settings_for(broker.bootstrap, unique_name, tmp_path / "state")
     topics = settings.topics(policy)
     assert topics.repartition == f"{topics.input}.repartition"
-    asyncio.run(ensure_topics(settings, topics))
+    asyncio.run(ensure_topics(settings, topics, input_too=True))
     panel = PanelSurvey(respondents=600, waves=3, seed=8, new_share=0.0, rows=load_rows())
     records = [(None, value) for _, value in (encode(r) for r in panel.records())]
     no_id = orjson.dumps({**orjson.loads(records[0][1]), "respondent_id": None})

@@ -166,7 +166,7 @@ def test_worker_protects_records_over_mutual_tls(
         ssl_certfile=certs["client.pem"],
         ssl_keyfile=certs["client.key"],
     )
-    asyncio.run(ensure_topics(settings, settings.topics(policy)))
+    asyncio.run(ensure_topics(settings, settings.topics(policy), input_too=True))
     panel = PanelSurvey(respondents=400, waves=2, seed=5, rows=load_rows())
     records = [encode(r) for r in panel.records()]
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **_client_tls(certs)})

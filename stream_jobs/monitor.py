@@ -1,0 +1,272 @@
+"""A worker watched from outside its event loop: liveness, readiness, consumer lag, progress.
+
+A worker whose engine is stopped (a wedged or SIGSTOPped child process) or whose loop is
+stuck still answers /metrics, so figures the loop updates stay flat instead of alarming.
+:class:`Monitor` runs in a thread of its own, with its own Kafka client and event loop, and
+judges the worker from what the loop leaves behind (``WorkerStats.loop_tick`` and
+``engine_since``) and from the broker:
+
+* **liveness** (``/healthz``): the loop turned, and the window in the engine (if any) went in,
+  less than ``stall_timeout_seconds`` ago. A stall is logged once as a WARNING, its end as INFO.
+* **readiness** (``/readyz``): the clients are up, partitions are assigned, their state is
+  restored, and the broker acknowledges outputs and commits — and the worker is live.
+* **lag**: per assigned partition, the broker's end offset minus the group's committed offset,
+  measured every ``lag_interval_seconds``. The development broker's end-offset query misses the
+  newest batch (DESIGN §8), so the end is the larger of it and the worker's last fetched high
+  watermark: both are lower bounds of the true end.
+* one INFO **progress** line every ``progress_interval_seconds``, and a warning, once, when the
+  input topic still holds no record ``input_idle_warning_seconds`` after start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from stream_jobs.kafka import make_consumer
+from stream_jobs.settings import WorkerSettings
+from stream_jobs.worker import GatewayWorker
+
+log = logging.getLogger(__name__)
+
+_TICK_S = 0.25  # how often the monitor looks at the worker
+_MEASURE_TIMEOUT_S = 10.0  # one lag measurement at most (the broker may be away)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A health answer: ok, and why not (a short phrase without data)."""
+
+    ok: bool
+    reason: str
+
+
+class Monitor:
+    """Liveness, readiness and lag of ``worker``, from a thread of its own."""
+
+    def __init__(
+        self,
+        worker: GatewayWorker,
+        settings: WorkerSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.worker = worker
+        self.settings = settings
+        self._clock = clock
+        self._created = clock()
+        self._lock = threading.Lock()
+        self._lag: dict[tuple[str, int], int] = {}
+        self.lag_measured_at: float | None = None  # wall-clock time of the last measurement
+        self._stalled_since: float | None = None
+        self._input_seen = False
+        self._idle_warned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="privgw-monitor", daemon=True)
+        self._consumer: Any = None
+        self._last_progress: tuple[float, int] | None = None  # (time, consumed) of the last line
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> Monitor:
+        self._thread.start()
+        self.worker.closers.append(self.stop)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    # -- liveness and readiness (any thread) -------------------------------------------
+    def _ages(self) -> tuple[float, float]:
+        """(seconds since the loop last turned, seconds the current window has been in the
+        engine); 0 for what does not apply. Before the loop's first turn (group join, restore)
+        the worker is starting, which /readyz reports, not stalled."""
+        st = self.worker.stats
+        now = self._clock()
+        since = st.engine_since
+        idle = now - st.loop_tick if st.loop_tick else 0.0
+        return max(0.0, idle), max(0.0, now - since) if since is not None else 0.0
+
+    def seconds_since_progress(self) -> float:
+        """How long the worker has made no progress: since the loop last turned, or since the
+        window now in the engine went in, whichever is longer."""
+        return max(self._ages())
+
+    def liveness(self) -> Verdict:
+        idle, in_engine = self._ages()
+        limit = self.settings.stall_timeout_seconds
+        if in_engine > limit:
+            return Verdict(False, f"a window has been in the engine for {in_engine:.0f} s")
+        if idle > limit:
+            return Verdict(False, f"the processing loop has not turned for {idle:.0f} s")
+        return Verdict(True, "progressing")
+
+    def readiness(self) -> Verdict:
+        w = self.worker
+        live = self.liveness()
+        if not live.ok:
+            return Verdict(False, f"stalled: {live.reason}")
+        if not w.started:
+            return Verdict(False, "starting: clients not connected or topics not checked")
+        if not w.assignment():
+            return Verdict(False, "no partitions assigned")
+        if w.stats.restore_remaining:
+            return Verdict(
+                False, f"restoring state: {w.stats.restore_remaining} changelog records to go"
+            )
+        if not w.stats.broker_ok:
+            return Verdict(False, "the broker does not acknowledge outputs or commits")
+        return Verdict(True, "ready")
+
+    def stalled(self) -> bool:
+        return not self.liveness().ok
+
+    def lag(self) -> dict[tuple[str, int], int] | None:
+        """Records behind per assigned (topic, partition) at the last measurement (None: not
+        measured yet)."""
+        with self._lock:
+            return dict(self._lag) if self.lag_measured_at is not None else None
+
+    # -- the thread --------------------------------------------------------------------
+    def _main(self) -> None:
+        asyncio.run(self._watch())
+
+    async def _watch(self) -> None:
+        # two tasks: a lag measurement waiting on an absent broker must not delay the stall
+        # check or the progress line
+        ticker = asyncio.create_task(self._tick())
+        try:
+            while not self._stop.is_set():
+                next_lag = self._clock() + self.settings.lag_interval_seconds
+                try:
+                    await asyncio.wait_for(self._measure(), _MEASURE_TIMEOUT_S)
+                except Exception as err:  # the broker away: try again next interval
+                    log.debug("lag not measured: %s", err.__class__.__name__)
+                    await self._close_consumer()
+                while not self._stop.is_set() and self._clock() < next_lag:
+                    await asyncio.sleep(_TICK_S)
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+            await self._close_consumer()
+
+    async def _tick(self) -> None:
+        interval = self.settings.progress_interval_seconds
+        next_progress = self._clock() + interval
+        while True:
+            self._check_stall()
+            if interval and self._clock() >= next_progress:
+                next_progress = self._clock() + interval
+                self._log_progress()
+            await asyncio.sleep(_TICK_S)
+
+    async def _close_consumer(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    def _check_stall(self) -> None:
+        live = self.liveness()
+        now = self._clock()
+        if not live.ok and self._stalled_since is None:
+            self._stalled_since = now - self.seconds_since_progress()  # when progress stopped
+            log.warning(
+                "worker stalled: %s (PRIVGW_STALL_TIMEOUT_SECONDS %g); /healthz answers 503 "
+                "until it moves again",
+                live.reason,
+                self.settings.stall_timeout_seconds,
+            )
+        elif live.ok and self._stalled_since is not None:
+            log.info(
+                "worker progressing again after %.0f s without progress", now - self._stalled_since
+            )
+            self._stalled_since = None
+
+    async def _measure(self) -> None:
+        w, s = self.worker, self.settings
+        if self._consumer is None:
+            # not subscribed: it only asks for offsets, it never joins the group
+            self._consumer = make_consumer(s, group_id=s.group_id)
+            await self._consumer.start()
+        consumer = self._consumer
+        owned = w.assignment()
+        tps = [TopicPartition(t, p) for t, p in owned]
+        if not self._input_seen:
+            await self._check_input(consumer)
+        lag: dict[tuple[str, int], int] = {}
+        if tps:
+            ends = await consumer.end_offsets(tps)
+            starts = await consumer.beginning_offsets(tps)
+            for tp in tps:
+                end = max(int(ends.get(tp) or 0), w.highwater(tp.topic, tp.partition) or 0)
+                committed = await consumer.committed(tp)
+                if committed is None:  # nothing committed yet: where the worker starts
+                    committed = (
+                        int(starts.get(tp) or 0) if s.auto_offset_reset == "earliest" else end
+                    )
+                lag[(tp.topic, tp.partition)] = max(0, end - committed)
+        with self._lock:
+            self._lag = lag
+            self.lag_measured_at = time.time()
+
+    async def _check_input(self, consumer: Any) -> None:
+        """Warn once when the input topic holds no record long after start (no producer, or
+        a producer writing elsewhere)."""
+        w = self.worker
+        if w.stats.consumed:
+            self._input_seen = True
+            return
+        topic = w.topics.input
+        await consumer.topics()  # refresh the metadata
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        if any(ends.values()):
+            self._input_seen = True
+            return
+        waited = self._clock() - self._created
+        if not self._idle_warned and waited >= self.settings.input_idle_warning_seconds:
+            self._idle_warned = True
+            log.warning(
+                "input topic %s has no records %.0f s after start: is a producer writing to "
+                "it? (policy key input.topic, or PRIVGW_INPUT_TOPIC)",
+                topic,
+                waited,
+            )
+
+    def _log_progress(self) -> None:
+        st = self.worker.stats
+        now = self._clock()
+        lag = self.lag()
+        prev = self._last_progress
+        rate = (
+            (st.consumed - prev[1]) / (now - prev[0]) if prev is not None and now > prev[0] else 0.0
+        )
+        self._last_progress = (now, st.consumed)
+        log.info(
+            "progress: %d records consumed (%.0f/s), %d published, %d windows, %d dead-lettered, "
+            "%d held, lag %s",
+            st.consumed,
+            rate,
+            st.published,
+            st.windows,
+            st.dlq_total,
+            st.held,
+            "unknown" if lag is None else str(sum(lag.values())),
+        )
+
+
+def start_monitor(worker: GatewayWorker, settings: WorkerSettings) -> Monitor:
+    """A running :class:`Monitor` of ``worker``, stopped with the worker's clients."""
+    return Monitor(worker, settings).start()
