@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from gateway import masking
 from gateway.engine import ValidRecord
 from gateway.errors import InputDataError
 from gateway.policy import AttrType, ExtraFields, Policy
@@ -231,6 +232,17 @@ def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> li
                         f"{path}: column '{name}' has {len(bad)} value(s) outside the policy's "
                         f"categories, first at data row {bad[0] + 1}; add the category or fix "
                         "the data"
+                    )
+            if attr.type is AttrType.TIMESTAMP:
+                bad = [
+                    i
+                    for i in range(n)
+                    if not is_missing[i] and masking.parse_timestamp(raw[i]) is None
+                ]
+                if bad:
+                    raise InputDataError(
+                        f"{path}: column '{name}' is a timestamp in the policy but has "
+                        f"{len(bad)} value(s) that are not ISO 8601, first at data row {bad[0] + 1}"
                     )
             columns[name] = [None if is_missing[i] else raw[i] for i in range(n)]
     rid = policy.input.respondent_id

@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
@@ -217,6 +218,8 @@ def _compile(
         "KNOWN": frozenset(known),
         "slow_numeric": _slow_numeric,
         "slow_categorical": _slow_categorical,
+        "slow_timestamp": _slow_timestamp,
+        "is_time": _is_timestamp,
         "slow_rid": _slow_rid,
         **{
             f"R_{r.reason.name}": r
@@ -266,6 +269,9 @@ def _compile(
             fast_hi = MAX_SAFE_INTEGER if hi is None else min(hi, MAX_SAFE_INTEGER)
             src.append(f"    if {v}.__class__ is not int or not {fast_lo!r} <= {v} <= {fast_hi!r}:")
             src.append(f"        {v} = slow_numeric({v}, S{i}, raw, MISSING)")
+        elif attr.type is AttrType.TIMESTAMP:
+            src.append(f"    if {v}.__class__ is not str or {v} in MISSING or not is_time({v}):")
+            src.append(f"        {v} = slow_timestamp({v}, S{i}, MISSING)")
         elif cats is not None:
             ns[f"C{i}"] = cats
             src.append(f"    if {v}.__class__ is not str or {v} not in C{i}:")
@@ -351,6 +357,22 @@ def _slow_categorical(v: object, spec: _Spec, missing: frozenset[str]) -> object
     if cats is not None and v not in cats:
         return Rejection(_R.UNKNOWN_CATEGORY, name, "ValueError")
     return v
+
+
+def _is_timestamp(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _slow_timestamp(v: object, spec: _Spec, missing: frozenset[str]) -> object:
+    """A timestamp that is not ISO 8601 text: missing, or the wrong type."""
+    checked = _slow_categorical(v, spec, missing)
+    if checked.__class__ is str and not _is_timestamp(checked):
+        return Rejection(_R.WRONG_TYPE, spec[0], "TypeError")
+    return checked
 
 
 def _slow_rid(r: object, name: str, raw: bytes) -> str | Rejection:

@@ -187,3 +187,77 @@ def test_yaml_numbers_keep_working_and_an_int_may_stand_for_a_float() -> None:
     p = policy_from_yaml("risk: {max_dld: 1, interval_pct: 5}\n" + MATRIX)
     assert p.risk.max_dld == 1.0 and isinstance(p.risk.max_dld, float)
     assert p.microaggregation.k == 3 and policy_from_yaml(BASE.replace("k: 3", "k: 1000000"))
+
+
+# -- the k claim covers every quasi-identifier, or says which it leaves out -------------------
+CAT_QI = "  sex: {role: quasi_identifier, type: categorical, method: keep, categories: [F, M]}\n"
+
+
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        (CAT_QI, "a quasi-identifier with method keep is published without k-anonymity"),
+        (
+            "  hours: {role: quasi_identifier, type: numeric, method: noise, "
+            "noise: {ratio: 0.1}}\n",
+            "set unprotected: true to leave it out of the k claim",
+        ),
+        (
+            "  city: {role: quasi_identifier, type: categorical, method: microaggregation}\n",
+            "a categorical quasi_identifier needs 'categories'",
+        ),
+        (
+            "  pay: {role: sensitive, type: numeric, method: top_bottom_code, coding: {top: 9}}\n",
+            "coding alone publishes every value inside [bottom, top] unchanged",
+        ),
+        (
+            "  pay: {role: sensitive, type: numeric, method: keep}\n",
+            "does not apply to a numeric sensitive",
+        ),
+        (
+            "  at: {role: other, type: timestamp, method: keep}\n",
+            "a timestamp is never published verbatim",
+        ),
+        (
+            "  at: {role: quasi_identifier, type: timestamp, method: coarsen}\n",
+            "a timestamp attribute cannot have role quasi_identifier",
+        ),
+        (
+            "  age2: {role: other, type: numeric, method: keep, unprotected: true}\n",
+            "unprotected: true only applies to a quasi-identifier",
+        ),
+        (
+            "  lvl: {role: quasi_identifier, type: categorical, method: microaggregation, "
+            "ordered: true, missing: category, categories: [lo, hi]}\n",
+            "an ordered attribute cannot have missing: category",
+        ),
+        ("  pay: {role: sensitive, type: numeric, method: noise, noise: {}}\n", "noise needs"),
+    ],
+)
+def test_claims_that_would_not_hold_are_refused(extra: str, expected: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        policy_from_yaml(BASE + extra)
+    assert expected in str(err.value), str(err.value)
+
+
+def test_an_unprotected_quasi_identifier_is_named_outside_the_claim() -> None:
+    text = BASE + CAT_QI.replace("method: keep,", "method: keep, unprotected: true,")
+    p = policy_from_yaml(text)
+    assert p.k_claim == ["age"]
+    assert p.unprotected_quasi_identifiers == ["sex"]
+
+
+def test_ranking_is_refused_for_a_tuple_of_quasi_identifiers() -> None:
+    text = BASE.replace("{k: 3}", "{k: 3, algorithm: ranking}")
+    assert policy_from_yaml(text).k_claim == ["age"]  # one numeric attribute: allowed
+    two = text + "  h: {role: quasi_identifier, type: numeric, method: microaggregation}\n"
+    with pytest.raises(PolicyError, match="no k-anonymity on the tuple"):
+        policy_from_yaml(two)
+
+
+def test_noise_may_follow_coding_on_a_sensitive_number() -> None:
+    p = policy_from_yaml(
+        BASE + "  pay: {role: sensitive, type: numeric, method: noise, "
+        "coding: {top: 100, bottom: 0}, noise: {sd: 5}}\n"
+    )
+    assert p.attributes["pay"].coding is not None and p.attributes["pay"].noise is not None

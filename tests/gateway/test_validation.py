@@ -371,3 +371,16 @@ def test_the_key_a_record_must_carry_is_its_respondent_id() -> None:
     anonymous = parse_policy({**POLICY.model_dump(mode="json"), "input": {}})
     assert Validator(anonymous).expected_key is None  # nothing to compare a key with
     assert DLQReason.KEY_MISMATCH.value == "key_mismatch"
+
+
+def test_a_timestamp_must_be_iso_8601_text() -> None:
+    policy = load_policy(ADULT)
+    validator = Validator(policy)
+    good = orjson.loads(_adult_records(policy, 1)[0])
+    for bad, reason in (("yesterday", DLQReason.WRONG_TYPE), (1714557600, DLQReason.WRONG_TYPE)):
+        res = validator.decode_and_validate(enc({**good, "submitted_at": bad}), b"r0")
+        assert isinstance(res, Rejection) and res.reason is reason
+        assert res.field == "submitted_at" and "yesterday" not in repr(res)
+    for ok in ("2024-05-01", "2024-05-01T10:00:00Z", "?"):
+        res = validator.decode_and_validate(enc({**good, "submitted_at": ok}), b"r0")
+        assert not isinstance(res, Rejection)
