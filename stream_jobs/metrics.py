@@ -379,7 +379,7 @@ class _WorkerCollector(Collector):
         ldiv_family = GaugeMetricFamily(
             f"{p}_l_diversity_min",
             "fewest distinct published values of a sensitive attribute within one group formed "
-            "in the last sampled window",
+            "in the last sampled window that formed groups",
             labels=["attribute"],
         )
         for name, value in sorted(ldiv.items()):
