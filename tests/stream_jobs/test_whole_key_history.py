@@ -73,8 +73,14 @@ def _panel() -> list[dict[str, Any]]:
     return records
 
 
-def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(
-    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+@pytest.mark.parametrize(("engine", "shards"), [("process", None), ("thread", 2)])
+def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # noqa: PLR0917
+    broker: EmbeddedBroker,
+    unique_name: str,
+    secret_env: str,
+    tmp_path: Path,
+    engine: str,
+    shards: int | None,
 ) -> None:
     policy = load_policy(small_window_policy(tmp_path, 300))
     k = policy.microaggregation.k
@@ -83,7 +89,12 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(
     assert not policy.unprotected_quasi_identifiers
     categorical = [q for q in qis if policy.attributes[q].type is AttrType.CATEGORICAL]
     settings = settings_for(
-        broker.bootstrap, unique_name, tmp_path / "state", flush_held_on_shutdown=True
+        broker.bootstrap,
+        unique_name,
+        tmp_path / "state",
+        flush_held_on_shutdown=True,
+        engine=engine,
+        engine_shards=shards,
     )
     topics = settings.topics(policy)
     create_topics(policy, settings)
@@ -190,7 +201,8 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(
     assert metrics.key_class_violations == 0
     assert metrics.key_smallest_last is not None and metrics.key_smallest_last >= k
     print(
-        f"whole key over {WAVES} waves: {len(ids)} records, {len(answers)} respondents, "
+        f"whole key over {WAVES} waves ({engine}, shards {shards}): {len(ids)} records, "
+        f"{len(answers)} respondents, "
         f"{len(groups)} published tuples (smallest {min(len(m) for m in groups.values())}), "
         f"{suppressed} suppressed, {changed_categorical} changed a categorical QI, "
         f"{moved} published with several tuples, {metrics.deferred_moves} deferred moves, "
