@@ -132,8 +132,7 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # no
     rows = {rid: orjson.loads(v) for rid, v in first.items()}
     ids = list(first)
 
-    # the test exercises what it claims: categorical quasi-identifiers changed between waves,
-    # and respondents were published with more than one tuple over the history
+    # the test exercises what it claims: categorical quasi-identifiers changed between waves
     answers: dict[str, dict[int, dict[str, Any]]] = {}
     tuples: dict[str, set[tuple[Any, ...]]] = {}
     for rid in ids:
