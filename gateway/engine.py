@@ -656,8 +656,8 @@ class Engine:
     ) -> dict[str, float]:
         """Risk over the whole key for a sampled window's published records.
 
-        A published tuple's class over the whole history is at least the sum of the formation
-        sizes of the groups that publish it (a group's members keep its tuple; departures do
+        A published tuple's class over the whole history is at least the largest formation
+        size among the groups that publish it (a group's members keep its tuple; departures do
         not unpublish it), so ``key_smallest_class`` is a lower bound that holds over the
         history, not only within the window. Fully suppressed records carry no
         quasi-identifier value and are counted apart (``key_suppressed``). l-diversity is
@@ -679,7 +679,9 @@ class Engine:
             t = tuple(rows[pos][a] for a in self._qi_agg)
             groups_of_tuple.setdefault(t, set()).add(gid)
             keyed.append((t, gid))
-        bound = {t: sum(sizes[g] for g in gids) for t, gids in groups_of_tuple.items()}
+        # the largest group publishing a tuple: its members are distinct respondents (a sum
+        # could count a respondent who was in two such groups twice)
+        bound = {t: max(sizes[g] for g in gids) for t, gids in groups_of_tuple.items()}
         classes = [bound[t] for t, _ in keyed]
         n = len(classes)
         out: dict[str, float] = {

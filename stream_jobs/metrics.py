@@ -20,6 +20,11 @@ Names have the ``privgw_`` prefix and base units (seconds, ratios 0-1, records);
 ``_total``. Labels come only from bounded sets — DLQ reasons, attribute names of the policy,
 input topic and partition, risk measure names. No figure is derived from one respondent: no
 per-record values, no minimum or maximum of raw values (group sizes are counts).
+
+The whole-key figures (issue 18) cover every attribute of the k claim together: the smallest
+published class (a lower bound over the whole history), the share of records in classes below
+k, sample uniques, l-diversity of each sensitive attribute, and which quasi-identifiers the k
+claim covers. DLD, ID, SSE/SST and IL1s are over the numeric quasi-identifiers only.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import platform
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -57,15 +62,41 @@ EWMA_ALPHA = 0.2  # weight of the newest sampled window in the moving averages
 
 # measure key in WindowReport.measures -> (metric stem, help, scale to a 0-1 ratio)
 _MEASURES = {
-    "sse_sst_pct": ("sse_sst_ratio", "SSE/SST of the microaggregated quasi-identifiers", 0.01),
-    "il1s": ("il1s", "IL1s (mean absolute deviation over sqrt(2)·S, per n·p)", 1.0),
-    "dld": ("record_linkage_risk_ratio", "distance-based record-linkage risk (DLD)", 1.0),
+    "sse_sst_pct": ("sse_sst_ratio", "SSE/SST, numeric quasi-identifiers only", 0.01),
+    "il1s": (
+        "il1s",
+        "IL1s (mean absolute deviation over sqrt(2)·S, per n·p), numeric quasi-identifiers only",
+        1.0,
+    ),
+    "dld": (
+        "record_linkage_risk_ratio",
+        "distance-based record-linkage risk (DLD), numeric quasi-identifiers only",
+        1.0,
+    ),
     "interval_disclosure": (
         "interval_disclosure_ratio",
-        "rank-based interval disclosure risk (ID)",
+        "rank-based interval disclosure risk (ID), numeric quasi-identifiers only",
         1.0,
     ),
 }
+
+# whole-key measures of a sampled window (WindowReport.measures) -> (metric stem, help)
+_KEY_MEASURES = {
+    "key_smallest_class": (
+        "key_smallest_class",
+        "smallest published class of the whole k-claim tuple, a lower bound over the whole "
+        "history (respondents), last sampled window",
+    ),
+    "key_share_below_k": (
+        "key_share_below_k_ratio",
+        "share of the published records in whole-key classes below k, last sampled window",
+    ),
+    "key_uniques": (
+        "key_uniques",
+        "published records alone in their whole-key class, last sampled window",
+    ),
+}
+_LDIV_PREFIX = "ldiv_min:"  # + sensitive attribute name
 
 _SIZE_BUCKETS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -103,6 +134,11 @@ class GatewayMetrics:
         self.min_group_last: int | None = None
         self.last: dict[str, float] = {}
         self.average: dict[str, float] = {}
+        # whole key (every attribute of the k claim): last sampled window, violations
+        self.key_class_violations = 0
+        self.key_smallest_last: float | None = None
+        self.key_last: dict[str, float] = {}
+        self.ldiv_last: dict[str, float] = {}
         self._collector: _WorkerCollector | None = None
 
     @classmethod
@@ -121,6 +157,7 @@ class GatewayMetrics:
             raise RuntimeError("these metrics are attached to a worker already")
         policy = worker.policy
         self._k = policy.microaggregation.k
+        self._attributes = frozenset(policy.attributes)  # labels: policy names only
         rr = worker.engine.metadata()["randomized_response"]
         rr_attrs = len(rr) if isinstance(rr, dict) else 0
         self._sticky_attrs = (
@@ -162,6 +199,32 @@ class GatewayMetrics:
                     self.average[key] = (
                         ratio if prev is None else prev + EWMA_ALPHA * (ratio - prev)
                     )
+                self._observe_key(report.measures)
+
+    def _observe_key(self, measures: Mapping[str, float]) -> None:
+        """Whole-key figures of a sampled window (caller holds the lock). A class below k is a
+        broken privacy claim: counted and logged with counts only."""
+        for key in _KEY_MEASURES:
+            value = measures.get(key)
+            if value is not None and np.isfinite(value):
+                self.key_last[key] = float(value)
+        for key, value in measures.items():
+            name = key.removeprefix(_LDIV_PREFIX)
+            if key.startswith(_LDIV_PREFIX) and name in self._attributes and np.isfinite(value):
+                self.ldiv_last[name] = float(value)
+        smallest = measures.get("key_smallest_class")
+        if smallest is None or not np.isfinite(smallest):
+            return
+        self.key_smallest_last = float(smallest)
+        if smallest < self._k:
+            self.key_class_violations += 1
+            log.error(
+                "whole-key violation: a sampled window published a quasi-identifier class of "
+                "%d < k = %d respondents (%d records in classes below k)",
+                int(smallest),
+                self._k,
+                round(measures.get("key_share_below_k", 0.0) * measures.get("key_records", 0.0)),
+            )
 
 
 class _WorkerCollector(Collector):
@@ -181,6 +244,9 @@ class _WorkerCollector(Collector):
         meta = worker.engine.metadata()
         rr = meta.get("randomized_response", {})
         self._rr: dict[str, dict[str, Any]] = dict(rr) if isinstance(rr, dict) else {}
+        self._claim = [(a, True) for a in worker.policy.k_claim] + [
+            (a, False) for a in worker.policy.unprotected_quasi_identifiers
+        ]
 
     def collect(self) -> Iterator[Any]:
         m, w = self._m, self._worker
@@ -304,6 +370,38 @@ class _WorkerCollector(Collector):
                     f"{doc}, moving average (alpha {EWMA_ALPHA})",
                     average[key],
                 )
+        yield from self._whole_key()
+
+    def _whole_key(self) -> Iterator[Any]:
+        """What the k claim covers and how the whole published key fared (issue 18)."""
+        m, p = self._m, self._m.prefix
+        claim = GaugeMetricFamily(
+            f"{p}_k_claim_attributes",
+            "1 per quasi-identifier; covered: in the k claim (true) or unprotected (false)",
+            labels=["attribute", "covered"],
+        )
+        for name, covered in self._claim:
+            claim.add_metric([name, "true" if covered else "false"], 1)
+        yield claim
+        with m._lock:
+            last, ldiv, violations = dict(m.key_last), dict(m.ldiv_last), m.key_class_violations
+        yield CounterMetricFamily(
+            f"{p}_key_class_violations",
+            "sampled windows that published a whole-key class below k",
+            value=violations,
+        )
+        for key, (stem, doc) in _KEY_MEASURES.items():
+            if key in last:
+                yield GaugeMetricFamily(f"{p}_{stem}", doc, value=last[key])
+        ldiv_family = GaugeMetricFamily(
+            f"{p}_l_diversity_min",
+            "fewest distinct published values of a sensitive attribute within one group formed "
+            "in the last sampled window that formed groups",
+            labels=["attribute"],
+        )
+        for name, value in sorted(ldiv.items()):
+            ldiv_family.add_metric([name], value)
+        yield ldiv_family
 
     def _health(self) -> Iterator[Any]:
         """Lag and liveness from the monitor, which keeps measuring when the loop is stuck."""

@@ -205,14 +205,23 @@ def accounted(worker: GatewayWorker, total: int) -> bool:
     return st.consumed >= total and st.consumed == st.accounted
 
 
+def k_claim(policy: Path | None = None) -> tuple[str, ...]:
+    """The quasi-identifiers the k claim of ``policy`` covers (default: the Adult policy):
+    every published tuple of them must be shared by at least k respondents."""
+    root = Path(__file__).resolve().parents[2]
+    return tuple(load_policy(policy or root / "deploy" / "policies" / "adult.yaml").k_claim)
+
+
 def published_qi_groups(
     rows: Sequence[dict[str, Any]], owners: Sequence[str], qis: Sequence[str]
 ) -> dict[tuple[Any, ...], set[str]]:
-    """Published QI tuple -> distinct respondents published with it (suppressed rows left out)."""
+    """Published QI tuple -> distinct respondents published with it. ``qis``: the policy's
+    whole k claim (``Policy.k_claim``). Fully suppressed rows (every QI null) are left out; a
+    partly null tuple is a class of its own, exactly as published."""
     groups: dict[tuple[Any, ...], set[str]] = {}
     for row, owner in zip(rows, owners, strict=True):
         key = tuple(row[q] for q in qis)
-        if any(v is None for v in key):
+        if all(v is None for v in key):
             continue
         groups.setdefault(key, set()).add(owner)
     return groups

@@ -16,6 +16,7 @@ from streamkit import (
     assert_consistent_republication,
     consume_all,
     high_watermarks,
+    k_claim,
     produce,
     small_window_policy,
     start_worker,
@@ -26,7 +27,7 @@ from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-QIS = ("age", "education_num", "hours_per_week")
+QIS = k_claim()  # the whole quasi-identifier tuple the k claim covers
 RR = ("occupation", "income")
 KILLS = 5
 

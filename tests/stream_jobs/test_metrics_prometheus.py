@@ -219,13 +219,15 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
 
 @needs_prometheus
 def test_k_violation_and_dead_letter_alerts_fire_in_a_real_prometheus(tmp_path: Path) -> None:
-    """The alert rules as shipped, against an exporter that reports a k-violation and a 30%
-    dead-letter share. ``for:`` durations are shortened to 0 s here (promtool's unit tests in
-    deploy/prometheus/alerts_test.yml cover the timing); expressions are unchanged."""
+    """The alert rules as shipped, against an exporter that reports a k-violation, a published
+    class below k and a 30% dead-letter share. ``for:`` durations are shortened to 0 s here
+    (promtool's unit tests in deploy/prometheus/alerts_test.yml cover the timing); expressions
+    are unchanged."""
     from prometheus_client import CollectorRegistry, Counter, start_http_server  # noqa: PLC0415
 
     registry = CollectorRegistry()
     violations = Counter("privgw_k_violations", "windows below k", registry=registry)
+    classes = Counter("privgw_key_class_violations", "classes below k", registry=registry)
     consumed = Counter("privgw_records_consumed", "consumed", registry=registry)
     dlq = Counter("privgw_records_dlq", "dead letters", ["reason"], registry=registry)
     port = free_port()
@@ -241,12 +243,18 @@ def test_k_violation_and_dead_letter_alerts_fire_in_a_real_prometheus(tmp_path: 
     try:
         deadline = time.monotonic() + 60
         firing: set[str] = set()
-        while {"PrivgwKAnonymityViolation", "PrivgwDeadLetterShareHigh"} - firing:
+        expected = {
+            "PrivgwKAnonymityViolation",
+            "PrivgwPublishedClassBelowK",
+            "PrivgwDeadLetterShareHigh",
+        }
+        while expected - firing:
             assert time.monotonic() < deadline, f"alerts firing after 60 s: {firing}"
             consumed.inc(100)
             dlq.labels("invalid_json").inc(30)
             if time.monotonic() > deadline - 55:
                 violations.inc()
+                classes.inc()
             with urllib.request.urlopen(f"{base}/api/v1/alerts", timeout=5) as resp:
                 alerts = orjson.loads(resp.read())["data"]["alerts"]
             firing = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}

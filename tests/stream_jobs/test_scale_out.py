@@ -21,6 +21,7 @@ from streamkit import (
     assert_consistent_republication,
     consume_all,
     high_watermarks,
+    k_claim,
     produce,
     published_qi_groups,
     small_window_policy,
@@ -34,7 +35,7 @@ from stream_jobs.simulator import PanelSurvey, encode, load_rows
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-QIS = ("age", "education_num", "hours_per_week")
+QIS = k_claim()  # the whole quasi-identifier tuple the k claim covers
 RR = ("occupation", "income")
 
 

@@ -24,6 +24,7 @@ import pytest
 from streamkit import (
     assert_consistent_republication,
     consume_all,
+    k_claim,
     produce,
     published_qi_groups,
     small_window_policy,
@@ -36,7 +37,7 @@ from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-QIS = ("age", "education_num", "hours_per_week")
+QIS = k_claim()  # the whole quasi-identifier tuple the k claim covers
 RR = ("occupation", "income")
 
 
