@@ -345,6 +345,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             # it starts empty: the input topic is created for the development loop only
             asyncio.run(ensure_topics(settings, topics, input_too=True))
         # the user's mistakes first, each in one line, before any process or client starts
+        if settings.state_backend == "partitioned":
+            _require_rocksdb()
         check_metrics_port(settings)
         asyncio.run(check_bootstrap(settings))
         try:  # exit 2 before any engine starts

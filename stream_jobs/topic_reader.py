@@ -199,6 +199,11 @@ async def count_protected_async(
     """The protected ``topic`` folded into per-version category counts as it is read, each
     version counted against its own record in ``meta_topic`` (default ``<topic>.meta``)."""
     meta_topic = meta_topic or f"{topic}.meta"
+    if not await _exists(bootstrap, topic):  # the user's topic first: the clearer mistake
+        raise TopicReadError(
+            f"--topic: topic {topic} does not exist on --bootstrap {bootstrap}; give the "
+            "protected topic (the policy's output.topic)"
+        )
     metas = await read_metas_async(bootstrap, meta_topic, timeout=timeout, quiet=quiet)
     if not metas:
         raise TopicReadError(f"no metadata in {meta_topic}: has the gateway started?")

@@ -145,5 +145,6 @@ def test_privgw_run_names_the_bootstrap_setting_when_kafka_cannot_be_reached() -
     )
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("privgw: error:")]
-    assert len(errors) == 1 and "--bootstrap / PRIVGW_BOOTSTRAP" in errors[0], proc.stderr
+    assert len(errors) == 1, proc.stderr
+    assert "--bootstrap" in errors[0] and "PRIVGW_BOOTSTRAP" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
