@@ -23,6 +23,7 @@ from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
 from gateway.randomness import SeededSource
+from state.memory_store import MemoryStore
 
 POLICY = """
 input: {respondent_id: rid}
@@ -66,23 +67,6 @@ attributes:
 CLAIM = ["age", "sex", "edu", "region", "job"]
 EDU = ["primary", "secondary", "bachelor", "master", "doctorate"]
 KEY = Keyring(b"w" * 32)
-
-
-class DictStore:
-    def __init__(self) -> None:
-        self.data: dict[bytes, bytes] = {}
-
-    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        return {k: self.data[k] for k in keys if k in self.data}
-
-    def put_many(self, entries: Mapping[bytes, bytes]) -> None:
-        self.data.update(entries)
-
-    def count(self) -> int:
-        return len(self.data)
-
-    def close(self) -> None:
-        pass
 
 
 def _policy() -> Policy:
@@ -136,7 +120,7 @@ def _history(seed: int, n: int, windows: int) -> tuple[list[tuple[str, dict[str,
     panel whose respondents change one quasi-identifier now and then."""
     rng = np.random.default_rng(seed)
     truth = _truth(rng, n)
-    engine = Engine(_policy(), keyring=KEY, store=DictStore())
+    engine = Engine(_policy(), keyring=KEY, store=MemoryStore())
     published: list[tuple[str, dict[str, Any]]] = []
     held: list[ValidRecord] = []
     offset = 0
@@ -178,7 +162,7 @@ def test_every_published_tuple_over_the_history_is_shared_by_k(seed: int) -> Non
 def test_unchanged_respondents_republish_the_same_tuple() -> None:
     rng = np.random.default_rng(4)
     truth = _truth(rng, 40)
-    engine = Engine(_policy(), keyring=KEY, store=DictStore())
+    engine = Engine(_policy(), keyring=KEY, store=MemoryStore())
     ids = sorted(truth)
     res = engine.protect_window(_window(truth, ids, 0), now=0.0)
     first = {int(p.record_id.split("/")[-1]): orjson.loads(p.value) for p in res.published}
@@ -253,7 +237,7 @@ def test_file_run_is_k_anonymous_and_reports_the_whole_key() -> None:
 def test_the_group_registry_keeps_formation_sizes_for_the_history_bound() -> None:
     rng = np.random.default_rng(5)
     truth = _truth(rng, 30)
-    store = DictStore()
+    store = MemoryStore()
     engine = Engine(_policy(), keyring=KEY, store=store)
     ids = sorted(truth)
     engine.protect_window(_window(truth, ids, 0), now=0.0, flush_all=True)
@@ -262,7 +246,7 @@ def test_the_group_registry_keeps_formation_sizes_for_the_history_bound() -> Non
     later = engine.protect_window(_window(truth, ids[:2], 100), now=1.0)
     assert later.report.measures["key_smallest_class"] >= 3
     assert later.report.measures["key_unknown_class"] == 0
-    sizes = [orjson.loads(v)["size"] for k, v in store.data.items() if k.startswith(b"group:")]
+    sizes = [orjson.loads(v)["size"] for k, v in store.items() if k.startswith(b"group:")]
     assert sizes and min(sizes) >= 3
 
 
