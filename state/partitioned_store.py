@@ -108,6 +108,11 @@ class PartitionedStore:
             stores = list(self._stores.values())
         return sum(s.count() for s in stores)
 
+    def count_prefix(self, prefix: bytes) -> int:
+        with self._lock:
+            stores = list(self._stores.values())
+        return sum(s.count_prefix(prefix) for s in stores)
+
     def key_fingerprints(self) -> list[str | None]:
         """Of the partitions open here (each restored with its fingerprint from the
         changelog)."""

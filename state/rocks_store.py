@@ -160,6 +160,18 @@ class RocksStore:
         self._open()
         return self._count
 
+    def count_prefix(self, prefix: bytes) -> int:
+        """Keys that start with ``prefix`` (the engine's group registry rows, for metrics): a
+        seek to the prefix and a scan of its range only."""
+        with self._lock:
+            db, _ = self._open()
+            n = 0
+            for key in db.keys(from_key=prefix):
+                if not bytes(key).startswith(prefix):
+                    break
+                n += 1
+            return n
+
     def key_fingerprints(self) -> list[str | None]:
         _, meta = self._open()
         stored = meta.get(_FINGERPRINT_KEY)

@@ -468,3 +468,13 @@ def test_rocks_fingerprint_goes_through_the_changelog_and_is_restored(tmp_path: 
         assert b.restore(iter(log.entries)) == 101
         assert b.key_fingerprints() == ["0123456789abcdef"]
         assert b.count() == 100 and len(list(b.items())) == 100
+
+
+def test_count_prefix_counts_the_group_registry_only(durable_kind: str, tmp_path: Path) -> None:
+    # respondent digests on both sides of b"group:" in key order, and look-alike prefixes
+    entries = {**batch(0, 40), b"group:a": b"1", b"group:3.b": b"2", b"groupX": b"3", b"grou": b"4"}
+    with open_store(durable_kind, tmp_path) as s:
+        s.put_many(entries)
+        want = sum(1 for k in entries if k.startswith(b"group:"))
+        assert s.count_prefix(b"group:") == want == 2
+        assert s.count() == len(entries)
