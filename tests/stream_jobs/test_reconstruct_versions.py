@@ -150,6 +150,9 @@ def test_rows_are_reconstructed_with_their_own_policy_version(
 def test_a_missing_metadata_topic_is_a_clear_error(
     broker: EmbeddedBroker, unique_name: str
 ) -> None:
+    producer = Producer({"bootstrap.servers": broker.bootstrap})  # the protected topic exists
+    producer.produce(f"{unique_name}.protected", b"{}")
+    assert producer.flush(30) == 0
     proc = subprocess.run(
         [sys.executable, "-m", "gateway", "reconstruct", "--bootstrap", broker.bootstrap,
          "--topic", f"{unique_name}.protected", "--meta-topic", f"{unique_name}.nothing"],
