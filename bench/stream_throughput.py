@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/stream_throughput.py                 # 200,000 records, 3 runs
     .venv/bin/python bench/stream_throughput.py --records 60000 --repeat 5
+    .venv/bin/python bench/stream_throughput.py --numeric-only   # the numeric-only k claim
 
 Both sides get the same simulated panel (UCI Adult answers, deploy/policies/adult.yaml) already
 waiting in an input topic of the development broker, and both are timed from the moment their
@@ -58,10 +59,11 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from gateway.keyed import Keyring
-from gateway.policy import load_policy
+from gateway.policy import policy_from_yaml
 from stream_jobs.app import serve
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.cli import build_worker
@@ -78,6 +80,30 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec is not None and _spec.loader is not None
 risk_overhead = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(risk_overhead)
+_spec = importlib.util.spec_from_file_location(
+    "whole_key", Path(__file__).with_name("whole_key.py")
+)
+assert _spec is not None and _spec.loader is not None
+whole_key = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(whole_key)
+
+
+def policy_text(numeric_only: bool) -> str:
+    """deploy/policies/adult.yaml (the k claim over all nine quasi-identifiers), or with
+    ``numeric_only`` its categorical quasi-identifiers published unchanged, outside the claim
+    (the numeric-only claim of earlier versions, as bench/whole_key.py builds it)."""
+    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
+    if not numeric_only:
+        return text
+    data = yaml.safe_load(text)
+    for name in whole_key.CATEGORICAL_QIS:
+        attr = data["attributes"][name]
+        attr.pop("hierarchy", None)
+        attr.update(method="keep", unprotected=True)
+    return str(yaml.safe_dump(data, sort_keys=False))
+
+
+POLICY_TEXT = policy_text(numeric_only=False)  # --numeric-only replaces it
 PARTITIONS = 3
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -219,7 +245,7 @@ async def gateway(  # noqa: PLR0917
     ``shards``: the worker's settings (auto: in a child process on this machine). ``live``: a
     live run, timed from the first record produced to the last output read (``seconds``; the
     CPU figures are then left at zero)."""
-    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    policy = policy_from_yaml(POLICY_TEXT)
     settings = WorkerSettings(
         bootstrap=bootstrap,
         group_id=group,
@@ -359,8 +385,7 @@ def engine_alone(records: list[tuple[bytes, bytes]]) -> float:
     """Seconds for the engine to protect the records in windows, validation excluded (the
     policy's own risk sampling; bench/risk_overhead.py's timing), with garbage collection
     between windows as in the worker."""
-    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
-    return float(risk_overhead.run(text, 1, records, like_worker=True))
+    return float(risk_overhead.run(POLICY_TEXT, 1, records, like_worker=True))
 
 
 async def live_run(
@@ -497,7 +522,14 @@ def main() -> None:
         action="store_false",
         help="skip the live runs (records produced while the side runs)",
     )
+    ap.add_argument(
+        "--numeric-only",
+        action="store_true",
+        help="the k claim over the numeric quasi-identifiers only (earlier versions' policy)",
+    )
     args = ap.parse_args()
+    global POLICY_TEXT  # noqa: PLW0603
+    POLICY_TEXT = policy_text(args.numeric_only)
     import logging  # noqa: PLC0415
 
     logging.basicConfig(level=logging.WARNING)

@@ -15,6 +15,7 @@ import hashlib
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +45,7 @@ from gateway.policy import (
 from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource, UniformSource, normals_from_uniforms
 from gateway.state_api import StateStore
+from gateway.state_codec import decode_state, encode_state
 
 # The per-record types below are NamedTuples, not frozen dataclasses: equally immutable, but a
 # frozen dataclass sets each field through object.__setattr__, which cost ~5 µs per published
@@ -126,12 +128,12 @@ def _live_entry(count: int, size: int | None = None) -> bytes:
     """A group's registry value: its live-member count and, since 2026-11-24, the number of
     distinct respondents it was formed with (the size of its published class, which the
     history never shrinks)."""
-    return orjson.dumps({"live": count} if size is None else {"live": count, "size": size})
+    return encode_state({"live": count} if size is None else {"live": count, "size": size})
 
 
 def _registry_entry(raw: bytes) -> tuple[int, int | None]:
     """(live members, formation size or None for groups formed before sizes were kept)."""
-    entry = orjson.loads(raw)
+    entry = decode_state(raw)
     size = entry.get("size")
     return int(entry["live"]), None if size is None else int(size)
 
@@ -196,7 +198,7 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
                 sizes[gid] = size
             continue
         respondents += 1
-        current = orjson.loads(raw).get("current")
+        current = decode_state(raw).get("current")
         if current:
             actual[current[0]] = actual.get(current[0], 0) + 1
     groups = stored.keys() | actual.keys()
@@ -404,6 +406,7 @@ class Engine:
             n for n, a in policy.attributes.items() if a.method is not Method.DROP
         ]
         self._windows = 0
+        self._group_sizes: dict[str, int] = {}  # group id -> formation size (see _key_measures)
 
     # ------------------------------------------------------------------ metadata
     def metadata(self) -> dict[str, object]:
@@ -475,7 +478,7 @@ class Engine:
         if self._store is not None:
             wanted = sorted({key for key in rkeys if key is not None})
             for key, raw in self._store.get_many(wanted).items():
-                states[key] = orjson.loads(raw)
+                states[key] = decode_state(raw)
         view = _StateView(
             states=states,
             sticky=sticky,
@@ -591,9 +594,7 @@ class Engine:
                 st = states.get(rkey) if rkey is not None else None
                 if rkey is not None and st is not None and st.pop("current", None) is not None:
                     touched.add(rkey)
-            entries = {
-                key: orjson.dumps(states[key], option=orjson.OPT_SORT_KEYS) for key in touched
-            }
+            entries = {key: encode_state(states[key]) for key in touched}
             for gid in view.live_touched:
                 entries[_group_key(gid)] = _live_entry(view.live[gid], view.sizes.get(gid))
             if entries:
@@ -664,19 +665,31 @@ class Engine:
         measured within the groups formed in this window, whose members are all here."""
         k = self.policy.microaggregation.k
         group_of = qi.group_of
-        view.prefetch({group_of[i] for i in pub_idx if i in group_of})
-        sizes = view.sizes
+        # formation sizes never change: remembered across windows, so that a window of
+        # republished records does not read its groups' registry entries again
+        known = self._group_sizes
+        if len(known) > _DIGEST_CACHE_LIMIT:
+            known.clear()
+        known.update(view.sizes)
+        view.prefetch({g for i in pub_idx if (g := group_of.get(i)) is not None and g not in known})
+        known.update(view.sizes)
+        sizes = known
+        tuple_of = _tuple_getter(self._qi_agg)
         groups_of_tuple: dict[tuple[Any, ...], set[str]] = {}
         keyed: list[tuple[tuple[Any, ...], str]] = []
         unknown = 0
+        formed = {gid for gid, _ in qi.groups}
+        in_formed: list[tuple[int, str]] = []  # (position, group) of records of new groups
         for pos, i in enumerate(pub_idx):
             gid = group_of.get(i)
-            if i in suppressed or gid is None:
+            if gid is None or i in suppressed:
                 continue
+            if gid in formed:
+                in_formed.append((pos, gid))
             if gid not in sizes:
                 unknown += 1  # a group formed before formation sizes were kept
                 continue
-            t = tuple(rows[pos][a] for a in self._qi_agg)
+            t = tuple_of(rows[pos])
             groups_of_tuple.setdefault(t, set()).add(gid)
             keyed.append((t, gid))
         # the largest group publishing a tuple: its members are distinct respondents (a sum
@@ -694,13 +707,10 @@ class Engine:
             out["key_smallest_class"] = float(min(classes))
             out["key_share_below_k"] = below / n
             out["key_uniques"] = float(sum(1 for c in classes if c == 1))
-        formed = {gid for gid, _ in qi.groups}
         for name in self._sensitive_published:
             seen: dict[str, set[Any]] = {}
-            for pos, i in enumerate(pub_idx):
-                gid = group_of.get(i)
-                if gid in formed and i not in suppressed:
-                    seen.setdefault(gid, set()).add(rows[pos][name])
+            for pos, gid in in_formed:
+                seen.setdefault(gid, set()).add(rows[pos][name])
             if seen:
                 out[f"ldiv_min:{name}"] = float(min(len(v) for v in seen.values()))
         return out
@@ -1058,6 +1068,14 @@ def _columns(maps: Sequence[Mapping[str, object]], names: Sequence[str]) -> list
         return [[m[n] for m in maps] for n in names]
     except KeyError:  # some maps lack some names (file rows, optional fields)
         return [[m.get(n) for m in maps] for n in names]
+
+
+def _tuple_getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """The values of ``names`` in a row, as a tuple (one C call per row)."""
+    if len(names) == 1:
+        name = names[0]
+        return lambda row: (row[name],)
+    return itemgetter(*names)
 
 
 def _num(v: float | np.floating[Any]) -> float | None:

@@ -69,8 +69,11 @@ _U32 = 2.0**-24  # unit roundoff of float32
 _TINY32 = 2.0**-149  # smallest float32 subnormal: absolute rounding error below the normal range
 _SAFE = 1e-9  # extra relative widening of every pruning bound (bounds are never tight)
 
-# Remaining sets of at most this many records are processed by the direct exact method.
-_DIRECT_MAX = 1024
+# Remaining sets of at most this many records are processed by the direct exact method (both
+# methods give the same partition). Below ~1000 records the two cost the same on 3 numeric
+# columns, but on the ~70 embedded columns of a whole key with nominal attributes the direct
+# steps cost m·p each: 128 rather than 1024 took MDAV on 4,900 Adult records from 122 to 91 ms.
+_DIRECT_MAX = 128
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
 from gateway.randomness import SeededSource
+from gateway.state_codec import decode_state
 from state.memory_store import MemoryStore
 
 POLICY = """
@@ -246,7 +247,7 @@ def test_the_group_registry_keeps_formation_sizes_for_the_history_bound() -> Non
     later = engine.protect_window(_window(truth, ids[:2], 100), now=1.0)
     assert later.report.measures["key_smallest_class"] >= 3
     assert later.report.measures["key_unknown_class"] == 0
-    sizes = [orjson.loads(v)["size"] for k, v in store.items() if k.startswith(b"group:")]
+    sizes = [decode_state(v)["size"] for k, v in store.items() if k.startswith(b"group:")]
     assert sizes and min(sizes) >= 3
 
 

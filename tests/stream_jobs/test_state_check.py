@@ -13,6 +13,7 @@ from gateway.engine import Engine, SourceRef, ValidRecord, audit_live_counts
 from gateway.keyed import Keyring
 from gateway.policy import policy_from_yaml
 from gateway.shards import ShardedEngine
+from gateway.state_codec import decode_state
 from state.layout import shard_paths
 from state.sqlite_store import SQLiteStore
 
@@ -54,7 +55,7 @@ def _drift(state_dir: Path, name: str = "state.db") -> None:
     """What an earlier version could leave behind: one group counted one member too many."""
     with SQLiteStore(state_dir / name) as store:
         key, raw = next((k, v) for k, v in store.items() if k.startswith(b"group:"))
-        store.put_many({key: orjson.dumps({"live": orjson.loads(raw)["live"] + 1})})
+        store.put_many({key: orjson.dumps({"live": decode_state(raw)["live"] + 1})})  # old format
 
 
 def test_consistent_state_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
