@@ -138,10 +138,6 @@ def _registry_entry(raw: bytes) -> tuple[int, int | None]:
     return int(entry["live"]), None if size is None else int(size)
 
 
-def _live_count(raw: bytes) -> int:
-    return _registry_entry(raw)[0]
-
-
 _PARTITION_BYTES = 2  # partition-scoped respondent keys: partition (big-endian) + digest
 _DIGEST_BYTES = 32
 
@@ -406,7 +402,10 @@ class Engine:
             n for n, a in policy.attributes.items() if a.method is not Method.DROP
         ]
         self._windows = 0
-        self._group_sizes: dict[str, int] = {}  # group id -> formation size (see _key_measures)
+        # group id -> formation size: never changes, so kept across windows (each window's
+        # view writes into it), and a window of republished records reads no registry entry
+        # for its measures again
+        self._group_sizes: dict[str, int] = {}
 
     # ------------------------------------------------------------------ metadata
     def metadata(self) -> dict[str, object]:
@@ -479,9 +478,12 @@ class Engine:
             wanted = sorted({key for key in rkeys if key is not None})
             for key, raw in self._store.get_many(wanted).items():
                 states[key] = decode_state(raw)
+        if len(self._group_sizes) > _DIGEST_CACHE_LIMIT:
+            self._group_sizes.clear()
         view = _StateView(
             states=states,
             sticky=sticky,
+            sizes=self._group_sizes,
             load_live=self._load_live if self._store is not None else None,
         )
 
@@ -665,15 +667,8 @@ class Engine:
         measured within the groups formed in this window, whose members are all here."""
         k = self.policy.microaggregation.k
         group_of = qi.group_of
-        # formation sizes never change: remembered across windows, so that a window of
-        # republished records does not read its groups' registry entries again
-        known = self._group_sizes
-        if len(known) > _DIGEST_CACHE_LIMIT:
-            known.clear()
-        known.update(view.sizes)
-        view.prefetch({g for i in pub_idx if (g := group_of.get(i)) is not None and g not in known})
-        known.update(view.sizes)
-        sizes = known
+        sizes = view.sizes  # the engine's, kept across windows
+        view.prefetch({g for i in pub_idx if (g := group_of.get(i)) is not None and g not in sizes})
         tuple_of = _tuple_getter(self._qi_agg)
         groups_of_tuple: dict[tuple[Any, ...], set[str]] = {}
         keyed: list[tuple[tuple[Any, ...], str]] = []
