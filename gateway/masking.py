@@ -12,11 +12,10 @@ from numpy.typing import NDArray
 from gateway.policy import CodingSpec, HierarchySpec, NoiseSpec, TimeUnit
 
 
-def noise_sd(values: NDArray[np.float64], spec: NoiseSpec | float) -> float:
+def noise_sd(values: NDArray[np.float64], spec: NoiseSpec) -> float:
     """Noise standard deviation: the larger of the policy's absolute ``sd`` and √ratio·S, S
-    the sample standard deviation of the finite values (0 with fewer than two). A float is
-    a bare ratio."""
-    ratio, floor = (spec, 0.0) if isinstance(spec, float | int) else (spec.ratio, spec.sd or 0.0)
+    the sample standard deviation of the finite values (0 with fewer than two)."""
+    ratio, floor = spec.ratio, spec.sd or 0.0
     finite = values[np.isfinite(values)]
     relative = 0.0
     if ratio is not None and finite.size >= 2:

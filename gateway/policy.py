@@ -579,11 +579,6 @@ class Policy(_Strict):
         return [n for n, a in self.attributes.items() if a.method is method]
 
     @property
-    def microaggregated(self) -> list[str]:
-        """Every attribute microaggregated (the k claim's attributes), in policy order."""
-        return self.k_claim
-
-    @property
     def k_claim(self) -> list[str]:
         """The quasi-identifiers the k-anonymity claim covers: microaggregated together
         (generalized ones at their generalized level), so every published tuple of them is
