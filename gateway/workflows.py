@@ -4,7 +4,7 @@ reconstruction. Each function returns data; the CLI only formats it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -246,11 +246,21 @@ def evaluate_files(
     return result
 
 
+def _is_missing(v: object, tokens: Set[str] = frozenset()) -> bool:
+    """A cell that holds no value: None, NaN (pandas' empty cell) or a missing token."""
+    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in tokens
+
+
 def _missing_to_none(values: Sequence[object], tokens: set[str]) -> list[object]:
-    return [
-        None if v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in tokens else v
-        for v in values
-    ]
+    return [None if _is_missing(v, tokens) else v for v in values]
+
+
+def _published_code(v: object, index: Mapping[str, int]) -> int | None:
+    """The category code of a published value: the missing category's for a missing value
+    (None where there is none: not counted), -1 for a value outside the categories."""
+    if _is_missing(v):
+        return index.get(MISSING_LABEL)
+    return index.get(v if isinstance(v, str) else str(v), -1)
 
 
 def claim_frame(df: pd.DataFrame, policy: Policy, *, published: bool) -> pd.DataFrame:
@@ -338,12 +348,7 @@ def _category_codes(
     """Codes in the policy's domain; missing → the missing category or -1; unknown → -2."""
     index = {c: i for i, c in enumerate(domain)}
     missing = index.get(MISSING_LABEL, -1)
-    out = [
-        missing
-        if v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in tokens
-        else index.get(str(v), -2)
-        for v in values
-    ]
+    out = [missing if _is_missing(v, tokens) else index.get(str(v), -2) for v in values]
     return np.array(out, dtype=np.int64)
 
 
@@ -507,21 +512,17 @@ def reconstruct_rows(
     out: dict[str, Any] = {}
     for name, mech in mechanisms.items():
         index = {c: i for i, c in enumerate(mech.categories)}
-        missing = index.get(MISSING_LABEL)
         codes = []
         for r in rows:
             if name not in r:
                 continue
-            v = r[name]
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                if missing is not None:
-                    codes.append(missing)
-                continue
-            if str(v) not in index:
+            code = _published_code(r[name], index)
+            if code == -1:
                 raise InputDataError(
                     f"published column '{name}' has values outside the published categories"
                 )
-            codes.append(index[str(v)])
+            if code is not None:
+                codes.append(code)
         if not codes:
             continue
         est = reconstruct(mech, np.array(codes, dtype=np.int64))
@@ -560,17 +561,11 @@ class VersionedCounts:
         for name, codes in index.items():
             if name not in row:
                 continue
-            v = row[name]
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                code = codes.get(MISSING_LABEL)
-                if code is None:
-                    continue
-            else:
-                code = codes.get(v if isinstance(v, str) else str(v))
-                if code is None:
-                    self.outside[(version, name)] = self.outside.get((version, name), 0) + 1
-                    continue
-            counts[name][code] += 1
+            code = _published_code(row[name], codes)
+            if code == -1:
+                self.outside[(version, name)] = self.outside.get((version, name), 0) + 1
+            elif code is not None:
+                counts[name][code] += 1
 
     def without_meta(self) -> dict[str, int]:
         """Rows per policy version that has no metadata record (left out of the estimates)."""
