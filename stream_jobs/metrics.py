@@ -136,7 +136,6 @@ class GatewayMetrics:
         self.average: dict[str, float] = {}
         # whole key (every attribute of the k claim): last sampled window, violations
         self.key_class_violations = 0
-        self.key_smallest_last: float | None = None
         self.key_last: dict[str, float] = {}
         self.ldiv_last: dict[str, float] = {}
         self._collector: _WorkerCollector | None = None
@@ -163,7 +162,7 @@ class GatewayMetrics:
         self._sticky_attrs = (
             rr_attrs
             + sum(1 for a in policy.attributes.values() if a.noise is not None)
-            + (1 if policy.microaggregated else 0)
+            + (1 if policy.k_claim else 0)
         )
         worker.observers.append(self.observe)
         self._collector = _WorkerCollector(self, worker, store, monitor)
@@ -215,7 +214,6 @@ class GatewayMetrics:
         smallest = measures.get("key_smallest_class")
         if smallest is None or not np.isfinite(smallest):
             return
-        self.key_smallest_last = float(smallest)
         if smallest < self._k:
             self.key_class_violations += 1
             log.error(

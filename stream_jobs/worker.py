@@ -563,17 +563,13 @@ class GatewayWorker:
                     continue
                 rid, values = res  # type: ignore[misc]
                 key = m.key
-                if keyless_here and not key:
+                # keyed by someone else: the respondent would get a second state elsewhere
+                wrong = bool(key) and expected_key is not None and key != expected_key(rid, values)
+                if keyless_here and (wrong or not key):  # the policy re-keys: a wrong key too
                     self._rekey(m, rid if self._key_is_id else values.get(key_field), topic, now)
                     continue
-                # keyed by someone else: the respondent would get a second state elsewhere
-                if key and expected_key is not None and key != expected_key(rid, values):
-                    if keyless_here:  # the policy re-keys: a wrong key is replaced, like none
-                        self._rekey(
-                            m, rid if self._key_is_id else values.get(key_field), topic, now
-                        )
-                    else:
-                        self._reject(_KEY_MISMATCH, m, topic, partition, now)
+                if wrong:
+                    self._reject(_KEY_MISMATCH, m, topic, partition, now)
                     continue
                 valid.append(
                     ValidRecord(

@@ -198,7 +198,8 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # no
     # the worker's own whole-key measures agree: no sampled window saw a class below k
     assert metrics.sampled_windows > 0
     assert metrics.key_class_violations == 0
-    assert metrics.key_smallest_last is not None and metrics.key_smallest_last >= k
+    smallest = metrics.key_last.get("key_smallest_class")
+    assert smallest is not None and smallest >= k
     print(
         f"whole key over {WAVES} waves ({engine}, shards {shards}): {len(ids)} records, "
         f"{len(answers)} respondents, "
