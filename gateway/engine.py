@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -252,10 +253,12 @@ class _StateView:
 
 @dataclass(slots=True)
 class _QIDecision:
-    """Per record index: published numeric QI values, QI digest, group id; and the window's
+    """Per record index: published k-claim tuple, QI digest, group id; and the window's
     held and suppressed records, new groups (id, distinct members), sticky hits, measures."""
 
-    values: dict[str, dict[int, Any]] = field(default_factory=dict)
+    # record index -> published values of the k claim's attributes, in claim order (one
+    # tuple per record rather than one dict per attribute: a window sets ~n of them)
+    tuples: dict[int, Sequence[Any]] = field(default_factory=dict)
     digests: dict[int, str] = field(default_factory=dict)
     current_digest: dict[int, str] = field(default_factory=dict)  # when a move was deferred
     group_of: dict[int, str] = field(default_factory=dict)
@@ -315,6 +318,10 @@ class _ValueDigests:
         """(16-byte digest, its hex) of every value; None is the missing label. ``text``
         gives the canonical text of a value (default: :func:`_value_text`)."""
         cache = self._cache.setdefault(attribute, {})
+        try:  # the common case: every value seen before
+            return [cache[v] for v in values]
+        except KeyError:
+            pass
         missing = list({v for v in values if v not in cache})
         if missing:
             if len(cache) + len(missing) > _DIGEST_CACHE_LIMIT:
@@ -513,6 +520,14 @@ class Engine:
         retention: dict[str, float] = {}
         randomized: dict[str, int] = {}
         touched = view.touched
+        qi_columns: dict[str, list[Any]] = {}
+        if self._qi_agg:  # the k claim's tuples, one column per attribute (None: not grouped)
+            unset = (None,) * len(self._qi_agg)
+            chosen = [qi.tuples.get(i, unset) for i in pub_idx]
+            qi_columns = {n: [] for n in self._qi_agg}
+            if chosen:
+                by_name = map(list, zip(*chosen, strict=True))
+                qi_columns = dict(zip(self._qi_agg, by_name, strict=True))
         dk = [dkeys[i] for i in pub_idx]
         rk = [rkeys[i] for i in pub_idx]
         for name, values in zip(
@@ -521,9 +536,8 @@ class Engine:
             strict=True,
         ):
             attr = policy.attributes[name]
-            if name in qi.values:
-                qv = qi.values[name]
-                out: list[Any] = [qv.get(i) for i in pub_idx]
+            if name in qi_columns:
+                out: list[Any] = qi_columns[name]
             elif attr.method is Method.RANDOMIZED_RESPONSE:
                 out, hits, ret = self._randomize(name, values, rk, dk, view)
                 sticky_hits += hits
@@ -565,7 +579,7 @@ class Engine:
             # change: republishing an unchanged respondent costs no durable write (and no
             # changelog record with partitioned state).
             qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
-            for pos, i in enumerate(pub_idx):
+            for i in pub_idx:
                 rkey = rkeys[i]
                 if rkey is None:
                     continue
@@ -585,7 +599,7 @@ class Engine:
                     if i not in current_digest:  # a deferred move keeps its old mapping
                         known = st.setdefault("qi", {})
                         if digest not in known:
-                            known[digest] = [gid, [rows[pos][a] for a in self._qi_agg]]
+                            known[digest] = [gid, list(qi.tuples[i])]
                             touched.add(rkey)
                     current = [gid, current_digest.get(i, digest)]
                     if st.get("current") != current:
@@ -668,40 +682,35 @@ class Engine:
         k = self.policy.microaggregation.k
         group_of = qi.group_of
         sizes = view.sizes  # the engine's, kept across windows
-        view.prefetch({g for i in pub_idx if (g := group_of.get(i)) is not None and g not in sizes})
+        grouped = [
+            (pos, gid)
+            for pos, i in enumerate(pub_idx)
+            if (gid := group_of.get(i)) is not None and i not in suppressed
+        ]
+        view.prefetch({gid for _, gid in grouped if gid not in sizes})
         tuple_of = _tuple_getter(self._qi_agg)
-        groups_of_tuple: dict[tuple[Any, ...], set[str]] = {}
-        keyed: list[tuple[tuple[Any, ...], str]] = []
-        unknown = 0
-        formed = {gid for gid, _ in qi.groups}
-        in_formed: list[tuple[int, str]] = []  # (position, group) of records of new groups
-        for pos, i in enumerate(pub_idx):
-            gid = group_of.get(i)
-            if gid is None or i in suppressed:
-                continue
-            if gid in formed:
-                in_formed.append((pos, gid))
-            if gid not in sizes:
-                unknown += 1  # a group formed before formation sizes were kept
-                continue
-            t = tuple_of(rows[pos])
-            groups_of_tuple.setdefault(t, set()).add(gid)
-            keyed.append((t, gid))
+        # (published tuple, group) -> records: the tuple is read from what is published, so a
+        # group whose members published different tuples would show, not be assumed away
+        pairs = Counter((tuple_of(rows[pos]), gid) for pos, gid in grouped if gid in sizes)
+        n = sum(pairs.values())
+        groups_of_tuple: dict[tuple[Any, ...], list[str]] = {}
+        for t, gid in pairs:
+            groups_of_tuple.setdefault(t, []).append(gid)
         # the largest group publishing a tuple: its members are distinct respondents (a sum
         # could count a respondent who was in two such groups twice)
         bound = {t: max(sizes[g] for g in gids) for t, gids in groups_of_tuple.items()}
-        classes = [bound[t] for t, _ in keyed]
-        n = len(classes)
         out: dict[str, float] = {
             "key_records": float(n),
             "key_suppressed": float(len(suppressed)),
-            "key_unknown_class": float(unknown),
+            "key_unknown_class": float(len(grouped) - n),  # groups formed before sizes were kept
         }
         if n:
-            below = sum(1 for c in classes if c < k)
-            out["key_smallest_class"] = float(min(classes))
-            out["key_share_below_k"] = below / n
-            out["key_uniques"] = float(sum(1 for c in classes if c == 1))
+            classes = [(bound[t], count) for (t, _), count in pairs.items()]
+            out["key_smallest_class"] = float(min(c for c, _ in classes))
+            out["key_share_below_k"] = sum(m for c, m in classes if c < k) / n
+            out["key_uniques"] = float(sum(m for c, m in classes if c == 1))
+        formed = {gid for gid, _ in qi.groups}
+        in_formed = [(pos, gid) for pos, gid in grouped if gid in formed]
         for name in self._sensitive_published:
             seen: dict[str, set[Any]] = {}
             for pos, gid in in_formed:
@@ -725,9 +734,9 @@ class Engine:
         policy = self.policy
         k = policy.microaggregation.k
         names = self._qi_agg
-        decision = _QIDecision(values={n: {} for n in names})
+        decision = _QIDecision()
         decision.sampled = (self._windows - 1) % policy.risk.sample_every == 0
-        out, digests = decision.values, decision.digests
+        tuples, digests = decision.tuples, decision.digests
         if not names:
             return decision
         states, sticky = view.states, view.sticky
@@ -779,8 +788,7 @@ class Engine:
                     and first in decision.group_of
                 ):
                     # the same respondent twice in a window: one decision, counted once
-                    for n in names:
-                        out[n][i] = out[n][first]
+                    tuples[i] = tuples[first]
                     decision.group_of[i] = decision.group_of[first]
                     if first in decision.current_digest:
                         decision.current_digest[i] = decision.current_digest[first]
@@ -811,8 +819,7 @@ class Engine:
                 if cur_gid is not None and moving:
                     view.leave(cur_gid)  # reserved now; undone if the record is held
                 if stored is not None:
-                    for j, n in enumerate(names):
-                        out[n][i] = stored[1][j]
+                    tuples[i] = stored[1]
                     decision.group_of[i] = stored[0]
                     if moving or current is None:
                         view.join(stored[0])
@@ -854,7 +861,9 @@ class Engine:
             if num:
                 originals.append(np.array([sub[j] for j in num], dtype=np.float64).T)
                 maskeds.append(np.array([published[j] for j in num], dtype=np.float64).T)
-            tuples = list(zip(*published, strict=True))
+            published_rows = [
+                tuple(map(_published_qi, row)) for row in zip(*published, strict=True)
+            ]
             prefix = f"{scope}." if scope is not None else ""
             # each group's rows, label by label, in one sort (a scan per label was quadratic:
             # ~1 s for the 33,000 groups of 100,000 rows at k = 3)
@@ -868,7 +877,7 @@ class Engine:
                 for t in rows_of_group:
                     gid_of_slot[scope_slots[t]] = gid
             for pos, s_index in enumerate(scope_slots):
-                masked_of_slot[s_index] = tuples[pos]
+                masked_of_slot[s_index] = published_rows[pos]
         view.prefetch(gid for gid, _ in decision.groups)  # a replayed window's groups exist
         joined: set[int] = set()
         first_of_slot = set(slots)  # a slot reserved one departure, not one per record
@@ -882,9 +891,7 @@ class Engine:
                     else:  # published suppressed: it has left its group for good
                         decision.departed.append(i)
                 continue
-            row = masked_of_slot[s_index]
-            for j, n in enumerate(names):
-                out[n][i] = _published_qi(row[j])
+            tuples[i] = masked_of_slot[s_index]
             decision.group_of[i] = slot_gid
             if rkeys[i] is not None and s_index not in joined:
                 joined.add(s_index)
