@@ -8,8 +8,11 @@ the port the worker serves, and promtool accepts the configuration and the rules
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -203,3 +206,30 @@ def test_docker_compose_accepts_the_file() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_secret_init_creates_the_secret_with_the_cli_once(tmp_path: Path) -> None:
+    """The service's own command, run twice as on a second `up`: the CLI writes the secret
+    (mode 0600) the first time; the second run keeps it and succeeds."""
+    service = SERVICES["secret-init"]
+    secret_file = SERVICES["privgw"]["environment"]["PRIVGW_SECRET_FILE"]
+    assert service["entrypoint"] == ["/bin/sh", "-c"]
+    [command] = service["command"]
+    assert f"privgw secret create {secret_file}" in command
+    target = tmp_path / "secret.key"
+    script = command.replace(secret_file, str(target))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PRIVGW_SECRET", None)
+    env.pop("PRIVGW_SECRET_FILE", None)
+    first = subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert first.returncode == 0, first.stderr
+    assert "key fingerprint" in first.stdout
+    secret = target.read_bytes()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    again = subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert target.read_bytes() == secret
