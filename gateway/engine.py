@@ -450,8 +450,16 @@ class Engine:
 
     # ------------------------------------------------------------------ the window
     def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        by_attribute: Mapping[str, Sequence[Any]] | None = None,
     ) -> WindowResult:
+        """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
+        ``records``, from a caller that holds the window as columns (the engine process); they
+        are read instead of each record's ``values``, which must then agree with them."""
         policy = self.policy
         self._windows += 1
         rids = [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
@@ -495,7 +503,9 @@ class Engine:
         )
 
         # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
-        qi = self._quasi_identifiers(records, rids, rkeys, view, now=now, flush_all=flush_all)
+        qi = self._quasi_identifiers(
+            records, rids, rkeys, view, now=now, flush_all=flush_all, by_attribute=by_attribute
+        )
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
         pub_idx = [i for i in range(len(records)) if i not in held_set]
@@ -532,7 +542,7 @@ class Engine:
         rk = [rkeys[i] for i in pub_idx]
         for name, values in zip(
             self._published_attrs,
-            _columns([records[i].values for i in pub_idx], self._published_attrs),
+            _attribute_values(records, by_attribute, self._published_attrs, pub_idx),
             strict=True,
         ):
             attr = policy.attributes[name]
@@ -579,6 +589,9 @@ class Engine:
             # change: republishing an unchanged respondent costs no durable write (and no
             # changelog record with partitioned state).
             qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
+            waves = (
+                by_attribute.get("wave") if by_attribute is not None else None
+            ) or _attribute_values(records, None, ["wave"])[0]
             for i in pub_idx:
                 rkey = rkeys[i]
                 if rkey is None:
@@ -587,7 +600,7 @@ class Engine:
                 if st is None:
                     st = states[rkey] = {}
                     touched.add(rkey)
-                wave = records[i].values.get("wave")
+                wave = waves[i]
                 if isinstance(wave, int | float) and math.isfinite(float(wave)):
                     w = int(wave)
                     if w < st.get("first_wave", math.inf):
@@ -728,6 +741,7 @@ class Engine:
         *,
         now: float,
         flush_all: bool,
+        by_attribute: Mapping[str, Sequence[Any]] | None = None,
     ) -> _QIDecision:
         """Decide each record's quasi-identifiers of the k claim (all of them together):
         stored group tuple, new group, held or suppressed."""
@@ -744,7 +758,7 @@ class Engine:
         # None where a value is missing and not a category of its own
         cols = [
             claim_inputs(policy.attributes[n], c)
-            for n, c in zip(names, _columns([r.values for r in records], names), strict=True)
+            for n, c in zip(names, _attribute_values(records, by_attribute, names), strict=True)
         ]
         complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
         pending: list[int] = []
@@ -1070,6 +1084,34 @@ def _columns(maps: Sequence[Mapping[str, object]], names: Sequence[str]) -> list
         return [[m[n] for m in maps] for n in names]
     except KeyError:  # some maps lack some names (file rows, optional fields)
         return [[m.get(n) for m in maps] for n in names]
+
+
+def _attribute_values(
+    records: Sequence[ValidRecord],
+    columns: Mapping[str, Sequence[Any]] | None,
+    names: Sequence[str],
+    positions: Sequence[int] | None = None,
+) -> list[list[Any]]:
+    """The values of ``names`` for the records at ``positions`` (default: all, in order), one
+    list per name: from ``columns`` when the caller gave them, else from each record."""
+    n = len(records)
+    if columns is None:
+        if positions is None:
+            return _columns([r.values for r in records], names)
+        return _columns([records[i].values for i in positions], names)
+    # positions are increasing and distinct, so as many as records means all of them
+    every = positions is None or len(positions) == n
+    out: list[list[Any]] = []
+    for name in names:
+        col = columns.get(name)
+        if col is None:
+            out.append([None] * (n if positions is None else len(positions)))
+        elif every:
+            out.append(list(col))
+        else:
+            assert positions is not None
+            out.append([col[i] for i in positions])
+    return out
 
 
 def _tuple_getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:

@@ -115,9 +115,23 @@ def test_a_window_keeps_values_marshal_cannot_carry() -> None:
     odd = records[0]._replace(values={**records[0].values, "wave": decimal.Decimal("2")})
     blob = _encode_window([odd, *records[1:]])
     assert blob[:1] == b"p"  # fell back to pickle
-    assert _decode_window(blob) == [odd, *records[1:]]
+    assert _decode_window(blob)[0] == [odd, *records[1:]]
     assert _encode_window(records)[:1] == b"m"
-    assert _decode_window(_encode_window(records)) == records
+    decoded, columns = _decode_window(_encode_window(records))
+    assert decoded == records
+    assert columns is not None and columns["age"] == [r.values["age"] for r in records]
+
+
+def test_a_window_whose_records_differ_in_attributes_travels_as_mappings() -> None:
+    records = validated_panel(3)
+    short = records[1]._replace(
+        values={k: v for k, v in records[1].values.items() if k != "submitted_at"}
+    )
+    window = [records[0], short, records[2]]
+    decoded, columns = _decode_window(_encode_window(window))
+    assert columns is None
+    assert decoded == window
+    assert "submitted_at" not in decoded[1].values
 
 
 def test_an_engine_failure_is_reported_without_the_value(
