@@ -16,8 +16,8 @@ import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import Any, NamedTuple
+from itertools import compress
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import orjson
@@ -631,7 +631,8 @@ class Engine:
 
         measures = dict(qi.measures)
         if qi.sampled and self._qi_agg:
-            measures.update(self._key_measures(rows, pub_idx, qi, view, suppressed_set))
+            out_by_name = dict(zip(col_names, columns, strict=True))
+            measures.update(self._key_measures(out_by_name, pub_idx, qi, view, suppressed_set))
         dumps = orjson.dumps
         published = list(
             map(
@@ -678,13 +679,14 @@ class Engine:
 
     def _key_measures(
         self,
-        rows: Sequence[Mapping[str, Any]],
+        published: Mapping[str, Sequence[Any]],
         pub_idx: Sequence[int],
         qi: _QIDecision,
         view: _StateView,
         suppressed: set[int],
     ) -> dict[str, float]:
-        """Risk over the whole key for a sampled window's published records.
+        """Risk over the whole key for a sampled window's published records (``published``:
+        the published values by attribute, aligned with ``pub_idx``).
 
         A published tuple's class over the whole history is at least the largest formation
         size among the groups that publish it (a group's members keep its tuple; departures do
@@ -695,16 +697,22 @@ class Engine:
         k = self.policy.microaggregation.k
         group_of = qi.group_of
         sizes = view.sizes  # the engine's, kept across windows
-        grouped = [
-            (pos, gid)
-            for pos, i in enumerate(pub_idx)
-            if (gid := group_of.get(i)) is not None and i not in suppressed
-        ]
-        view.prefetch({gid for _, gid in grouped if gid not in sizes})
-        tuple_of = _tuple_getter(self._qi_agg)
+        gids = [group_of.get(i) for i in pub_idx]
+        grouped = (
+            [g is not None and i not in suppressed for g, i in zip(gids, pub_idx, strict=True)]
+            if suppressed
+            else [g is not None for g in gids]
+        )
+        view.prefetch({g for g in compress(gids, grouped) if g is not None and g not in sizes})
+        tuples = zip(*(published[n] for n in self._qi_agg), strict=True)
+        known = [g in sizes for g in gids]  # else formed before formation sizes were kept
+        counted = [a and b for a, b in zip(grouped, known, strict=True)]
         # (published tuple, group) -> records: the tuple is read from what is published, so a
         # group whose members published different tuples would show, not be assumed away
-        pairs = Counter((tuple_of(rows[pos]), gid) for pos, gid in grouped if gid in sizes)
+        pairs = cast(
+            "Counter[tuple[tuple[Any, ...], str]]",
+            Counter(compress(zip(tuples, gids, strict=True), counted)),
+        )
         n = sum(pairs.values())
         groups_of_tuple: dict[tuple[Any, ...], list[str]] = {}
         for t, gid in pairs:
@@ -715,7 +723,7 @@ class Engine:
         out: dict[str, float] = {
             "key_records": float(n),
             "key_suppressed": float(len(suppressed)),
-            "key_unknown_class": float(len(grouped) - n),  # groups formed before sizes were kept
+            "key_unknown_class": float(sum(grouped) - n),
         }
         if n:
             classes = [(bound[t], count) for (t, _), count in pairs.items()]
@@ -723,13 +731,15 @@ class Engine:
             out["key_share_below_k"] = sum(m for c, m in classes if c < k) / n
             out["key_uniques"] = float(sum(m for c, m in classes if c == 1))
         formed = {gid for gid, _ in qi.groups}
-        in_formed = [(pos, gid) for pos, gid in grouped if gid in formed]
-        for name in self._sensitive_published:
-            seen: dict[str, set[Any]] = {}
-            for pos, gid in in_formed:
-                seen.setdefault(gid, set()).add(rows[pos][name])
-            if seen:
-                out[f"ldiv_min:{name}"] = float(min(len(v) for v in seen.values()))
+        if formed:
+            in_formed = [a and g in formed for a, g in zip(grouped, gids, strict=True)]
+            for name in self._sensitive_published:
+                # distinct (group, value) pairs, then distinct values per group
+                distinct = Counter(
+                    g for g, _ in set(compress(zip(gids, published[name], strict=True), in_formed))
+                )
+                if distinct:
+                    out[f"ldiv_min:{name}"] = float(min(distinct.values()))
         return out
 
     def _quasi_identifiers(
@@ -1112,14 +1122,6 @@ def _attribute_values(
             assert positions is not None
             out.append([col[i] for i in positions])
     return out
-
-
-def _tuple_getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
-    """The values of ``names`` in a row, as a tuple (one C call per row)."""
-    if len(names) == 1:
-        name = names[0]
-        return lambda row: (row[name],)
-    return itemgetter(*names)
 
 
 def _num(v: float | np.floating[Any]) -> float | None:
