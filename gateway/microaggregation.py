@@ -620,9 +620,19 @@ def mdav_groups(x: NDArray[np.float64], k: int, *, standardize: bool = True) -> 
 
 def _mdav_blocks(x: NDArray[np.float64], k: int, blocks: Sequence[Block]) -> NDArray[np.int64]:
     """``mdav_groups(x, k, standardize=False)``, the same labels, faster when ``blocks`` (see
-    :data:`Block`) group many columns into few distinct values (one-hot nominal attributes)."""
+    :data:`Block`) group many columns into few distinct values (one-hot nominal attributes).
+    ``x`` is only read, never kept."""
     kk = _check_k(k)
-    arr = _as_matrix(x, kk)
+    fresh = (  # the caller's own new matrix (embed's): no defensive copy of ~n·p values
+        isinstance(x, np.ndarray)
+        and x.dtype == np.float64
+        and x.ndim == 2
+        and x.shape[1] >= 1
+        and x.shape[0] >= kk
+        and x.flags.c_contiguous
+        and bool(np.isfinite(x).all())
+    )
+    arr = x if fresh else _as_matrix(x, kk)
     return _mdav_labels(arr, kk, np.ones(arr.shape[1]), blocks=blocks)
 
 
