@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 
 from gateway import masking
 from gateway.errors import MechanismError
-from gateway.microaggregation import group_means, mdav_groups
+from gateway.microaggregation import Block, _mdav_blocks, group_means, mdav_groups
 from gateway.policy import MISSING_LABEL, Attribute, AttrType, Method, Policy
 
 __all__ = [
@@ -76,7 +76,7 @@ class QIColumn:
         """Category positions of ``values`` (categorical columns only)."""
         index = {c: i for i, c in enumerate(self.categories)}
         try:
-            return np.fromiter((index[v] for v in values), dtype=np.int64, count=len(values))  # type: ignore[index]
+            return np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))  # type: ignore[arg-type]
         except KeyError:
             raise MechanismError(
                 f"{self.name}: a value outside the attribute's categories (or missing) cannot "
@@ -106,32 +106,54 @@ def embed(
 ) -> NDArray[np.float64]:
     """The records (``values``: one sequence per column) as rows whose squared Euclidean
     distances are the heterogeneous distance of the module docstring."""
+    return _embed(columns, values, standardize)[0]
+
+
+def _embed(
+    columns: Sequence[QIColumn], values: Sequence[Sequence[object]], standardize: bool
+) -> tuple[NDArray[np.float64], list[Block], list[NDArray[np.int64] | None]]:
+    """``embed``'s rows, the one-hot block (columns, present-category index) of each nominal
+    column for MDAV's look-up, and the category codes of each categorical column."""
     if len(columns) != len(values):
         raise MechanismError(f"{len(columns)} columns described but {len(values)} given")
     n = len(values[0]) if values else 0
     parts: list[NDArray[np.float64]] = []
+    blocks: list[Block] = []
+    all_codes: list[NDArray[np.int64] | None] = []
+    width = 0
     for col, vals in zip(columns, values, strict=True):
         if len(vals) != n:
             raise MechanismError("every quasi-identifier column needs one value per record")
         if col.kind is QIKind.NUMERIC:
+            all_codes.append(None)
             parts.append(_standardised(_numeric(vals, col.name), standardize)[:, None])
         elif col.kind is QIKind.ORDINAL:
-            ranks = col.codes(vals).astype(np.float64)
-            parts.append(_standardised(ranks, standardize)[:, None])
+            codes = col.codes(vals)
+            all_codes.append(codes)
+            parts.append(_standardised(codes.astype(np.float64), standardize)[:, None])
         else:
             codes = col.codes(vals)
-            present, inverse = np.unique(codes, return_inverse=True)
-            onehot = np.zeros((n, present.size))
-            onehot[np.arange(n), inverse] = 1.0
+            all_codes.append(codes)
+            counts = np.bincount(codes, minlength=len(col.categories))
+            present = np.flatnonzero(counts)
+            index = np.cumsum(counts > 0) - 1  # category -> its column among the present ones
+            inverse = index[codes]
             if standardize:
-                f = onehot.mean(axis=0)
+                # f = counts / n is exactly the column mean of the 0/1 one-hot matrix (a sum of
+                # integers below 2^53, exact in any order, divided by n)
+                f = counts[present] / n
                 total_var = 1.0 - float(f @ f)
                 # all records equal: the attribute separates nobody
                 scale = 1.0 / np.sqrt(total_var) if total_var > 1e-12 else 0.0
             else:
                 scale = 1.0 / np.sqrt(2.0)  # plain 0/1 distance
-            parts.append(onehot * scale)
-    return np.hstack(parts) if parts else np.empty((n, 0))
+            onehot = np.zeros((n, present.size))
+            onehot[np.arange(n), inverse] = 1.0 * scale  # the value of onehot·scale
+            parts.append(onehot)
+            blocks.append((np.arange(width, width + present.size), inverse))
+        width += parts[-1].shape[1]
+    x = np.hstack(parts) if parts else np.empty((n, 0))
+    return x, blocks, all_codes
 
 
 def mixed_centroids(
@@ -141,14 +163,24 @@ def mixed_centroids(
 ) -> list[list[object]]:
     """Each record's published value per column: group mean (numeric), lower median category
     (ordinal), mode with ties to the first category in the policy's order (nominal)."""
+    return _centroids(columns, values, labels, [None] * len(columns))
+
+
+def _centroids(
+    columns: Sequence[QIColumn],
+    values: Sequence[Sequence[object]],
+    labels: NDArray[np.int64],
+    known: Sequence[NDArray[np.int64] | None],
+) -> list[list[object]]:
+    """``mixed_centroids`` with the category codes already computed where ``known`` has them."""
     lab = np.asarray(labels, dtype=np.int64)
     groups = int(lab.max()) + 1 if lab.size else 0
     out: list[list[object]] = []
-    for col, vals in zip(columns, values, strict=True):
+    for col, vals, have in zip(columns, values, known, strict=True):
         if col.kind is QIKind.NUMERIC:
             out.append(group_means(_numeric(vals, col.name), lab).tolist())
             continue
-        codes = col.codes(vals)
+        codes = col.codes(vals) if have is None else have
         m = len(col.categories)
         if col.kind is QIKind.ORDINAL:
             order = np.lexsort((codes, lab))  # by group, then rank
@@ -157,8 +189,7 @@ def mixed_centroids(
             counts = np.bincount(lab, minlength=groups)
             chosen = codes[order][starts + (counts - 1) // 2]
         else:
-            tally = np.zeros((groups, m), dtype=np.int64)
-            np.add.at(tally, (lab, codes), 1)
+            tally = np.bincount(lab * m + codes, minlength=groups * m).reshape(groups, m)
             chosen = tally.argmax(axis=1)  # first maximum: the earliest category in the list
         cats = col.categories
         out.append([cats[c] for c in chosen[lab].tolist()])
@@ -179,9 +210,10 @@ def mixed_microaggregate(
     if all(c.kind is QIKind.NUMERIC for c in columns):
         x = np.column_stack([_numeric(v, c.name) for c, v in zip(columns, values, strict=True)])
         labels = mdav_groups(x, k, standardize=standardize)
-    else:
-        labels = mdav_groups(embed(columns, values, standardize=standardize), k, standardize=False)
-    return mixed_centroids(columns, values, labels), labels
+        return mixed_centroids(columns, values, labels), labels
+    x, blocks, codes = _embed(columns, values, standardize)
+    labels = _mdav_blocks(x, k, blocks)  # = mdav_groups(x, k, standardize=False)
+    return _centroids(columns, values, labels, codes), labels
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,13 +6,27 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway import microaggregation as ma
+from gateway import mixed_microaggregation as mmx
 from gateway.microaggregation import mdav_groups
-from gateway.mixed_microaggregation import QIColumn, QIKind, mixed_microaggregate
+from gateway.mixed_microaggregation import (
+    QIColumn,
+    QIKind,
+    claim_columns,
+    embed,
+    mixed_microaggregate,
+)
+from gateway.policy import AttrType, policy_from_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ORDINAL_CATS = ("low", "mid", "high", "top")
 NOMINAL_CATS = ("red", "green", "blue")
@@ -91,3 +105,111 @@ def test_numeric_only_partition_is_plain_mdav(case: Case) -> None:
     _, labels = mixed_microaggregate(case.columns, case.values, case.k)
     x = np.column_stack([np.asarray(v, dtype=np.float64) for v in case.values])
     np.testing.assert_array_equal(labels, mdav_groups(x, case.k))
+
+
+# ---------------------------------------------------------------------------------------------
+# The look-up path (one-hot blocks, shared codes) gives today's dense partition bit for bit
+# ---------------------------------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def _reference_embed(
+    columns: tuple[QIColumn, ...], values: tuple[tuple[object, ...], ...]
+) -> np.ndarray:
+    """The embedding as it was computed before the look-up path (np.unique, dense one-hot)."""
+    n = len(values[0])
+    parts = []
+    for col, vals in zip(columns, values, strict=True):
+        if col.kind is QIKind.NUMERIC:
+            a = np.array(vals, dtype=np.float64)
+        elif col.kind is QIKind.ORDINAL:
+            a = np.array([col.categories.index(v) for v in vals], dtype=np.float64)
+        if col.kind is not QIKind.NOMINAL:
+            sd = float(a.std())
+            parts.append(((a - a.mean()) / sd if sd > 0 else np.zeros_like(a))[:, None])
+            continue
+        codes = np.array([col.categories.index(v) for v in vals])
+        present, inverse = np.unique(codes, return_inverse=True)
+        onehot = np.zeros((n, present.size))
+        onehot[np.arange(n), inverse] = 1.0
+        f = onehot.mean(axis=0)
+        total_var = 1.0 - float(f @ f)
+        scale = 1.0 / np.sqrt(total_var) if total_var > 1e-12 else 0.0
+        parts.append(onehot * scale)
+    return np.hstack(parts)
+
+
+def _dense_labels(x: np.ndarray, k: int) -> np.ndarray:
+    """The dense pruned MDAV (no look-up blocks): the computation before the look-up path."""
+    return ma._mdav_labels(np.array(x), k, np.ones(x.shape[1]), direct_max=0)
+
+
+@st.composite
+def mixed_cases(draw: st.DrawFn) -> Case:
+    """Mostly nominal data with ties and duplicates: tiny and single-category domains, a
+    dominant category, few distinct numeric values, n up to a few hundred."""
+    k = draw(st.integers(2, 7))
+    n = draw(st.integers(2 * k, 300))
+    rows = draw(st.integers(1, n))  # distinct rows; the others are duplicates of them
+    kinds = [QIKind.NOMINAL] * draw(st.integers(1, 4))
+    kinds += [QIKind.NUMERIC] * draw(st.integers(0, 2))
+    kinds += [QIKind.ORDINAL] * draw(st.integers(0, 1))
+    kinds = draw(st.permutations(kinds))
+    pick = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    source = pick.integers(0, rows, n)
+    columns: list[QIColumn] = []
+    values: list[tuple[object, ...]] = []
+    for j, kind in enumerate(kinds):
+        if kind is QIKind.NUMERIC:
+            spread = draw(st.sampled_from([1, 2, 5, 50]))
+            base = pick.integers(0, spread, rows) * draw(st.sampled_from([1.0, 0.1, 1e3]))
+            columns.append(QIColumn(f"num{j}", kind))
+            values.append(tuple(float(v) for v in base[source]))
+            continue
+        size = draw(st.integers(1, 12))
+        cats = tuple(f"c{i}" for i in range(size))
+        used = draw(st.integers(1, size))  # categories that occur (single-category columns)
+        weights = pick.random(used) ** draw(st.sampled_from([1, 4]))  # dominant categories
+        base = pick.choice(used, size=rows, p=weights / weights.sum())
+        columns.append(QIColumn(f"{kind.value}{j}", kind, cats))
+        values.append(tuple(cats[c] for c in base[source]))
+    return Case(k, tuple(columns), tuple(values))
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed_cases())
+def test_look_up_path_gives_the_dense_partition(case: Case) -> None:
+    x = _reference_embed(case.columns, case.values)
+    np.testing.assert_array_equal(embed(case.columns, case.values), x)  # bit for bit
+    _, labels = mixed_microaggregate(case.columns, case.values, case.k)
+    np.testing.assert_array_equal(labels, _dense_labels(x, case.k))
+    # the pruned search itself, on every remaining-set size (direct_max=0), with the blocks
+    _, blocks, _ = mmx._embed(case.columns, case.values, True)
+    looked = ma._mdav_labels(np.array(x), case.k, np.ones(x.shape[1]), 0, blocks)
+    np.testing.assert_array_equal(looked, labels)
+
+
+@pytest.mark.skipif(not (DATA / "adult.csv").is_file(), reason="shared Adult data absent")
+def test_look_up_path_on_adult_with_the_policy_quasi_identifiers() -> None:
+    policy = policy_from_yaml((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
+    columns = tuple(claim_columns(policy))
+    assert len(columns) == 9
+    frame = pd.read_csv(DATA / "adult.csv", dtype=str, keep_default_na=False).head(3000)
+    values = []
+    for name in policy.k_claim:
+        attr = policy.attributes[name]
+        raw = [None if v in ("?", "") else v for v in frame[name]]
+        if attr.type is AttrType.NUMERIC:
+            raw = [None if v is None else float(v) for v in raw]
+        values.append(tuple(mmx.claim_inputs(attr, raw)))
+    keep = [i for i in range(len(frame)) if all(col[i] is not None for col in values)]
+    vals = tuple(tuple(col[i] for i in keep) for col in values)
+    x = _reference_embed(columns, vals)
+    np.testing.assert_array_equal(embed(columns, vals), x)
+    _, blocks, _ = mmx._embed(columns, vals, True)
+    for k in (2, 3, 5, 7):
+        _, labels = mixed_microaggregate(columns, vals, k)
+        np.testing.assert_array_equal(labels, _dense_labels(x, k))
+    looked = ma._mdav_labels(np.array(x), 5, np.ones(x.shape[1]), 0, blocks)
+    np.testing.assert_array_equal(looked, _dense_labels(x, 5))
