@@ -171,6 +171,14 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
             "NOT covered by the k claim (unprotected: true): "
             + ", ".join(report["unprotected_quasi_identifiers"])
         )
+    if claim and report["published_outside_k_claim"]:
+        methods = {n: e["method"] for n, e in report["attributes"].items()}
+        print(
+            "published beside the k claim, outside it (role other): "
+            + ", ".join(f"{n} ({methods[n]})" for n in report["published_outside_k_claim"])
+            + "; an attribute an adversary can know splits the classes: make it a "
+            "quasi_identifier or drop it"
+        )
     print(f"consistency: {report['consistency']}")
     for name, entry in report["attributes"].items():
         print(f"\n{name}: {entry['role']} {entry['type']}, {entry['method']}")

@@ -430,6 +430,7 @@ class Engine:
             "k_claim": self._qi_agg,
             "quasi_identifier_kinds": {c.name: c.kind.value for c in self._qi_columns},
             "unprotected_quasi_identifiers": p.unprotected_quasi_identifiers,
+            "published_outside_k_claim": p.published_outside_claim,
             "methods": {n: a.method.value for n, a in p.attributes.items()},
             "consistency": p.consistency.mode.value,
             "randomized_response": {

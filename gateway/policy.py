@@ -595,6 +595,16 @@ class Policy(_Strict):
         return [n for n, a in self.attributes.items() if a.unprotected]
 
     @property
+    def published_outside_claim(self) -> list[str]:
+        """Attributes of role ``other`` that are published (kept, coarsened, coded...): beside
+        the k claim, not in it, so an adversary who can know one of them may split a class."""
+        return [
+            n
+            for n, a in self.attributes.items()
+            if a.role is Role.OTHER and a.method is not Method.DROP
+        ]
+
+    @property
     def numeric_claim(self) -> list[str]:
         """The numeric attributes of the k claim (what the numeric-only measures cover)."""
         return [n for n in self.k_claim if self.attributes[n].type is AttrType.NUMERIC]

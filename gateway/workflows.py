@@ -482,6 +482,8 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
         # whole publication history; the unprotected ones are outside that claim
         "k_claim": claim,
         "unprotected_quasi_identifiers": policy.unprotected_quasi_identifiers,
+        # published beside the claim (role other): outside it, whatever their method
+        "published_outside_k_claim": policy.published_outside_claim,
         "consistency": policy.consistency.mode.value,
         "attributes": attrs,
     }

@@ -99,7 +99,12 @@ def test_reconstruct_and_check_policy(protected: Path) -> None:
     assert abs(sum(est["income"]["em"]) - 1) < 1e-9
     text = privgw("check-policy", POLICY).stdout
     assert "epsilon" in text and "rho1=0.2" in text
+    # what the k claim does not cover is said, not left to be inferred
+    beside = next(line for line in text.splitlines() if line.startswith("published beside"))
+    assert "wave (keep)" in beside and "submitted_at (coarsen)" in beside
+    assert "education" not in beside and "fnlwgt" not in beside  # dropped: not published
     report = orjson.loads(privgw("check-policy", POLICY, "--json").stdout)
+    assert report["published_outside_k_claim"] == ["wave", "submitted_at"]
     income = report["attributes"]["income"]
     assert abs(income["gamma"] - 3.0) < 1e-9  # P[i][i] = 0.75 over 2 values: 0.75/0.25
 
