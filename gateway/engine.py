@@ -107,6 +107,10 @@ class WindowResult:
     held: Sequence[ValidRecord]
     report: WindowReport
     rows: Sequence[dict[str, Any]] = ()  # the published values, decoded (file workflow)
+    # protect_window(encode=False): the published values as columns (names, one list per
+    # name, aligned with ``published``), left for the caller to encode with encode_rows;
+    # ``published`` then carries empty values and ``rows`` is empty
+    output: tuple[list[str], list[list[Any]]] | None = None
     # a shard's risk-sampled window (Engine(measure_risk=False)): its microaggregated records,
     # true and masked (rows alike), measured once the shards' results are merged
     aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
@@ -457,10 +461,14 @@ class Engine:
         now: float,
         flush_all: bool = False,
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
+        encode: bool = True,
     ) -> WindowResult:
         """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
         ``records``, from a caller that holds the window as columns (the engine process); they
-        are read instead of each record's ``values``, which must then agree with them."""
+        are read instead of each record's ``values``, which must then agree with them.
+        ``encode=False``: the published values come back as columns (``WindowResult.output``)
+        for the caller to encode with :func:`encode_rows` (the engine process hands that work
+        to the worker, whose core has time to spare)."""
         policy = self.policy
         self._windows += 1
         rids = [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
@@ -580,9 +588,11 @@ class Engine:
                 ]
             col_names.append(name)
             columns.append(out)
-        rows: list[dict[str, Any]] = [
-            dict(zip(col_names, vals, strict=True)) for vals in zip(*columns, strict=True)
-        ]
+        rows: list[dict[str, Any]] = (
+            [dict(zip(col_names, vals, strict=True)) for vals in zip(*columns, strict=True)]
+            if encode
+            else []
+        )
 
         # -- state first (durable), then the caller produces the outputs ----------------
         if self._store is not None:
@@ -640,7 +650,7 @@ class Engine:
                 PublishedRecord,
                 columns[0],  # record ids
                 out_keys,
-                [dumps(row) for row in rows],
+                [dumps(row) for row in rows] if encode else [b""] * len(pub_idx),
                 [records[i].source for i in pub_idx],
                 [i in suppressed_set for i in pub_idx],
             )
@@ -670,6 +680,7 @@ class Engine:
             report=report,
             rows=rows,
             aggregated=qi.aggregated,
+            output=None if encode else (col_names, columns),
         )
 
     # ------------------------------------------------------------------ helpers
@@ -1135,6 +1146,14 @@ def _published_qi(v: object) -> object:
     if isinstance(v, str):
         return None if v == MISSING_LABEL else v
     return _num(v)  # type: ignore[arg-type]
+
+
+def encode_rows(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[bytes]:
+    """The published records' values (``WindowResult.output``) as the output topic carries
+    them: one JSON object per record, members in ``names`` order — what ``protect_window``
+    encodes itself unless told not to."""
+    dumps = orjson.dumps
+    return [dumps(dict(zip(names, vals, strict=True))) for vals in zip(*columns, strict=True)]
 
 
 def window_id(records: Sequence[ValidRecord]) -> str:

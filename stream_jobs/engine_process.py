@@ -45,7 +45,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord, WindowResult
+from gateway.engine import (
+    Engine,
+    PublishedRecord,
+    SourceRef,
+    ValidRecord,
+    WindowResult,
+    encode_rows,
+)
 from gateway.errors import PrivgwError
 from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring
 from gateway.policy import Policy
@@ -163,20 +170,30 @@ def _encode_result(records: Sequence[ValidRecord], result: WindowResult) -> tupl
     by_source = {id(r.source): i for i, r in enumerate(records) if r.source is not None}
     by_record = {id(r): i for i, r in enumerate(records)}
     pub = result.published
+    # the values as the engine left them: columns, encoded by the worker (_decode_result)
+    values = result.output if result.output is not None else [p.value for p in pub]
     columns = (
         [p.record_id for p in pub],
         [p.key for p in pub],
-        [p.value for p in pub],
+        values,
         [by_source[id(p.source)] if p.source is not None else -1 for p in pub],
         [p.suppressed for p in pub],
         [by_record[id(h)] for h in result.held],
     )
     extra = (result.report, result.aggregated)
-    return marshal.dumps(columns), pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        body = _MARSHAL + marshal.dumps(columns)
+    except ValueError:  # a published value of a type marshal does not know
+        body = _PICKLE + pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
+    return body, pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _decode_result(records: Sequence[ValidRecord], columns: bytes, extra: bytes) -> WindowResult:
-    rids, keys, values, origin, suppressed, held = marshal.loads(columns)
+    body = memoryview(columns)[1:]
+    loaded = marshal.loads(body) if columns[:1] == _MARSHAL else pickle.loads(body)
+    rids, keys, values, origin, suppressed, held = loaded
+    if isinstance(values, tuple):  # (names, columns): encoded here, off the engine's core
+        values = encode_rows(*values)
     published = [
         PublishedRecord(rid, key, value, records[i].source if i >= 0 else None, sup)
         for rid, key, value, i, sup in zip(rids, keys, values, origin, suppressed, strict=True)
@@ -253,7 +270,9 @@ def _answer(
     if op == "protect":
         _, blob, now, flush_all = request
         records, columns = _decode_window(blob)
-        result = engine.protect_window(records, now=now, flush_all=flush_all, by_attribute=columns)
+        result = engine.protect_window(
+            records, now=now, flush_all=flush_all, by_attribute=columns, encode=False
+        )
         columns, report = _encode_result(records, result)
         del records, result
         collector.after_window(time.monotonic())

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine, SourceRef, ValidRecord, encode_rows
 from gateway.errors import PolicyError
 from gateway.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
@@ -109,6 +109,23 @@ def test_seeded_runs_are_reproducible() -> None:
     a = Engine(_policy(), randomness=SeededSource(7)).protect_window(recs, now=0.0)
     b = Engine(_policy(), randomness=SeededSource(7)).protect_window(recs, now=0.0)
     assert [p.value for p in a.published] == [p.value for p in b.published]
+
+
+def test_values_left_as_columns_encode_to_the_same_bytes() -> None:
+    """encode=False (the engine process) leaves the output for encode_rows: same bytes, same
+    state, and the columns given in place of each record's mapping change nothing."""
+    stores = DictStore(), DictStore()
+    engines = [Engine(_policy(), keyring=KEY, store=s) for s in stores]
+    for wave in (1, 2):
+        recs = _records(wave, 40, np.random.default_rng(wave), offset=100 * wave)
+        by_attribute = {n: [r.values[n] for r in recs] for n in recs[0].values}
+        full = engines[0].protect_window(recs, now=0.0)
+        left = engines[1].protect_window(recs, now=0.0, by_attribute=by_attribute, encode=False)
+        assert left.output is not None and not left.rows
+        assert {p.value for p in left.published} == {b""}
+        assert encode_rows(*left.output) == [p.value for p in full.published]
+        assert [p.record_id for p in left.published] == [p.record_id for p in full.published]
+    assert stores[0].data == stores[1].data
 
 
 def test_sticky_values_survive_waves_changes_and_reverts() -> None:
