@@ -88,6 +88,7 @@ Index = slice | NDArray[np.intp]
 # Rows per chunk when _Lookup checks its blocks against the data (small, cache-resident
 # temporaries instead of two of n rows).
 _CHECK_ROWS = 256
+_SEQ_ROWS = 256  # rows per block of sdcMicro's sequential column sum (_seq_colsum_of)
 
 # ---------------------------------------------------------------------------------------------
 # Validation
@@ -139,6 +140,20 @@ def _seq_colsum(rows: NDArray[np.float64]) -> NDArray[np.float64]:
     """Column sums added strictly in row order (accumulate is sequential by definition)."""
     out: NDArray[np.float64] = np.add.accumulate(rows, axis=0)[-1]
     return out
+
+
+def _seq_colsum_of(x: NDArray[np.float64], idx: NDArray[np.intp]) -> NDArray[np.float64]:
+    """``_seq_colsum(x[idx])``, the same additions, a few hundred rows at a time: the running
+    sum is added to a block's first row (the very addition accumulate makes there) before
+    the block is accumulated, so no temporary of len(idx) rows is formed."""
+    acc: NDArray[np.float64] | None = None
+    for start in range(0, idx.size, _SEQ_ROWS):
+        block = x[idx[start : start + _SEQ_ROWS]]
+        if acc is not None:
+            block[0] += acc
+        acc = np.add.accumulate(block, axis=0)[-1]
+    assert acc is not None
+    return acc
 
 
 def _sdc_weights(x: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -267,7 +282,7 @@ class _Mdav:
 
     def exact_centre(self) -> NDArray[np.float64]:
         idx = np.flatnonzero(self.alive)
-        out: NDArray[np.float64] = _seq_colsum(self.x[idx]) / idx.size
+        out: NDArray[np.float64] = _seq_colsum_of(self.x, idx) / idx.size
         return out
 
 
@@ -359,7 +374,6 @@ class _Pruned:
         self.pos = np.arange(n)  # record -> position
         self.qv = np.ones(nd + 1)
         self.qvd = self.qv[:-1]
-        self.mark = np.zeros(n, dtype=bool)
         # the centroid's error bound (see the class docstring): two norms, then scalars only
         bs, ms = big[cols] * scale, mu * scale
         self.norm_big = math.sqrt(float(bs @ bs)) * (1.0 + 1e-6)
@@ -394,21 +408,21 @@ class _Pruned:
         """Bookkeeping after ``rows`` were grouped (``md.m`` already decreased)."""
         m_new = self.md.m
         r = rows.size
-        self.tot -= self.xs[rows].sum(axis=0)
+        self.tot -= np.add.reduce(self.xs[rows], axis=0)
         self.err = (self.err + 1.01 * r * r * _U64) * (1.0 + _U64) + _U64 * m_new
         # swap-removal: records from the tail move into the holes left in [0, m_new)
+        # (the tail's records still alive, md.alive being already updated, are the movers)
         gp = self.pos[rows]
         holes = gp[gp < m_new]
         if holes.size:
-            mark = self.mark
-            mark[gp] = True
-            tail = np.arange(m_new, m_new + r)
-            movers = tail[~mark[tail]]
-            mark[gp] = False
+            tail = self.ids[m_new : m_new + r]
+            stay = self.md.alive[tail]
+            moved = tail[stay]
+            movers = np.flatnonzero(stay)
+            movers += m_new
             self.acol[:, holes] = self.acol[:, movers]
             if self.look is not None:
                 self.look.codes[holes] = self.look.codes[movers]
-            moved = self.ids[movers]
             self.ids[holes] = moved
             self.pos[moved] = holes
 
@@ -453,8 +467,16 @@ class _Pruned:
     def _record_distances(self, q: int, m: int) -> tuple[NDArray[np.float64], float]:
         """v (see ``_distances``) and |zq|² for the query record q."""
         look = self.look
-        ql = None if look is None else look.zu[look.rcode[q]]
-        return self._distances(self.zd[q], ql, m), float(self.sq[q])
+        if look is None:
+            return self._distances(self.zd[q], None, m), float(self.sq[q])
+        c = int(look.rcode[q])
+        tab = look.cache.get(c)
+        if tab is None:
+            tab = look.cache[c] = look.table(look.zu[c])
+        np.multiply(self.zd[q], -2.0, out=self.qvd)
+        v: NDArray[np.float64] = self.qv @ self.acol[:, :m]
+        v += tab.take(look.codes[:m])
+        return v, float(self.sq[q])
 
     def _farthest(
         self, v: NDArray[np.float64], q2: float, dz: float, kc: float, kabs: float
@@ -595,6 +617,7 @@ class _Lookup:
         self.zu = zu
         self.zm2 = zu * -2.0
         self.sq = (zu * zu).sum(axis=1)  # |z|² over the looked-up columns, per combination
+        self.cache: dict[int, NDArray[np.float64]] = {}  # a record query's table, by its code
 
     @staticmethod
     def build(
@@ -656,6 +679,7 @@ class _Lookup:
         if keep.size < self.zu.shape[0]:
             self.zu = np.ascontiguousarray(self.zu[keep])
             self.zm2 = np.ascontiguousarray(self.zm2[keep])
+            self.cache.clear()
             inv = inv.reshape(m)
             self.codes[:m] = inv
             self.rcode[ids[:m]] = inv
