@@ -437,7 +437,8 @@ class _Pruned:
             zc *= self.scale
         e = self.err / m
         beta = (e + 1.01 * m * _U64 * (2.0 + e) + 6.01 * _U64 * (1.0 + e)) * (1.0 + 1e-6)
-        dz = (beta * self.norm_big + 4.0 * _U64 * self.norm_mu) * (1.0 + 1e-6) + 1e-300
+        # (+1e-150: the terms of columns whose squares underflowed in the two norms)
+        dz = (beta * self.norm_big + 4.0 * _U64 * self.norm_mu) * (1.0 + 1e-6) + 1e-150
         return zc, dz
 
     def _const_term(self) -> tuple[float, float]:
