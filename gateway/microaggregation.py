@@ -304,8 +304,9 @@ class _Pruned:
     sum with a bound on its distance to sdcMicro's sequential-sum centroid; when candidates
     for the farthest record remain that differ, sdcMicro's centroid is computed exactly.
 
-    z is formed only for the columns evaluated densely (``zd``); the columns of the look-up
-    blocks (``_Lookup``) exist as z only in the table of distinct combinations.
+    z is formed only for the columns evaluated densely (``zd``, the z-rows of ``acol``); the
+    columns of the look-up blocks (``_Lookup``) exist as z only in its table of distinct
+    combinations, and |z|² is the sum of both parts.
 
     The running sum's error is tracked as one scalar. With A_j = max |x_ij| over all records,
     any r remaining values of column j have Σ|x| ≤ r·A_j, and ``err`` keeps
@@ -553,8 +554,9 @@ class _Pruned:
         thr = ((upper + tau) / (1.0 - rho) + eps) * (1.0 + _SAFE) - q2
         thr += 4.0 * _U64 * (abs(thr) + q2) + 1e-300
         if float(vals[k]) > thr:
-            # exactly k candidates: they are the group whatever their exact distances (the
-            # order of a group's members matters nowhere)
+            # exactly k candidates: they are the group whatever their exact distances. Their
+            # order matters nowhere: labels take the set, and the swap-removal and running
+            # sums that follow are exact for any order of positions (bounds for any order)
             grp: NDArray[np.intp] = self.ids[near[:k]]
             return grp
         v[near] = vals  # undo the marks of the argmin passes
