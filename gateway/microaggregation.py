@@ -82,6 +82,14 @@ _DIRECT_MAX = 128
 # being its category. MDAV then evaluates those columns by table look-up (_Lookup).
 Block = tuple[NDArray[np.intp], NDArray[np.int64]]
 
+# Columns of a matrix: a slice when they are consecutive (a view, no gather), else positions.
+Index = slice | NDArray[np.intp]
+
+# Rows per chunk when _Lookup checks its blocks against the data (small, cache-resident
+# temporaries instead of two of n rows).
+_CHECK_ROWS = 256
+_SEQ_ROWS = 256  # rows per block of sdcMicro's sequential column sum (_seq_colsum_of)
+
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
@@ -134,6 +142,20 @@ def _seq_colsum(rows: NDArray[np.float64]) -> NDArray[np.float64]:
     return out
 
 
+def _seq_colsum_of(x: NDArray[np.float64], idx: NDArray[np.intp]) -> NDArray[np.float64]:
+    """``_seq_colsum(x[idx])``, the same additions, a few hundred rows at a time: the running
+    sum is added to a block's first row (the very addition accumulate makes there) before
+    the block is accumulated, so no temporary of len(idx) rows is formed."""
+    acc: NDArray[np.float64] | None = None
+    for start in range(0, idx.size, _SEQ_ROWS):
+        block = x[idx[start : start + _SEQ_ROWS]]
+        if acc is not None:
+            block[0] += acc
+        acc = np.add.accumulate(block, axis=0)[-1]
+    assert acc is not None
+    return acc
+
+
 def _sdc_weights(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """w_j = 1 / ((Σx²)/n - ((Σx)/n)²) with sequential sums; 1 where that is exactly 0."""
     n = x.shape[0]
@@ -154,12 +176,14 @@ def _sdc_weights(x: NDArray[np.float64]) -> NDArray[np.float64]:
 
 
 def _exact_dist(
-    rows: NDArray[np.float64], q: NDArray[np.float64], w: NDArray[np.float64]
+    rows: NDArray[np.float64], q: NDArray[np.float64], w: NDArray[np.float64] | None
 ) -> NDArray[np.float32]:
-    """sdcMicro's distance: Σ_j float32(float64((a_j - q_j)²) · w_j), summed in float32."""
+    """sdcMicro's distance: Σ_j float32(float64((a_j - q_j)²) · w_j), summed in float32.
+    ``w`` None: every weight 1 (the product by 1 is exact, so it is skipped)."""
     d = rows - q
     d *= d
-    d *= w
+    if w is not None:
+        d *= w
     if d.shape[0] <= 64:
         out: NDArray[np.float32] = np.add.accumulate(d.astype(np.float32), axis=1)[:, -1]
         return out
@@ -208,6 +232,7 @@ class _Mdav:
         self.blocks = blocks
         self.k = k
         self.w = w
+        self.wx: NDArray[np.float64] | None = None if bool((w == 1.0).all()) else w
         self.n, self.p = x.shape
         self.direct_max = direct_max
         self.alive = np.ones(self.n, dtype=bool)
@@ -239,7 +264,7 @@ class _Mdav:
     # -- direct exact step ---------------------------------------------------------------------
 
     def _direct_step(self, two: bool) -> None:
-        k, w = self.k, self.w
+        k, w = self.k, self.wx
         idx = np.flatnonzero(self.alive)
         rows = self.x[idx]
         centre = _seq_colsum(rows) / idx.size
@@ -257,7 +282,7 @@ class _Mdav:
 
     def exact_centre(self) -> NDArray[np.float64]:
         idx = np.flatnonzero(self.alive)
-        out: NDArray[np.float64] = _seq_colsum(self.x[idx]) / idx.size
+        out: NDArray[np.float64] = _seq_colsum_of(self.x, idx) / idx.size
         return out
 
 
@@ -278,20 +303,49 @@ class _Pruned:
     the k-th smallest) get their exact float32 distance. The centroid is tracked as a running
     sum with a bound on its distance to sdcMicro's sequential-sum centroid; when candidates
     for the farthest record remain that differ, sdcMicro's centroid is computed exactly.
+
+    z is formed only for the columns evaluated densely (``zd``, the z-rows of ``acol``); the
+    columns of the look-up blocks (``_Lookup``) exist as z only in its table of distinct
+    combinations, and |z|² is the sum of both parts.
+
+    The running sum's error is tracked as one scalar. With A_j = max |x_ij| over all records,
+    any r remaining values of column j have Σ|x| ≤ r·A_j, and ``err`` keeps
+    |tot_j - S_j| ≤ err·A_j for every column at once (S_j: the exact sum of the remaining
+    records): err = 1.01 m² u after summing m rows afresh in any order (γ_{m-1} Σ|x|), and a
+    removal of r rows, their sum taken in any order (≤ 1.01 r² u A_j) and then subtracted
+    (rounding ≤ u |tot_new| ≤ u (m + e) A_j with e the error before that rounding), gives
+    err ← (err + 1.01 r² u)(1 + u) + u m. sdcMicro's centroid, its sequential sum (within
+    1.01 m u Σ|x| ≤ 1.01 m² u A_j of S_j) divided by m, is then within
+    A_j (err/m + 1.01 m u (2 + err/m) + 6.01 u (1 + err/m)) + 4 u |mu_j| of our z's centroid
+    column by column, |c_j| ≤ (1 + err/m)(1 + u) A_j covering both divisions and z's
+    subtraction and product (a column-wise bound of the same form as a per-column tally of
+    Σ|x|, only with Σ|x| ≤ m A_j); by the triangle inequality its z-distance is at most that
+    factor times |A·sqrt(w)| plus 4u |mu·sqrt(w)|, two norms computed once.
     """
 
-    def __init__(self, md: _Mdav, cols: NDArray[np.intp]) -> None:
+    def __init__(self, md: _Mdav, cols: NDArray[np.intp], big: NDArray[np.float64]) -> None:
         self.md = md
         x, w, n = md.x, md.w, md.n
         const = np.setdiff1d(np.arange(md.p), cols)
         self.const = const
-        xs = x[:, cols]
+        xs = x if cols.size == md.p else x[:, cols]  # only read: no copy of x when it can be
         self.xs = xs
-        self.scale = np.sqrt(w[cols])
-        self.mu = xs.mean(axis=0)
-        z = np.ascontiguousarray((xs - self.mu) * self.scale)
-        self.z = z
-        sq = (z * z).sum(axis=1)
+        scale = np.sqrt(w[cols])
+        self.scale = scale
+        self.unit = bool((scale == 1.0).all())  # then (c - mu) * scale = c - mu exactly
+        mu = xs.mean(axis=0)
+        self.mu = mu
+        look = _Lookup.build(md, cols, xs, mu, scale) if md.blocks else None
+        self.look = look
+        dense = _span(np.arange(cols.size) if look is None else look.dense)
+        self.dense = dense
+        zd = xs[:, dense] - mu[dense]  # z of the densely evaluated columns, (n, nd)
+        zd *= scale[dense]
+        self.zd = zd
+        sq = (zd * zd).sum(axis=1)
+        if look is not None:
+            sq += look.sq.take(look.rcode)
+        self.sq = sq  # |z|² by record
         radius = math.sqrt(float(sq.max()))
         p = md.p
         self.rho = (p + 4) * _U32 * (1.0 + _SAFE)
@@ -303,7 +357,8 @@ class _Pruned:
         # of its terms. Its float64 value, in any order of summation (dense, or a lookup
         # table of partial dot products plus a dense remainder, _Lookup), is within
         # γ_{p+1} Σ_j |terms| ≤ γ_{p+1} (|z_x| + |zq|)² of the exact value with the same z:
-        # the same bound as the dense product, so eps does not depend on the grouping.
+        # the same bound as the dense product, so eps does not depend on the grouping (nor
+        # on the order of the p squares summed into |z_x|² or |zq|²).
         rel = max(1e-13, 64.0 * (cols.size + 10) * _U64)
         self.eps = rel * (2.0 * radius + 1.0) ** 2 + 1e-300
         # constant columns: sdcMicro's centroid there is the sequential sum of m equal values / m
@@ -312,64 +367,63 @@ class _Pruned:
             if const.size
             else np.zeros((n, 0))
         )
-        self.look = _Lookup.build(md, cols, z) if md.blocks else None
-        dense = np.arange(cols.size) if self.look is None else self.look.dense
-        self.dense = dense
-        self.acol = np.empty((dense.size + 1, n))
-        self.acol[:-1] = z[:, dense].T
+        nd = zd.shape[1]
+        self.acol = np.empty((nd + 1, n))
+        self.acol[:-1] = zd.T
         self.acol[-1] = sq
         self.ids = np.arange(n)  # position -> record
         self.pos = np.arange(n)  # record -> position
-        self.buf = np.empty(n)
-        self.qv = np.ones(dense.size + 1)
-        self.mark = np.zeros(n, dtype=bool)
+        self.qv = np.ones(nd + 1)
+        self.qvd = self.qv[:-1]
+        # the centroid's error bound (see the class docstring): two norms, then scalars only
+        bs, ms = big[cols] * scale, mu * scale
+        self.norm_big = math.sqrt(float(bs @ bs)) * (1.0 + 1e-6)
+        self.norm_mu = math.sqrt(float(ms @ ms)) * (1.0 + 1e-6)
         self.tot = np.zeros(cols.size)
-        self.abs_tot = np.zeros(cols.size)
-        self.err = np.zeros(cols.size)
+        self.err = 0.0
         self.m_sums = 0
         self._reset_sums()
 
     @staticmethod
     def build(md: _Mdav) -> _Pruned | None:
         w = md.w
-        cols = np.flatnonzero(np.ptp(md.x, axis=0) > 0)
+        hi, lo = md.x.max(axis=0), md.x.min(axis=0)
+        cols = np.flatnonzero(hi > lo)  # hi - lo > 0 (finite values: no cancellation to 0)
         if cols.size == 0 or not (w[cols] > 0).all():
             return None  # degenerate weights: the direct exact method handles them
-        return _Pruned(md, cols)
+        return _Pruned(md, cols, np.maximum(hi, -lo))
 
     # -- running centroid and removal ----------------------------------------------------------
 
     def _reset_sums(self) -> None:
         md = self.md
-        live = self.xs[self.ids[: md.m]]
+        m = md.m
+        live = self.xs if m == md.n else self.xs[self.ids[:m]]
         self.tot = live.sum(axis=0)
-        self.abs_tot = np.abs(live).sum(axis=0)
-        self.err = 1.01 * md.m * _U64 * self.abs_tot  # valid for any order of summation
-        self.m_sums = md.m
+        self.err = 1.01 * m * m * _U64  # valid for any order of summation
+        self.m_sums = m
         if self.look is not None:
-            self.look.compact(md.m)
+            self.look.compact(m, self.ids)
 
     def remove(self, rows: NDArray[np.intp]) -> None:
         """Bookkeeping after ``rows`` were grouped (``md.m`` already decreased)."""
         m_new = self.md.m
-        part = self.xs[rows]
-        apart = np.abs(part).sum(axis=0)
-        self.tot = self.tot - part.sum(axis=0)
-        self.abs_tot = np.maximum(self.abs_tot - apart, 0.0)
-        self.err = self.err + 1.01 * rows.size * _U64 * apart + _U64 * np.abs(self.tot)
+        r = rows.size
+        self.tot -= np.add.reduce(self.xs[rows], axis=0)
+        self.err = (self.err + 1.01 * r * r * _U64) * (1.0 + _U64) + _U64 * m_new
         # swap-removal: records from the tail move into the holes left in [0, m_new)
+        # (the tail's records still alive, md.alive being already updated, are the movers)
         gp = self.pos[rows]
         holes = gp[gp < m_new]
         if holes.size:
-            mark = self.mark
-            mark[gp] = True
-            tail = np.arange(m_new, m_new + rows.size)
-            movers = tail[~mark[tail]]
-            mark[gp] = False
+            tail = self.ids[m_new : m_new + r]
+            stay = self.md.alive[tail]
+            moved = tail[stay]
+            movers = np.flatnonzero(stay)
+            movers += m_new
             self.acol[:, holes] = self.acol[:, movers]
             if self.look is not None:
                 self.look.codes[holes] = self.look.codes[movers]
-            moved = self.ids[movers]
             self.ids[holes] = moved
             self.pos[moved] = holes
 
@@ -378,12 +432,15 @@ class _Pruned:
         m = self.md.m
         if m * 2 < self.m_sums:
             self._reset_sums()
-        c = self.tot / m
-        # sdcMicro's sequential sum is within 1.01·m·u·Σ|x| of the true sum; ours within err
-        bound = (self.err + 1.01 * m * _U64 * (self.abs_tot + np.abs(self.tot))) / m
-        bound = bound * (1.0 + 1e-6) + 4.0 * _U64 * (np.abs(c) + np.abs(self.mu))
-        bz = bound * self.scale
-        return (c - self.mu) * self.scale, math.sqrt(float(bz @ bz)) * (1.0 + 1e-6) + 1e-300
+        zc = self.tot / m
+        zc -= self.mu
+        if not self.unit:
+            zc *= self.scale
+        e = self.err / m
+        beta = (e + 1.01 * m * _U64 * (2.0 + e) + 6.01 * _U64 * (1.0 + e)) * (1.0 + 1e-6)
+        # (+1e-150: the terms of columns whose squares underflowed in the two norms)
+        dz = (beta * self.norm_big + 4.0 * _U64 * self.norm_mu) * (1.0 + 1e-6) + 1e-150
+        return zc, dz
 
     def _const_term(self) -> tuple[float, float]:
         """Value, and a bound on its magnitude, of the constant columns' centroid distance."""
@@ -396,17 +453,32 @@ class _Pruned:
 
     # -- searches --------------------------------------------------------------------------------
 
-    def _distances(self, zq: NDArray[np.float64], m: int) -> tuple[NDArray[np.float64], float]:
-        """v by position with |v + |zq|² - T(x, q)²| ≤ eps for the first m positions."""
+    def _distances(
+        self, qd: NDArray[np.float64], ql: NDArray[np.float64] | None, m: int
+    ) -> NDArray[np.float64]:
+        """v by position with |v + |zq|² - T(x, q)²| ≤ eps for the first m positions; the
+        query's z split into its dense (``qd``) and looked-up (``ql``) columns."""
+        np.multiply(qd, -2.0, out=self.qvd)
+        v: NDArray[np.float64] = self.qv @ self.acol[:, :m]
+        look = self.look
+        if look is not None:
+            assert ql is not None
+            v += look.table(ql).take(look.codes[:m])
+        return v
+
+    def _record_distances(self, q: int, m: int) -> tuple[NDArray[np.float64], float]:
+        """v (see ``_distances``) and |zq|² for the query record q."""
         look = self.look
         if look is None:
-            np.multiply(zq, -2.0, out=self.qv[:-1])
-            v: NDArray[np.float64] = self.qv @ self.acol[:, :m]
-        else:
-            np.multiply(zq[self.dense], -2.0, out=self.qv[:-1])
-            v = self.qv @ self.acol[:, :m]
-            v += look.table(zq).take(look.codes[:m])
-        return v, float(zq @ zq)
+            return self._distances(self.zd[q], None, m), float(self.sq[q])
+        c = int(look.rcode[q])
+        tab = look.cache.get(c)
+        if tab is None:
+            tab = look.cache[c] = look.table(look.zu[c])
+        np.multiply(self.zd[q], -2.0, out=self.qvd)
+        v: NDArray[np.float64] = self.qv @ self.acol[:, :m]
+        v += tab.take(look.codes[:m])
+        return v, float(self.sq[q])
 
     def _farthest(
         self, v: NDArray[np.float64], q2: float, dz: float, kc: float, kabs: float
@@ -439,14 +511,16 @@ class _Pruned:
         m = md.m
         zc, dz = self._approx_centre()
         kc, kabs = self._const_term()
-        v, q2 = self._distances(zc, m)
-        i, cand = self._farthest(v, q2, dz, kc, kabs)
+        look = self.look
+        ql = None if look is None else zc[look.lpos]
+        v = self._distances(zc[self.dense], ql, m)
+        i, cand = self._farthest(v, float(zc @ zc), dz, kc, kabs)
         if cand is None:
             return int(self.ids[i])
         rows = md.x[cand]
         if (rows == rows[0]).all():
             return int(cand.min())  # identical records have identical distances
-        f = _exact_dist(rows, md.exact_centre(), md.w)
+        f = _exact_dist(rows, md.exact_centre(), md.wx)
         return _first_max(f, cand)
 
     def _farthest_from(self, v: NDArray[np.float64], q2: float, q: int) -> int:
@@ -454,7 +528,7 @@ class _Pruned:
         i, cand = self._farthest(v, q2, 0.0, 0.0, 0.0)
         if cand is None:
             return int(self.ids[i])
-        f = _exact_dist(md.x[cand], md.x[q], md.w)
+        f = _exact_dist(md.x[cand], md.x[q], md.wx)
         return _first_max(f, cand)
 
     def _nearest(self, v: NDArray[np.float64], q2: float, q: int) -> NDArray[np.intp]:
@@ -480,11 +554,14 @@ class _Pruned:
         thr = ((upper + tau) / (1.0 - rho) + eps) * (1.0 + _SAFE) - q2
         thr += 4.0 * _U64 * (abs(thr) + q2) + 1e-300
         if float(vals[k]) > thr:
-            cand = self.ids[near[:k]]
-        else:
-            v[near] = vals  # undo the marks of the argmin passes
-            cand = self.ids[np.flatnonzero(v <= thr)]
-        f = _exact_dist(md.x[cand], md.x[q], md.w)
+            # exactly k candidates: they are the group whatever their exact distances. Their
+            # order matters nowhere: labels take the set, and the swap-removal and running
+            # sums that follow are exact for any order of positions (bounds for any order)
+            grp: NDArray[np.intp] = self.ids[near[:k]]
+            return grp
+        v[near] = vals  # undo the marks of the argmin passes
+        cand = self.ids[np.flatnonzero(v <= thr)]
+        f = _exact_dist(md.x[cand], md.x[q], md.wx)
         out: NDArray[np.intp] = cand[_k_smallest(f, cand, k)]
         return out
 
@@ -492,12 +569,12 @@ class _Pruned:
         md = self.md
         m = md.m  # at least 2k here, so every v below has more than k entries
         r = self._farthest_from_centre()
-        v, q2 = self._distances(self.z[r], m)
+        v, q2 = self._record_distances(r, m)
         s = self._farthest_from(v, q2, r) if two else -1  # chosen before r's group leaves
         grp_r = self._nearest(v, q2, r)
         md._emit(grp_r)
         if two:
-            v, q2 = self._distances(self.z[s], m)
+            v, q2 = self._record_distances(s, m)
             v[self.pos[grp_r]] = math.inf  # r's group is no longer a candidate
             grp_s = self._nearest(v, q2, s)
             md._emit(grp_s)
@@ -506,36 +583,56 @@ class _Pruned:
             self.remove(grp_r)
 
 
+def _span(idx: NDArray[np.intp]) -> Index:
+    """``idx`` (sorted, distinct) as a slice when it is a run of consecutive columns."""
+    if idx.size == 0 or int(idx[-1]) - int(idx[0]) + 1 == idx.size:
+        return slice(int(idx[0]) if idx.size else 0, int(idx[-1]) + 1 if idx.size else 0)
+    return idx
+
+
 class _Lookup:
     """The part of v (see ``_Pruned._distances``) that comes from the columns of ``blocks``.
 
     Records with equal codes in every block have equal z in all these columns; the remaining
-    records carry one combined code (``codes``, by position, swap-removed with ``acol``) that
-    indexes ``zu``, the distinct z-rows over these columns. For a query zq, their contribution
-    Σ_j (-2 zq_j) z_xj is then ``(zu @ -2 zq)[code_x]``: one small matrix-vector product over the
-    distinct combinations and a gather over the m remaining records, instead of a dense product
-    over all those columns. Few distinct combinations (Adult's six nominal attributes: ~600
-    among 5,000 records, ~64 one-hot columns) make this several times cheaper. ``zu`` holds
-    copies of z's own values, so v is the same inner product as the dense one, its terms only
-    grouped differently (which the bound eps allows, see ``_Pruned``).
+    records carry one combined code (``codes``, by position, swap-removed with ``acol``;
+    ``rcode`` by record) that indexes ``zu``, the distinct z-rows over these columns. For a
+    query zq, their contribution Σ_j (-2 zq_j) z_xj is then ``(zu @ -2 zq)[code_x]``: one small
+    matrix-vector product over the distinct combinations and a gather over the m remaining
+    records, instead of a dense product over all those columns. Few distinct combinations
+    (Adult's six nominal attributes: ~600 among 5,000 records, ~64 one-hot columns) make this
+    several times cheaper. ``zu`` holds the values z has in these columns (the same float
+    operations on the same x values), so v is the same inner product as the dense one, its
+    terms only grouped differently (which the bound eps allows, see ``_Pruned``); the -2 is
+    folded into ``zm2`` (an exact scaling).
     """
 
     def __init__(
         self,
         dense: NDArray[np.intp],
-        lpos: NDArray[np.intp],
-        codes: NDArray[np.int64],
+        lpos: Index,
+        codes: NDArray[np.intp],
         zu: NDArray[np.float64],
     ) -> None:
         self.dense = dense  # positions in cols evaluated densely
         self.lpos = lpos  # positions in cols looked up
         self.codes = codes
+        self.rcode = codes.copy()
         self.zu = zu
+        self.zm2 = zu * -2.0
+        self.sq = (zu * zu).sum(axis=1)  # |z|² over the looked-up columns, per combination
+        self.cache: dict[int, NDArray[np.float64]] = {}  # a record query's table, by its code
 
     @staticmethod
-    def build(md: _Mdav, cols: NDArray[np.intp], z: NDArray[np.float64]) -> _Lookup | None:
+    def build(
+        md: _Mdav,
+        cols: NDArray[np.intp],
+        xs: NDArray[np.float64],
+        mu: NDArray[np.float64],
+        scale: NDArray[np.float64],
+    ) -> _Lookup | None:
         """The look-up over ``md.blocks``, or None when it would not pay (or the blocks do not
-        describe the data: then the dense product, which needs no promise, is used)."""
+        describe the data: then the dense product, which needs no promise, is used). ``xs``:
+        x's columns ``cols``, ``mu`` and ``scale`` those of z."""
         n = md.n
         pos_of = np.full(md.p, -1, dtype=np.intp)
         pos_of[cols] = np.arange(cols.size)
@@ -562,14 +659,21 @@ class _Lookup:
         _, first, inv = np.unique(comb, return_index=True, return_inverse=True)
         if first.size * 4 > n:
             return None  # a table nearly as long as the data saves nothing
-        zl = z[:, lpos]
-        zu = np.ascontiguousarray(zl[first])
-        if not np.array_equal(zu[inv], zl):
-            return None  # equal codes with different values: not a block
+        lsl = _span(lpos)
+        inv = inv.astype(np.intp).reshape(n)
+        xu = np.ascontiguousarray(xs[first][:, lsl])
+        # equal codes with different values: not a block. Checked on x (equal x, equal z) a
+        # few hundred rows at a time, without temporaries of n rows.
+        for start in range(0, n, _CHECK_ROWS):
+            stop = start + _CHECK_ROWS
+            if not np.array_equal(xs[start:stop, lsl], xu[inv[start:stop]]):
+                return None
+        zu = xu - mu[lsl]
+        zu *= scale[lsl]
         dense = np.setdiff1d(np.arange(cols.size), lpos)
-        return _Lookup(dense, lpos, inv.astype(np.int64).reshape(n), zu)
+        return _Lookup(dense, lsl, inv, zu)
 
-    def compact(self, m: int) -> None:
+    def compact(self, m: int, ids: NDArray[np.intp]) -> None:
         """Drop the combinations that no remaining record (positions < m) has."""
         if m >= self.codes.size:
             return
@@ -577,11 +681,15 @@ class _Lookup:
         keep, inv = np.unique(live, return_inverse=True)
         if keep.size < self.zu.shape[0]:
             self.zu = np.ascontiguousarray(self.zu[keep])
-            self.codes[:m] = inv.reshape(m)
+            self.zm2 = np.ascontiguousarray(self.zm2[keep])
+            self.cache.clear()
+            inv = inv.reshape(m)
+            self.codes[:m] = inv
+            self.rcode[ids[:m]] = inv
 
-    def table(self, zq: NDArray[np.float64]) -> NDArray[np.float64]:
+    def table(self, ql: NDArray[np.float64]) -> NDArray[np.float64]:
         """Σ_j (-2 zq_j) z_j over the looked-up columns, per distinct combination."""
-        out: NDArray[np.float64] = self.zu @ (zq[self.lpos] * -2.0)
+        out: NDArray[np.float64] = self.zm2 @ ql
         return out
 
 

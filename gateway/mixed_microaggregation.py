@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -111,29 +112,36 @@ def embed(
 
 def _embed(
     columns: Sequence[QIColumn], values: Sequence[Sequence[object]], standardize: bool
-) -> tuple[NDArray[np.float64], list[Block], list[NDArray[np.int64] | None]]:
+) -> tuple[NDArray[np.float64], list[Block], list[NDArray[Any] | None]]:
     """``embed``'s rows, the one-hot block (columns, present-category index) of each nominal
-    column for MDAV's look-up, and the category codes of each categorical column."""
+    column for MDAV's look-up, and per column what ``_centroids`` needs again: the category
+    codes of a categorical column, the values of a numeric one."""
     if len(columns) != len(values):
         raise MechanismError(f"{len(columns)} columns described but {len(values)} given")
     n = len(values[0]) if values else 0
-    parts: list[NDArray[np.float64]] = []
+    # (first column, values) of a one-column part, (first column, category index, scale) of
+    # a one-hot block: written straight into x once its width is known
+    dense: list[tuple[int, NDArray[np.float64]]] = []
+    onehots: list[tuple[int, NDArray[np.int64], float]] = []
     blocks: list[Block] = []
-    all_codes: list[NDArray[np.int64] | None] = []
+    known: list[NDArray[Any] | None] = []
     width = 0
     for col, vals in zip(columns, values, strict=True):
         if len(vals) != n:
             raise MechanismError("every quasi-identifier column needs one value per record")
         if col.kind is QIKind.NUMERIC:
-            all_codes.append(None)
-            parts.append(_standardised(_numeric(vals, col.name), standardize)[:, None])
+            a = _numeric(vals, col.name)
+            known.append(a)
+            dense.append((width, _standardised(a, standardize)))
+            width += 1
         elif col.kind is QIKind.ORDINAL:
             codes = col.codes(vals)
-            all_codes.append(codes)
-            parts.append(_standardised(codes.astype(np.float64), standardize)[:, None])
+            known.append(codes)
+            dense.append((width, _standardised(codes.astype(np.float64), standardize)))
+            width += 1
         else:
             codes = col.codes(vals)
-            all_codes.append(codes)
+            known.append(codes)
             counts = np.bincount(codes, minlength=len(col.categories))
             present = np.flatnonzero(counts)
             index = np.cumsum(counts > 0) - 1  # category -> its column among the present ones
@@ -147,13 +155,16 @@ def _embed(
                 scale = 1.0 / np.sqrt(total_var) if total_var > 1e-12 else 0.0
             else:
                 scale = 1.0 / np.sqrt(2.0)  # plain 0/1 distance
-            onehot = np.zeros((n, present.size))
-            onehot[np.arange(n), inverse] = 1.0 * scale  # the value of onehot·scale
-            parts.append(onehot)
+            onehots.append((width, inverse, float(1.0 * scale)))  # the value of onehot·scale
             blocks.append((np.arange(width, width + present.size), inverse))
-        width += parts[-1].shape[1]
-    x = np.hstack(parts) if parts else np.empty((n, 0))
-    return x, blocks, all_codes
+            width += present.size
+    x = np.zeros((n, width))
+    for at, a in dense:
+        x[:, at] = a
+    rows = np.arange(n)
+    for at, inverse, value in onehots:
+        x[rows, at + inverse] = value
+    return x, blocks, known
 
 
 def mixed_centroids(
@@ -170,15 +181,17 @@ def _centroids(
     columns: Sequence[QIColumn],
     values: Sequence[Sequence[object]],
     labels: NDArray[np.int64],
-    known: Sequence[NDArray[np.int64] | None],
+    known: Sequence[NDArray[Any] | None],
 ) -> list[list[object]]:
-    """``mixed_centroids`` with the category codes already computed where ``known`` has them."""
+    """``mixed_centroids`` with the category codes (numeric values) already computed where
+    ``known`` has them."""
     lab = np.asarray(labels, dtype=np.int64)
     groups = int(lab.max()) + 1 if lab.size else 0
     out: list[list[object]] = []
     for col, vals, have in zip(columns, values, known, strict=True):
         if col.kind is QIKind.NUMERIC:
-            out.append(group_means(_numeric(vals, col.name), lab).tolist())
+            nums = _numeric(vals, col.name) if have is None else have
+            out.append(group_means(nums, lab).tolist())
             continue
         codes = col.codes(vals) if have is None else have
         m = len(col.categories)
@@ -191,8 +204,10 @@ def _centroids(
         else:
             tally = np.bincount(lab * m + codes, minlength=groups * m).reshape(groups, m)
             chosen = tally.argmax(axis=1)  # first maximum: the earliest category in the list
-        cats = col.categories
-        out.append([cats[c] for c in chosen[lab].tolist()])
+        cats = np.empty(len(col.categories), dtype=object)
+        for i, c in enumerate(col.categories):  # one by one: never a nested array
+            cats[i] = c
+        out.append(cats[chosen[lab]].tolist())
     return out
 
 

@@ -188,6 +188,13 @@ def test_look_up_path_gives_the_dense_partition(case: Case) -> None:
     _, blocks, _ = mmx._embed(case.columns, case.values, True)
     looked = ma._mdav_labels(np.array(x), case.k, np.ones(x.shape[1]), 0, blocks)
     np.testing.assert_array_equal(looked, labels)
+    # and the direct exact method (sdcMicro's arithmetic on every record, no pruning bound)
+    direct = ma._mdav_labels(np.array(x), case.k, np.ones(x.shape[1]), x.shape[0])
+    np.testing.assert_array_equal(direct, labels)
+    # blocks whose codes do not describe the data are refused (dense product), same labels
+    wrong = [(cols, (codes + np.arange(codes.size)) % 2) for cols, codes in blocks]
+    lied = ma._mdav_labels(np.array(x), case.k, np.ones(x.shape[1]), 0, wrong)
+    np.testing.assert_array_equal(lied, labels)
 
 
 @pytest.mark.skipif(not (DATA / "adult.csv").is_file(), reason="shared Adult data absent")
@@ -213,3 +220,5 @@ def test_look_up_path_on_adult_with_the_policy_quasi_identifiers() -> None:
         np.testing.assert_array_equal(labels, _dense_labels(x, k))
     looked = ma._mdav_labels(np.array(x), 5, np.ones(x.shape[1]), 0, blocks)
     np.testing.assert_array_equal(looked, _dense_labels(x, 5))
+    direct = ma._mdav_labels(np.array(x), 5, np.ones(x.shape[1]), x.shape[0])
+    np.testing.assert_array_equal(looked, direct)
