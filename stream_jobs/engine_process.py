@@ -362,12 +362,14 @@ class EngineProcess:
 
     def __init__(self, spec: EngineSpec) -> None:
         # A child of its own (python -m), not multiprocessing's spawn: that re-imports the
-        # caller's __main__, which breaks any script without a __main__ guard.
+        # caller's __main__, which breaks any script without a __main__ guard. -P: the
+        # working directory is not put first on the child's path, so a directory holding
+        # another copy of privgw cannot give the child code that speaks another protocol.
         parent_end, child_end = socket.socketpair()
         self._conn = Connection(parent_end.detach())
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(child_end.fileno()), str(os.getpid())],
+                [sys.executable, "-P", "-m", __name__, str(child_end.fileno()), str(os.getpid())],
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=_child_environment(),

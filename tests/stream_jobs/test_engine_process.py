@@ -134,6 +134,24 @@ def test_a_window_whose_records_differ_in_attributes_travels_as_mappings() -> No
     assert "submitted_at" not in decoded[1].values
 
 
+def test_the_child_runs_this_copy_of_privgw_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A working directory holding another copy of privgw (an old checkout) must not give the
+    child code that speaks another protocol: `python -m` would put it first on the path."""
+    for package in ("stream_jobs", "gateway"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("raise SystemExit('another copy')\n")
+    monkeypatch.chdir(tmp_path)
+    proc = EngineProcess(EngineSpec(load_policy(ADULT), tmp_path / "s.db", SECRET))
+    try:
+        records = validated_panel(20)
+        result = proc.protect_window(records, now=1.0, flush_all=True)
+        assert len(result.published) == len(records) > 0
+    finally:
+        proc.close()
+
+
 def test_an_engine_failure_is_reported_without_the_value(
     engine_process: EngineProcess,
 ) -> None:
