@@ -588,11 +588,7 @@ class Engine:
                 ]
             col_names.append(name)
             columns.append(out)
-        rows: list[dict[str, Any]] = (
-            [dict(zip(col_names, vals, strict=True)) for vals in zip(*columns, strict=True)]
-            if encode
-            else []
-        )
+        rows = _output_rows(col_names, columns) if encode else []
 
         # -- state first (durable), then the caller produces the outputs ----------------
         if self._store is not None:
@@ -600,9 +596,7 @@ class Engine:
             # change: republishing an unchanged respondent costs no durable write (and no
             # changelog record with partitioned state).
             qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
-            waves = (
-                by_attribute.get("wave") if by_attribute is not None else None
-            ) or _attribute_values(records, None, ["wave"])[0]
+            waves = _attribute_values(records, by_attribute, ["wave"])[0]
             for i in pub_idx:
                 rkey = rkeys[i]
                 if rkey is None:
@@ -644,13 +638,12 @@ class Engine:
         if qi.sampled and self._qi_agg:
             out_by_name = dict(zip(col_names, columns, strict=True))
             measures.update(self._key_measures(out_by_name, pub_idx, qi, view, suppressed_set))
-        dumps = orjson.dumps
         published = list(
             map(
                 PublishedRecord,
                 columns[0],  # record ids
                 out_keys,
-                [dumps(row) for row in rows] if encode else [b""] * len(pub_idx),
+                _encode(rows) if encode else [b""] * len(pub_idx),
                 [records[i].source for i in pub_idx],
                 [i in suppressed_set for i in pub_idx],
             )
@@ -1148,12 +1141,20 @@ def _published_qi(v: object) -> object:
     return _num(v)  # type: ignore[arg-type]
 
 
+def _output_rows(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The published records as mappings, members in ``names`` order."""
+    return [dict(zip(names, vals, strict=True)) for vals in zip(*columns, strict=True)]
+
+
+def _encode(rows: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """The published records as the output topic carries them: one JSON object each."""
+    return list(map(orjson.dumps, rows))
+
+
 def encode_rows(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[bytes]:
-    """The published records' values (``WindowResult.output``) as the output topic carries
-    them: one JSON object per record, members in ``names`` order — what ``protect_window``
-    encodes itself unless told not to."""
-    dumps = orjson.dumps
-    return [dumps(dict(zip(names, vals, strict=True))) for vals in zip(*columns, strict=True)]
+    """The published records' values (``WindowResult.output``) encoded as ``protect_window``
+    encodes them itself unless told not to."""
+    return _encode(_output_rows(names, columns))
 
 
 def window_id(records: Sequence[ValidRecord]) -> str:
