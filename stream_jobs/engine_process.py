@@ -145,17 +145,26 @@ def _encode_window(records: Sequence[ValidRecord]) -> bytes:
         [s.timestamp_ms if s is not None else -1 for s in sources],
         [r.arrived_at for r in records],
     )
+    return _pack(columns)
+
+
+def _pack(columns: tuple[Any, ...]) -> bytes:
+    """Columns in ``marshal`` form (exact for the str/int/float/None/bool values validation
+    produces), pickled if anything else appears; tagged with which."""
     try:
         return _MARSHAL + marshal.dumps(columns)
     except ValueError:  # a value of a type marshal does not know
         return _PICKLE + pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def _unpack(blob: bytes) -> Any:
+    body = memoryview(blob)[1:]
+    return marshal.loads(body) if blob[:1] == _MARSHAL else pickle.loads(body)
+
+
 def _decode_window(blob: bytes) -> tuple[list[ValidRecord], dict[str, list[object]] | None]:
     """The records, and their values as columns when they travelled as columns."""
-    body = memoryview(blob)[1:]
-    columns = marshal.loads(body) if blob[:1] == _MARSHAL else pickle.loads(body)
-    ids, values, topics, partitions, offsets, stamps, arrived = columns
+    ids, values, topics, partitions, offsets, stamps, arrived = _unpack(blob)
     by_name: dict[str, list[object]] | None = None
     if isinstance(values, dict):
         by_name = values
@@ -184,11 +193,7 @@ def _encode_result(records: Sequence[ValidRecord], result: WindowResult) -> tupl
         [by_record[id(h)] for h in result.held],
     )
     extra = (result.report, result.aggregated)
-    try:
-        body = _MARSHAL + marshal.dumps(columns)
-    except ValueError:  # a published value of a type marshal does not know
-        body = _PICKLE + pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
-    return body, pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)
+    return _pack(columns), pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class _Published(Sequence[PublishedRecord]):
@@ -242,9 +247,7 @@ class _Published(Sequence[PublishedRecord]):
 
 
 def _decode_result(records: Sequence[ValidRecord], columns: bytes, extra: bytes) -> WindowResult:
-    body = memoryview(columns)[1:]
-    loaded = marshal.loads(body) if columns[:1] == _MARSHAL else pickle.loads(body)
-    rids, keys, values, origin, suppressed, held = loaded
+    rids, keys, values, origin, suppressed, held = _unpack(columns)
     sources = [records[i].source if i >= 0 else None for i in origin]
     published: Sequence[PublishedRecord]
     if isinstance(values, tuple):  # (names, columns): the child left them to be encoded here
