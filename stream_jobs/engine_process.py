@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import marshal
 import os
 import pickle
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -59,7 +60,13 @@ from gateway.policy import Policy
 from gateway.shards import merge, route
 from stream_jobs.memory import Collector, tune_memory
 
-__all__ = ["EngineProcess", "EngineProcessError", "EngineShards", "EngineSpec"]
+__all__ = [
+    "EngineProcess",
+    "EngineProcessError",
+    "EngineShards",
+    "EngineSpec",
+    "PackedRecords",
+]
 
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _MARSHAL, _PICKLE = b"m", b"p"
@@ -148,6 +155,25 @@ def _encode_window(records: Sequence[ValidRecord]) -> bytes:
     return _pack(columns)
 
 
+@dataclass(frozen=True, slots=True)
+class PackedRecords:
+    """The last ``count`` records of a window, packed ahead (``EngineProcess.pack``, one
+    segment per batch as the worker validated them) while the engine was busy."""
+
+    count: int
+    segments: tuple[bytes, ...]
+
+
+def _request(
+    records: Sequence[ValidRecord], now: float, flush_all: bool, tail: PackedRecords | None = None
+) -> tuple[Any, ...]:
+    if tail is None or not 0 < tail.count <= len(records):
+        return ("protect", [_encode_window(records)], now, flush_all)
+    head = len(records) - tail.count
+    segments = [_encode_window(records[:head])] if head else []
+    return ("protect", [*segments, *tail.segments], now, flush_all)
+
+
 def _pack(columns: tuple[Any, ...]) -> bytes:
     """Columns in ``marshal`` form (exact for the str/int/float/None/bool values validation
     produces), pickled if anything else appears; tagged with which."""
@@ -162,9 +188,15 @@ def _unpack(blob: bytes) -> Any:
     return marshal.loads(body) if blob[:1] == _MARSHAL else pickle.loads(body)
 
 
-def _decode_window(blob: bytes) -> tuple[list[ValidRecord], dict[str, list[object]] | None]:
-    """The records, and their values as columns when they travelled as columns."""
-    ids, values, topics, partitions, offsets, stamps, arrived = _unpack(blob)
+def _decode_window(
+    blobs: Sequence[bytes],
+) -> tuple[list[ValidRecord], dict[str, list[object]] | None]:
+    """The records of a window's segments, and their values as columns when every segment
+    travelled as columns of the same attributes."""
+    parts = [part for part in map(_unpack, blobs) if part[0]] or [_unpack(blobs[0])]
+    ids, values, topics, partitions, offsets, stamps, arrived = (
+        parts[0] if len(parts) == 1 else _concatenate(parts)
+    )
     by_name: dict[str, list[object]] | None = None
     if isinstance(values, dict):
         by_name = values
@@ -176,6 +208,27 @@ def _decode_window(blob: bytes) -> tuple[list[ValidRecord], dict[str, list[objec
         )
     ]
     return records, by_name
+
+
+def _concatenate(parts: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """Segments' columns joined: values stay columns when every segment has the same
+    attributes, else they become one mapping per record."""
+    columns: list[Any] = [
+        [v for part in parts for v in part[j]] if j != 1 else None for j in range(len(parts[0]))
+    ]
+    names = [part[1].keys() if isinstance(part[1], dict) else None for part in parts]
+    if names[0] is not None and all(n is not None and n == names[0] for n in names):
+        columns[1] = {n: [v for part in parts for v in part[1][n]] for n in names[0]}
+    else:
+        columns[1] = [m for part in parts for m in _mappings(part[1])]
+    return tuple(columns)
+
+
+def _mappings(values: dict[str, list[object]] | list[dict[str, object]]) -> list[dict[str, object]]:
+    """A segment's values as one mapping per record."""
+    if not isinstance(values, dict):
+        return values
+    return [dict(zip(values, row, strict=True)) for row in zip(*values.values(), strict=True)]
 
 
 def _encode_result(records: Sequence[ValidRecord], result: WindowResult) -> tuple[bytes, bytes]:
@@ -294,12 +347,17 @@ def _serve(conn: Connection, parent: int) -> None:
             except EOFError:
                 return
             try:
-                reply = _answer(request, engine, store, collector, spec.encode_outputs)
+                reply = _answer(request, engine, store, spec.encode_outputs)
             except Exception as err:  # reported to the worker, which stops
                 reply = ("error", type(err).__name__, _message(err))
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
             if request[0] == "close":
                 return
+            if request[0] == "protect":
+                # collected after replying, while the worker handles the result and sends the
+                # next window, not before it (the worker would wait for it)
+                del request, reply
+                collector.after_window(time.monotonic())
     except Exception as err:  # start-up failed: say why before exiting
         with contextlib.suppress(OSError):
             conn.send_bytes(pickle.dumps(("error", type(err).__name__, _message(err))))
@@ -317,21 +375,17 @@ def _message(err: Exception) -> str:
     return "message withheld (it may quote an input value)"
 
 
-def _answer(
-    request: tuple[Any, ...], engine: Engine, store: Any, collector: Collector, encode: bool
-) -> tuple[Any, ...]:
+def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) -> tuple[Any, ...]:
     op = request[0]
     if op == "count_prefix":
         return ("ok", store.count_prefix(request[1]))
     if op == "protect":
-        _, blob, now, flush_all = request
-        records, by_attribute = _decode_window(blob)
+        _, blobs, now, flush_all = request
+        records, by_attribute = _decode_window(blobs)
         result = engine.protect_window(
             records, now=now, flush_all=flush_all, by_attribute=by_attribute, encode=encode
         )
         columns, report = _encode_result(records, result)
-        del records, result
-        collector.after_window(time.monotonic())
         return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())
@@ -403,13 +457,40 @@ class EngineProcess:
     def protect_window(
         self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
     ) -> WindowResult:
-        self.submit(records, now=now, flush_all=flush_all)
+        return self.prepare(records, now=now, flush_all=flush_all)()
+
+    def prepare(
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        tail: PackedRecords | None = None,
+    ) -> Callable[[], WindowResult]:
+        """``protect_window`` in two steps: the window packed here, on the calling thread (the
+        worker's event loop, where the packing does not contend for the GIL with it), and the
+        call it returns, which hands it over and waits (the worker's engine thread).
+        ``tail``: the window's last records, already packed by :meth:`pack`."""
+        request = _request(records, now, flush_all, tail)
+        return functools.partial(self._protect_request, records, request)
+
+    @staticmethod
+    def pack(records: Sequence[ValidRecord]) -> bytes:
+        """Records packed ahead of their window, for :meth:`prepare`'s ``tail``."""
+        return _encode_window(records)
+
+    def _protect_request(
+        self, records: Sequence[ValidRecord], request: tuple[Any, ...]
+    ) -> WindowResult:
+        self._submit_request(request)
         return self.collect(records)
 
     def submit(self, records: Sequence[ValidRecord], *, now: float, flush_all: bool) -> None:
         """Hand a window to the child and return; ``collect`` waits for its result. The
         engine is this process's until then (``count`` answers from its last figure)."""
-        request = ("protect", _encode_window(records), now, flush_all)
+        self._submit_request(_request(records, now, flush_all))
+
+    def _submit_request(self, request: tuple[Any, ...]) -> None:
         self._lock.acquire()
         try:
             self._send(request)
@@ -532,14 +613,31 @@ class EngineShards:
     def protect_window(
         self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
     ) -> WindowResult:
+        return self.prepare(records, now=now, flush_all=flush_all)()
+
+    def prepare(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> Callable[[], WindowResult]:
+        """As :meth:`EngineProcess.prepare`: the shards' windows packed here, handed over and
+        waited for by the call returned."""
         parts = route(records, len(self.shards))
         windows = [[records[i] for i in idx] for idx in parts]
         # every shard gets every window, an empty one too: their risk sampling stays in step
+        requests = [_request(window, now, flush_all) for window in windows]
+        return functools.partial(self._protect_requests, records, parts, windows, requests)
+
+    def _protect_requests(
+        self,
+        records: Sequence[ValidRecord],
+        parts: list[list[int]],
+        windows: list[list[ValidRecord]],
+        requests: list[tuple[Any, ...]],
+    ) -> WindowResult:
         error: BaseException | None = None
         submitted: list[EngineProcess] = []
-        for shard, window in zip(self.shards, windows, strict=True):
+        for shard, request in zip(self.shards, requests, strict=True):
             try:
-                shard.submit(window, now=now, flush_all=flush_all)
+                shard._submit_request(request)
             except BaseException as err:
                 error = err
                 break

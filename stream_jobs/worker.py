@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
@@ -53,6 +53,7 @@ from gateway.state_api import (
 from gateway.validation import DLQReason, Rejection, Validator, rejection
 from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
+from stream_jobs.engine_process import PackedRecords
 from stream_jobs.kafka import (
     BatchItem,
     check_input_topic,
@@ -156,6 +157,43 @@ class WindowEngine(Protocol):
     ) -> WindowResult: ...
 
 
+@runtime_checkable
+class PreparingEngine(WindowEngine, Protocol):
+    """An engine in other processes, whose window is packed before it is handed over: on the
+    event loop's thread, where packing does not contend for the GIL with the loop."""
+
+    def prepare(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> Callable[[], WindowResult]: ...
+
+
+@runtime_checkable
+class PackingEngine(WindowEngine, Protocol):
+    """A :class:`PreparingEngine` whose records can be packed as they arrive, while it
+    protects the window before: the window's hand-over then packs only the records it held."""
+
+    def pack(self, records: Sequence[ValidRecord]) -> bytes: ...
+
+    def prepare(
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        tail: PackedRecords | None = None,
+    ) -> Callable[[], WindowResult]: ...
+
+
+@dataclass(slots=True)
+class _PackedAhead:
+    """The buffer's new records packed as they were validated, one segment per batch: valid
+    while the buffer's list of new records is the one they were packed from."""
+
+    of: list[ValidRecord]
+    segments: list[bytes]
+    count: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Protecting:
     """A window handed to the engine, and what goes out with it."""
@@ -210,6 +248,8 @@ class GatewayWorker:
         self._version = engine.version
         self._version_b = engine.version.encode()
         self._buffer = WindowBuffer(policy.window)
+        self._packs_ahead = isinstance(engine, PackingEngine)
+        self._ahead: _PackedAhead | None = None
         self._dead: list[DeadLetter] = []
         # keyless records to re-key: (key, raw value, source partition, source offset)
         self._forward: list[tuple[bytes, bytes, int, int]] = []
@@ -294,7 +334,10 @@ class GatewayWorker:
                 epoch = self._epoch
                 if self._protecting is not None and self._protecting.done():
                     async with self._lock:
-                        await self._protected()  # its outputs go out as soon as it is done
+                        # its outputs go out as soon as it is done; a window already due goes
+                        # to the engine first, so the engine does not idle while they are
+                        # encoded and produced
+                        await self._protected(then=self._buffer.due(self._clock()))
                 batch = await self._consumer.getmany(
                     timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_poll_records
                 )
@@ -577,12 +620,27 @@ class GatewayWorker:
                     )
                 )
             add_batch(valid)
+            if self._packs_ahead and valid:
+                self._pack_ahead(valid)
             stats.consumed += len(messages)
             if messages:
                 highwater = self._consumer.highwater(tp)
                 if highwater is not None:
                     stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
         stats.valid = stats.consumed - stats.dlq_total
+
+    def _pack_ahead(self, valid: list[ValidRecord]) -> None:
+        """Pack the records just buffered for the engine's process now, while it protects the
+        window before, rather than when their window is handed over (the engine waits then)."""
+        new = self._buffer.new
+        ahead = self._ahead
+        if ahead is None or ahead.of is not new:  # taken or filtered since: start again
+            ahead = self._ahead = _PackedAhead(new, [])
+        if ahead.count + len(valid) != len(new):
+            return  # not contiguous with what was packed: the hand-over packs these
+        assert isinstance(self.engine, PackingEngine)
+        ahead.segments.append(self.engine.pack(valid))
+        ahead.count = len(new)
 
     def _rekey(self, m: Any, key_value: object, topic: str, now: float) -> None:
         """A valid record without a key: forwarded, keyed by the policy's key field, to the
@@ -628,6 +686,9 @@ class GatewayWorker:
         :meth:`_protected` finishes it."""
         assert self._protecting is None, "one window at a time in the engine"
         t0 = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (ahead.of is not self._buffer.new or ahead.count != len(ahead.of)):
+            ahead = None  # they no longer cover the new records exactly
         flush = self._buffer.take(reason)
         dead, self._dead = self._dead, []
         forward, self._forward = self._forward, []
@@ -636,16 +697,27 @@ class GatewayWorker:
             self.stats.engine_since = time.monotonic()
             # in the engine's own thread: the event loop keeps heartbeating, fetching and
             # settling the previous window while this one is protected and fsynced
-            future = asyncio.get_running_loop().run_in_executor(
-                self._engine_thread,
-                functools.partial(
-                    self.engine.protect_window,
-                    flush.records,
-                    now=self._clock(),
-                    flush_all=flush_all,
-                ),
-            )
+            try:
+                call = self._engine_call(flush.records, flush_all, ahead)
+            except BaseException:  # packing failed: as if the engine had failed on it
+                self._engine_failed = True
+                raise
+            future = asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
         self._protecting = _Protecting(flush, dead, forward, future, t0)
+
+    def _engine_call(
+        self, records: list[ValidRecord], flush_all: bool, ahead: _PackedAhead | None
+    ) -> Callable[[], WindowResult]:
+        """What the engine's thread runs for a window: for an engine in other processes, the
+        window already packed here (its records packed ahead as they arrived, if ``ahead``
+        covers them), else the engine's own call."""
+        engine, now = self.engine, self._clock()
+        if isinstance(engine, PackingEngine):
+            tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
+            return engine.prepare(records, now=now, flush_all=flush_all, tail=tail)
+        if isinstance(engine, PreparingEngine):
+            return engine.prepare(records, now=now, flush_all=flush_all)
+        return functools.partial(engine.protect_window, records, now=now, flush_all=flush_all)
 
     async def _protected(self, then: FlushReason | None = None) -> None:
         """Finish the window in the engine, if any: keep what it holds, then hand its outputs

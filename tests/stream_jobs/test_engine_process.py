@@ -4,6 +4,7 @@ failures reported without values, a child that cannot outlive its worker."""
 from __future__ import annotations
 
 import decimal
+import itertools
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from stream_jobs.engine_process import (
     EngineProcessError,
     EngineShards,
     EngineSpec,
+    PackedRecords,
     _decode_window,
     _encode_window,
 )
@@ -48,17 +50,28 @@ def _same_windows(
     local: Engine | ShardedEngine,
     records: list[ValidRecord],
     size: int,
+    *,
+    ahead: bool = False,
 ) -> None:
     """Windows of ``size`` records, each with the records its engine held from the last one:
     the child's results equal the in-process engine's, window for window, and some records
-    did wait (the last window flushes them)."""
+    did wait (the last window flushes them). ``ahead``: the new records of each window reach
+    the child packed ahead in batches of 3, as the worker packs them while the engine is busy;
+    only the held ones are packed at hand-over."""
     held_child: list[ValidRecord] = []
     held_local: list[ValidRecord] = []
     saw_held = False
     for start in range(0, len(records), size):
         chunk = records[start : start + size]
         last = start + size >= len(records)
-        got = child.protect_window([*held_child, *chunk], now=1.0, flush_all=last)
+        if ahead:
+            assert isinstance(child, EngineProcess)
+            batches = [child.pack(chunk[i : i + 3]) for i in range(0, len(chunk), 3)]
+            tail = PackedRecords(len(chunk), tuple(batches))
+            call = child.prepare([*held_child, *chunk], now=1.0, flush_all=last, tail=tail)
+            got = call()
+        else:
+            got = child.protect_window([*held_child, *chunk], now=1.0, flush_all=last)
         want = local.protect_window([*held_local, *chunk], now=1.0, flush_all=last)
         assert got.published == want.published
         assert got.report == want.report
@@ -88,6 +101,14 @@ def test_windows_protected_in_the_child_match_the_engine_in_process(
         assert dict(a.items()) == dict(b.items())
 
 
+def test_windows_packed_ahead_match_the_engine_in_process(
+    engine_process: EngineProcess, tmp_path: Path
+) -> None:
+    with SQLiteStore(tmp_path / "local.db") as store:
+        local = Engine(load_policy(ADULT), keyring=Keyring(SECRET), store=store)
+        _same_windows(engine_process, local, validated_panel(600), size=7, ahead=True)
+
+
 def test_a_scrape_does_not_wait_for_the_window_in_the_child(
     engine_process: EngineProcess,
 ) -> None:
@@ -115,9 +136,9 @@ def test_a_window_keeps_values_marshal_cannot_carry() -> None:
     odd = records[0]._replace(values={**records[0].values, "wave": decimal.Decimal("2")})
     blob = _encode_window([odd, *records[1:]])
     assert blob[:1] == b"p"  # fell back to pickle
-    assert _decode_window(blob)[0] == [odd, *records[1:]]
+    assert _decode_window([blob])[0] == [odd, *records[1:]]
     assert _encode_window(records)[:1] == b"m"
-    decoded, columns = _decode_window(_encode_window(records))
+    decoded, columns = _decode_window([_encode_window(records)])
     assert decoded == records
     assert columns is not None and columns["age"] == [r.values["age"] for r in records]
 
@@ -128,10 +149,30 @@ def test_a_window_whose_records_differ_in_attributes_travels_as_mappings() -> No
         values={k: v for k, v in records[1].values.items() if k != "submitted_at"}
     )
     window = [records[0], short, records[2]]
-    decoded, columns = _decode_window(_encode_window(window))
+    decoded, columns = _decode_window([_encode_window(window)])
     assert columns is None
     assert decoded == window
     assert "submitted_at" not in decoded[1].values
+
+
+@pytest.mark.parametrize("cuts", [(1,), (2, 5), (4, 5, 6)])
+def test_a_window_in_segments_decodes_as_the_whole(cuts: tuple[int, ...]) -> None:
+    """Segments packed ahead (one per validated batch) join into the window packed at once:
+    the same records and columns; with a segment whose records lack an attribute, the same
+    records as mappings."""
+    records = validated_panel(8)
+    bounds = [0, *cuts, len(records)]
+    segments = [_encode_window(records[a:b]) for a, b in itertools.pairwise(bounds)]
+    assert _decode_window(segments) == _decode_window([_encode_window(records)])
+    short = records[3]._replace(
+        values={k: v for k, v in records[3].values.items() if k != "submitted_at"}
+    )
+    mixed = [*records[:3], short, *records[4:]]
+    segments = [_encode_window(mixed[a:b]) for a, b in itertools.pairwise(bounds)]
+    decoded, columns = _decode_window(segments)
+    assert decoded == mixed
+    assert columns is None  # the short record's segment travelled as mappings
+    assert "submitted_at" not in decoded[3].values
 
 
 def test_the_child_runs_this_copy_of_privgw_whatever_the_working_directory(
