@@ -639,7 +639,11 @@ class GatewayWorker:
         if ahead.count + len(valid) != len(new):
             return  # not contiguous with what was packed: the hand-over packs these
         assert isinstance(self.engine, PackingEngine)
-        ahead.segments.append(self.engine.pack(valid))
+        try:
+            ahead.segments.append(self.engine.pack(valid))
+        except Exception:  # the hand-over packs the window whole, and fails as the engine
+            ahead.count = -1  # covers nothing from now on
+            return
         ahead.count = len(new)
 
     def _rekey(self, m: Any, key_value: object, topic: str, now: float) -> None:

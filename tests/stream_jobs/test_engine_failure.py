@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy
 from state.sqlite_store import SQLiteStore
 from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.engine_process import EngineShards
+from stream_jobs.engine_process import EngineProcess, EngineShards, PackedRecords
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.worker import GatewayWorker
@@ -78,6 +78,58 @@ def test_records_of_a_failed_window_are_read_again_not_skipped(
     assert code == 1 and failing.calls >= 2
     assert len(sent) == len(inputs)
 
+    _next_worker_publishes_everything(broker, policy, settings, secret_env, sent)
+
+
+class PackingFailsOnWindow:
+    """A real engine process whose window packing fails at the ``n``-th hand-over (on the
+    worker's event loop, before anything reaches the child)."""
+
+    def __init__(self, engine: EngineProcess, n: int) -> None:
+        self._engine, self._n, self.calls = engine, n, 0
+        self.version = engine.version
+        self.pack = engine.pack
+        self.protect_window = engine.protect_window
+
+    def metadata(self) -> dict[str, object]:
+        return self._engine.metadata()
+
+    def prepare(
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        tail: PackedRecords | None = None,
+    ) -> Callable[[], WindowResult]:
+        self.calls += 1
+        if self.calls == self._n:
+            raise ValueError("injected packing failure")
+        return self._engine.prepare(records, now=now, flush_all=flush_all, tail=tail)
+
+
+def test_a_window_that_fails_to_pack_is_read_again_not_skipped(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    policy = load_policy(small_window_policy(tmp_path, CHUNK))
+    settings = settings_for(
+        broker.bootstrap,
+        unique_name,
+        tmp_path / "state",
+        flush_held_on_shutdown=True,
+        engine="process",
+    )
+    create_topics(policy, settings)
+    inputs, sent, feed = _feeder(broker, settings.topics(policy).input)
+    real = make_worker(policy, settings, secret_env)
+    assert isinstance(real.engine, EngineProcess)
+    failing = PackingFailsOnWindow(real.engine, 2)
+    first = GatewayWorker(policy, settings, failing)
+    first.closers.append(real.engine.close)
+    assert first._packs_ahead  # the records were packed as they arrived
+    code = asyncio.run(run_until(first, lambda w: w._stopped.is_set(), during=feed, timeout=30))
+    assert code == 1 and failing.calls == 2  # nothing handed over after the failure
+    assert len(sent) == len(inputs)
     _next_worker_publishes_everything(broker, policy, settings, secret_env, sent)
 
 
