@@ -117,16 +117,16 @@ class WindowResult:
 
 
 _QI_DIGEST_ATTR = "\x00quasi-identifiers"
-_GROUP_KEY_PREFIX = b"group:"  # registry entries; respondent keys are 32-byte digests
+GROUP_KEY_PREFIX = b"group:"  # registry entries; respondent keys are 32-byte digests
 
 
 def _group_key(group_id: str) -> bytes:
-    return _GROUP_KEY_PREFIX + group_id.encode()
+    return GROUP_KEY_PREFIX + group_id.encode()
 
 
 def _group_id(key: bytes) -> str:
     """The group id of a registry key (the inverse of :func:`_group_key`)."""
-    return key[len(_GROUP_KEY_PREFIX) :].decode()
+    return key[len(GROUP_KEY_PREFIX) :].decode()
 
 
 def _live_entry(count: int, size: int | None = None) -> bytes:
@@ -151,8 +151,8 @@ def state_key_partition(key: bytes) -> int | None:
     """The input partition a state key belongs to, for an engine with ``partition_scope``:
     respondent keys carry it in front of the digest, group ids as ``<partition>.<id>``.
     None for keys of an engine without partition scope."""
-    if key.startswith(_GROUP_KEY_PREFIX):
-        head, dot, _ = key[len(_GROUP_KEY_PREFIX) :].partition(b".")
+    if key.startswith(GROUP_KEY_PREFIX):
+        head, dot, _ = key[len(GROUP_KEY_PREFIX) :].partition(b".")
         return int(head) if dot and head.isdigit() else None
     if len(key) == _PARTITION_BYTES + _DIGEST_BYTES:
         return int.from_bytes(key[:_PARTITION_BYTES], "big")
@@ -192,7 +192,7 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
     actual: dict[str, int] = {}
     respondents = 0
     for key, raw in entries:
-        if key.startswith(_GROUP_KEY_PREFIX):
+        if key.startswith(GROUP_KEY_PREFIX):
             gid = _group_id(key)
             stored[gid], size = _registry_entry(raw)
             if size is not None:
@@ -994,18 +994,15 @@ class Engine:
         hits = 0
         if sticky and self._digests is not None:
             vds = self._digests.many(name, values)
-            empty: dict[str, Any] = {}
-            for i, key, (vd, vd_hex), code in zip(
-                range(len(values)), keys, vds, code_list, strict=True
+            maps = _stored_maps(states, keys, "rr", name)
+            for i, key, (vd, vd_hex), code, stored_of in zip(
+                range(len(values)), keys, vds, code_list, maps, strict=True
             ):
                 if code < 0:
                     continue
                 if key is not None:
                     digests[i] = vd_hex
-                    st = states.get(key)
-                    stored = (
-                        st.get("rr", empty).get(name, empty).get(vd_hex) if st is not None else None
-                    )
+                    stored = stored_of.get(vd_hex)
                     if stored is not None:
                         out[i] = stored[0]
                         hits += 1
@@ -1023,9 +1020,9 @@ class Engine:
                 label = mech.categories[int(c)]
                 out[i] = None if label == MISSING_LABEL else label
                 key = keys[i]
-                if self._store is not None and key is not None and digests[i] is not None:
-                    st = states.setdefault(key, {})
-                    st.setdefault("rr", {}).setdefault(name, {})[digests[i]] = [out[i], version]
+                digest = digests[i]
+                if self._store is not None and key is not None and digest is not None:
+                    _stored_map(states, key, "rr", name)[digest] = [out[i], version]
                     touched.add(key)
         # retention: the share published as its true category (an unknown label: not kept)
         published = np.array(
@@ -1063,11 +1060,12 @@ class Engine:
         fresh: list[int] = []
         if sticky and self._digests is not None:
             vds = self._digests.many(name, [values[i] for i in todo])
+            maps = _stored_maps(states, keys, "noise", name)
             for i, (vd, vd_hex) in zip(todo, vds, strict=True):
                 key = keys[i]
                 if key is not None:
                     digests[i] = vd_hex
-                    stored = states.get(key, {}).get("noise", {}).get(name, {}).get(vd_hex)
+                    stored = maps[i].get(vd_hex)
                     if stored is not None:
                         out[i] = stored
                         hits += 1
@@ -1086,11 +1084,45 @@ class Engine:
                 out[i] = _num(v)
                 key = keys[i]
                 if self._store is not None and key is not None and i in digests:
-                    states.setdefault(key, {}).setdefault("noise", {}).setdefault(name, {})[
-                        digests[i]
-                    ] = out[i]
+                    _stored_map(states, key, "noise", name)[digests[i]] = out[i]
                     touched.add(key)
         return out, hits
+
+
+_NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
+
+
+def _stored_maps(
+    states: Mapping[bytes, Mapping[str, Any]],
+    keys: Sequence[bytes | None],
+    kind: str,
+    name: str,
+) -> list[Mapping[str, Any]]:
+    """For each record, its respondent's stored values of ``kind`` ("rr", "noise") for the
+    attribute ``name``, by value digest (empty: none stored)."""
+    nothing = _NOTHING
+    return [
+        states.get(key, nothing).get(kind, nothing).get(name, nothing)
+        if key is not None
+        else nothing
+        for key in keys
+    ]
+
+
+def _stored_map(
+    states: dict[bytes, dict[str, Any]], key: bytes, kind: str, name: str
+) -> dict[str, Any]:
+    """The respondent's stored values of ``kind`` for ``name``, created if absent."""
+    state = states.get(key)
+    if state is None:
+        state = states[key] = {}
+    by_name = state.get(kind)
+    if by_name is None:
+        by_name = state[kind] = {}
+    values = by_name.get(name)
+    if values is None:
+        values = by_name[name] = {}
+    return values
 
 
 def _columns(maps: Sequence[Mapping[str, object]], names: Sequence[str]) -> list[list[Any]]:

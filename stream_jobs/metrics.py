@@ -47,7 +47,7 @@ from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
 from gateway.cli import package_version
-from gateway.engine import _GROUP_KEY_PREFIX, WindowReport
+from gateway.engine import GROUP_KEY_PREFIX, WindowReport
 from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
 from gateway.validation import DLQReason
@@ -486,7 +486,7 @@ def count_respondents(store: Any) -> int:
     ``group:…``; respondent keys are 32-byte digests). A store that cannot count by prefix
     (the partitioned backend) gives all its entries."""
     count_prefix = getattr(store, "count_prefix", None)
-    groups = count_prefix(_GROUP_KEY_PREFIX) if count_prefix is not None else 0
+    groups = count_prefix(GROUP_KEY_PREFIX) if count_prefix is not None else 0
     return int(store.count()) - int(groups)
 
 
