@@ -483,10 +483,18 @@ async def main_async(args: argparse.Namespace) -> None:
             ):
                 cpu = t[side]
                 engine_cpu = f"{cpu.engine_cpu:.2f}" if side != "thread" else "-"
+                # how much of the run the engine processes were on a CPU: near 100 %, the
+                # gateway's rate is the engines'; well below, they waited for the worker
+                engines = {"gw": 1, "shards": args.shards}.get(side)
+                busy = (
+                    f"  (engine busy {100 * cpu.engine_cpu / (cpu.seconds * engines):.0f} %)"
+                    if engines
+                    else ""
+                )
                 print(
                     f"       {label:34} {rate[side]:>9,.0f} rec/s  ratio {rate[side] / r_pass:.2f}"
                     f"   CPU s worker {cpu.cpu:.2f} / engines {engine_cpu} / broker "
-                    f"{cpu.broker_cpu:.2f}"
+                    f"{cpu.broker_cpu:.2f}{busy}"
                 )
             print(
                 f"       passthrough CPU s {t['pass'].cpu:.2f} / broker {t['pass'].broker_cpu:.2f}"
