@@ -168,7 +168,6 @@ def test_a_shard_killed_mid_stream_loses_nothing(
     assert code == 1
     feeder.join(timeout=30)
     assert len(sent) == len(inputs)
-    assert len(sent) == len(inputs)
     _next_worker_publishes_everything(broker, policy, settings, secret_env, sent)
 
 
