@@ -482,15 +482,13 @@ class EngineProcess:
     def _protect_request(
         self, records: Sequence[ValidRecord], request: tuple[Any, ...]
     ) -> WindowResult:
-        self._submit_request(request)
+        self.submit(request)
         return self.collect(records)
 
-    def submit(self, records: Sequence[ValidRecord], *, now: float, flush_all: bool) -> None:
-        """Hand a window to the child and return; ``collect`` waits for its result. The
-        engine is this process's until then (``count`` answers from its last figure)."""
-        self._submit_request(_request(records, now, flush_all))
-
-    def _submit_request(self, request: tuple[Any, ...]) -> None:
+    def submit(self, request: tuple[Any, ...]) -> None:
+        """Hand a packed window (``_request``) to the child and return; ``collect`` waits for
+        its result. The engine is this process's until then (``count`` answers from its last
+        figure)."""
         self._lock.acquire()
         try:
             self._send(request)
@@ -637,7 +635,7 @@ class EngineShards:
         submitted: list[EngineProcess] = []
         for shard, request in zip(self.shards, requests, strict=True):
             try:
-                shard._submit_request(request)
+                shard.submit(request)
             except BaseException as err:
                 error = err
                 break
