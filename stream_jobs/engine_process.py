@@ -193,7 +193,8 @@ def _decode_window(
 ) -> tuple[list[ValidRecord], dict[str, list[object]] | None]:
     """The records of a window's segments, and their values as columns when every segment
     travelled as columns of the same attributes."""
-    parts = [part for part in map(_unpack, blobs) if part[0]] or [_unpack(blobs[0])]
+    unpacked = list(map(_unpack, blobs))
+    parts = [part for part in unpacked if part[0]] or unpacked[:1]
     ids, values, topics, partitions, offsets, stamps, arrived = (
         parts[0] if len(parts) == 1 else _concatenate(parts)
     )
@@ -213,15 +214,14 @@ def _decode_window(
 def _concatenate(parts: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
     """Segments' columns joined: values stay columns when every segment has the same
     attributes, else they become one mapping per record."""
-    columns: list[Any] = [
-        [v for part in parts for v in part[j]] if j != 1 else None for j in range(len(parts[0]))
-    ]
+    ids, *sources = ([v for part in parts for v in part[j]] for j in (0, 2, 3, 4, 5, 6))
     names = [part[1].keys() if isinstance(part[1], dict) else None for part in parts]
+    values: dict[str, list[object]] | list[dict[str, object]]
     if names[0] is not None and all(n is not None and n == names[0] for n in names):
-        columns[1] = {n: [v for part in parts for v in part[1][n]] for n in names[0]}
+        values = {n: [v for part in parts for v in part[1][n]] for n in names[0]}
     else:
-        columns[1] = [m for part in parts for m in _mappings(part[1])]
-    return tuple(columns)
+        values = [m for part in parts for m in _mappings(part[1])]
+    return (ids, values, *sources)
 
 
 def _mappings(values: dict[str, list[object]] | list[dict[str, object]]) -> list[dict[str, object]]:
