@@ -168,7 +168,7 @@ class PreparingEngine(WindowEngine, Protocol):
 
 
 @runtime_checkable
-class PackingEngine(WindowEngine, Protocol):
+class PackingEngine(PreparingEngine, Protocol):
     """A :class:`PreparingEngine` whose records can be packed as they arrive, while it
     protects the window before: the window's hand-over then packs only the records it held."""
 
