@@ -981,49 +981,46 @@ class Engine:
         draw_keys: Sequence[bytes | None],
         view: _StateView,
     ) -> tuple[list[Any], int, tuple[float, int] | None]:
-        states, sticky, touched = view.states, view.sticky, view.touched
         mech = self.mechanisms[name]
         codes_of = self._codes[name]
         missing_code = codes_of.get(MISSING_LABEL, -1)
         code_list = [missing_code if v is None else codes_of[str(v)] for v in values]
         codes = np.array(code_list, dtype=np.int64)
-        out: list[Any] = [None] * len(values)
-        fresh: list[int] = []
-        fresh_keys: list[bytes] = []
-        digests: list[str | None] = [None] * len(values)
+        out: list[Any]
         hits = 0
-        if sticky and self._digests is not None:
+        if view.sticky and self._digests is not None:
+            # one pass per step over the window rather than one loop with branches: the
+            # respondent's stored publication of this value, else a fresh keyed draw
             vds = self._digests.many(name, values)
-            maps = _stored_maps(states, keys, "rr", name)
-            for i, key, (vd, vd_hex), code, stored_of in zip(
-                range(len(values)), keys, vds, code_list, maps, strict=True
-            ):
-                if code < 0:
-                    continue
-                if key is not None:
-                    digests[i] = vd_hex
-                    stored = stored_of.get(vd_hex)
-                    if stored is not None:
-                        out[i] = stored[0]
-                        hits += 1
-                        continue
-                fresh.append(i)
-                fresh_keys.append((draw_keys[i] or b"") + vd)
+            maps = _stored_maps(view.states, keys, "rr", name)
+            found = [
+                m.get(hexed) if code >= 0 else None
+                for m, (_, hexed), code in zip(maps, vds, code_list, strict=True)
+            ]
+            out = [None if f is None else f[0] for f in found]
+            fresh = [
+                i
+                for i, (f, code) in enumerate(zip(found, code_list, strict=True))
+                if f is None and code >= 0
+            ]
+            hits = len(found) - found.count(None)
+            fresh_keys = [(draw_keys[i] or b"") + vds[i][0] for i in fresh]
             u = self._rand.uniform(f"rr/{name}", len(fresh), fresh_keys) if fresh else np.empty(0)
         else:
+            vds = []
+            out = [None] * len(values)
             fresh = [i for i, code in enumerate(code_list) if code >= 0]
             u = self._rand.uniform(f"rr/{name}", len(fresh)) if fresh else np.empty(0)
         if fresh:
-            drawn = mech.apply(codes[fresh], u)
-            version = self._mech_versions[name]
-            for i, c in zip(fresh, drawn, strict=True):
-                label = mech.categories[int(c)]
-                out[i] = None if label == MISSING_LABEL else label
-                key = keys[i]
-                digest = digests[i]
-                if self._store is not None and key is not None and digest is not None:
-                    _stored_map(states, key, "rr", name)[digest] = [out[i], version]
-                    touched.add(key)
+            categories = mech.categories
+            labels = [categories[c] for c in mech.apply(codes[fresh], u).tolist()]
+            drawn = [None if label == MISSING_LABEL else label for label in labels]
+            for i, label in zip(fresh, drawn, strict=True):
+                out[i] = label
+            if self._store is not None and vds:
+                self._store_drawn(
+                    view, "rr", name, keys, vds, fresh, drawn, self._mech_versions[name]
+                )
         # retention: the share published as its true category (an unknown label: not kept)
         published = np.array(
             [codes_of.get(MISSING_LABEL if o is None else o, -2) for o in out], dtype=np.int64
@@ -1043,7 +1040,6 @@ class Engine:
     ) -> tuple[list[Any], int]:
         attr = self.policy.attributes[name]
         assert attr.noise is not None
-        states, sticky, touched = view.states, view.sticky, view.touched
         arr = np.array([np.nan if v is None else float(v) for v in values])  # type: ignore[arg-type]
         if attr.coding is not None:  # top/bottom coding first, then noise on the coded values
             arr = masking.top_bottom_code(arr, attr.coding)
@@ -1052,41 +1048,61 @@ class Engine:
             # nothing to scale the noise by (one value, no noise.sd): publish nothing rather
             # than the true value
             return [None] * len(values), 0
-        out: list[Any] = [None] * len(values)
-        todo = [i for i in range(len(values)) if values[i] is not None]
+        out: list[Any]
         hits = 0
-        digests: dict[int, str] = {}
-        fresh_keys: list[bytes] = []
-        fresh: list[int] = []
-        if sticky and self._digests is not None:
-            vds = self._digests.many(name, [values[i] for i in todo])
-            maps = _stored_maps(states, keys, "noise", name)
-            for i, (vd, vd_hex) in zip(todo, vds, strict=True):
-                key = keys[i]
-                if key is not None:
-                    digests[i] = vd_hex
-                    stored = maps[i].get(vd_hex)
-                    if stored is not None:
-                        out[i] = stored
-                        hits += 1
-                        continue
-                fresh.append(i)
-                fresh_keys.append((draw_keys[i] or b"") + vd)
+        if view.sticky and self._digests is not None:
+            vds = self._digests.many(name, values)
+            maps = _stored_maps(view.states, keys, "noise", name)
+            found = [
+                m.get(hexed) if v is not None else None
+                for m, (_, hexed), v in zip(maps, vds, values, strict=True)
+            ]
+            out = found
+            fresh = [
+                i
+                for i, (f, v) in enumerate(zip(found, values, strict=True))
+                if f is None and v is not None
+            ]
+            hits = len(found) - found.count(None)
+            fresh_keys = [(draw_keys[i] or b"") + vds[i][0] for i in fresh]
             u1 = self._rand.uniform(f"noise/{name}/1", len(fresh), fresh_keys)
             u2 = self._rand.uniform(f"noise/{name}/2", len(fresh), fresh_keys)
         else:
-            fresh = todo
+            vds = []
+            out = [None] * len(values)
+            fresh = [i for i, v in enumerate(values) if v is not None]
             u1 = self._rand.uniform(f"noise/{name}/1", len(fresh))
             u2 = self._rand.uniform(f"noise/{name}/2", len(fresh))
         if fresh:
             noisy = masking.add_noise(arr[fresh], sd, normals_from_uniforms(u1, u2))
-            for i, v in zip(fresh, noisy, strict=True):
-                out[i] = _num(v)
-                key = keys[i]
-                if self._store is not None and key is not None and i in digests:
-                    _stored_map(states, key, "noise", name)[digests[i]] = out[i]
-                    touched.add(key)
+            drawn = [_num(v) for v in noisy.tolist()]
+            for i, v in zip(fresh, drawn, strict=True):
+                out[i] = v
+            if self._store is not None and vds:
+                self._store_drawn(view, "noise", name, keys, vds, fresh, drawn)
         return out, hits
+
+    @staticmethod
+    def _store_drawn(  # noqa: PLR0917
+        view: _StateView,
+        kind: str,
+        name: str,
+        keys: Sequence[bytes | None],
+        digests: Sequence[tuple[bytes, str]],
+        fresh: Sequence[int],
+        drawn: Sequence[Any],
+        version: str | None = None,
+    ) -> None:
+        """Remember each respondent's fresh publication of a value (by its digest), so that
+        the same value republishes it: ``[value, mechanism version]`` for randomized
+        response, the value for noise."""
+        states, touched = view.states, view.touched
+        for i, value in zip(fresh, drawn, strict=True):
+            key = keys[i]
+            if key is not None:
+                stored = value if version is None else [value, version]
+                _stored_map(states, key, kind, name)[digests[i][1]] = stored
+                touched.add(key)
 
 
 _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
