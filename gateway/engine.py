@@ -322,19 +322,23 @@ class _ValueDigests:
         """(16-byte digest, its hex) of every value; None is the missing label. ``text``
         gives the canonical text of a value (default: :func:`_value_text`)."""
         cache = self._cache.setdefault(attribute, {})
-        try:  # the common case: every value seen before
-            return [cache[v] for v in values]
-        except KeyError:
-            pass
-        missing = list({v for v in values if v not in cache})
-        if missing:
-            if len(cache) + len(missing) > _DIGEST_CACHE_LIMIT:
-                cache.clear()
-            canonical = text or _value_text
-            texts = [MISSING_LABEL if v is None else canonical(v) for v in missing]
-            for v, d in zip(missing, self._keyring.value_digests(attribute, texts), strict=True):
-                cache[v] = (d, d.hex())
-        return [cache[v] for v in values]
+        # one look-up per value (a tuple of quasi-identifiers is hashed anew each time), and
+        # the hits kept in hand: a cache cleared for the misses below must not lose them
+        found: list[tuple[bytes, str] | None] = list(map(cache.get, values))
+        misses = [i for i, f in enumerate(found) if f is None]
+        if not misses:
+            return found  # type: ignore[return-value]
+        missing = list(dict.fromkeys([values[i] for i in misses]))
+        if len(cache) + len(missing) > _DIGEST_CACHE_LIMIT:
+            cache.clear()
+        canonical = text or _value_text
+        texts = [MISSING_LABEL if v is None else canonical(v) for v in missing]
+        digests = self._keyring.value_digests(attribute, texts)
+        computed = {v: (d, d.hex()) for v, d in zip(missing, digests, strict=True)}
+        cache.update(computed)
+        for i in misses:
+            found[i] = computed[values[i]]
+        return found  # type: ignore[return-value]
 
 
 class Engine:

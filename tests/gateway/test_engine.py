@@ -179,6 +179,30 @@ def test_republishing_unchanged_respondents_writes_no_state() -> None:
     assert rewritten == {KEY.respondent_key("r4")}
 
 
+def test_a_full_digest_cache_is_refilled_without_losing_the_windows_hits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the value-digest cache is cleared when full; a window mixing cached values (returning
+    # respondents) and new ones must still get every digest, and republish the stored values
+    store = DictStore()
+    engine = Engine(_policy(), keyring=KEY, store=store)
+    first = _rows(engine.protect_window(_records(1, 30, np.random.default_rng(0)), now=0.0))
+    monkeypatch.setattr("gateway.engine._DIGEST_CACHE_LIMIT", 32)  # 30 tuples cached
+    returning = _records(2, 30, np.random.default_rng(0), offset=100)
+    newcomers = [
+        r._replace(respondent_id=f"new{i}", values={**r.values, "age": 90 + i})
+        for i, r in enumerate(_records(2, 6, np.random.default_rng(0), offset=200))
+    ]
+    again = _rows(engine.protect_window(returning + newcomers, now=1.0))
+    for before, after in zip(first, again[:30], strict=True):
+        assert (after["age"], after["hours"], after["occ"], after["pay"]) == (
+            before["age"],
+            before["hours"],
+            before["occ"],
+            before["pay"],
+        )
+
+
 def test_hmac_pseudonym_is_published_and_keys_the_output_record() -> None:
     engine = Engine(_policy("output: {pseudonym: hmac}\n" + POLICY), keyring=KEY)
     res = engine.protect_window(_records(1, 12, np.random.default_rng(0)), now=0.0)
