@@ -553,6 +553,7 @@ class Engine:
                 qi_columns = dict(zip(self._qi_agg, by_name, strict=True))
         dk = [dkeys[i] for i in pub_idx]
         rk = [rkeys[i] for i in pub_idx]
+        stored = _StoredLookup(view.states, rk)
         for name, values in zip(
             self._published_attrs,
             _attribute_values(records, by_attribute, self._published_attrs, pub_idx),
@@ -562,12 +563,12 @@ class Engine:
             if name in qi_columns:
                 out: list[Any] = qi_columns[name]
             elif attr.method is Method.RANDOMIZED_RESPONSE:
-                out, hits, ret = self._randomize(name, values, rk, dk, view)
+                out, hits, ret = self._randomize(name, values, dk, view, stored)
                 sticky_hits += hits
                 if ret is not None:
                     retention[name], randomized[name] = ret
             elif attr.method is Method.NOISE:
-                out, hits = self._noise(name, values, rk, dk, view)
+                out, hits = self._noise(name, values, dk, view, stored)
                 sticky_hits += hits
             elif attr.method is Method.TOP_BOTTOM_CODE:
                 assert attr.coding is not None
@@ -981,9 +982,9 @@ class Engine:
         self,
         name: str,
         values: Sequence[object],
-        keys: Sequence[bytes | None],
         draw_keys: Sequence[bytes | None],
         view: _StateView,
+        stored: _StoredLookup,
     ) -> tuple[list[Any], int, tuple[float, int] | None]:
         mech = self.mechanisms[name]
         codes_of = self._codes[name]
@@ -996,7 +997,7 @@ class Engine:
             # one pass per step over the window rather than one loop with branches: the
             # respondent's stored publication of this value, else a fresh keyed draw
             vds = self._digests.many(name, values)
-            maps = _stored_maps(view.states, keys, "rr", name)
+            maps = stored.maps("rr", name)
             found = [
                 m.get(hexed) if code >= 0 else None
                 for m, (_, hexed), code in zip(maps, vds, code_list, strict=True)
@@ -1023,7 +1024,7 @@ class Engine:
                 out[i] = label
             if self._store is not None and vds:
                 self._store_drawn(
-                    view, "rr", name, keys, vds, fresh, drawn, self._mech_versions[name]
+                    view, "rr", name, stored.keys, vds, fresh, drawn, self._mech_versions[name]
                 )
         # retention: the share published as its true category (an unknown label: not kept)
         published = np.array(
@@ -1038,9 +1039,9 @@ class Engine:
         self,
         name: str,
         values: Sequence[object],
-        keys: Sequence[bytes | None],
         draw_keys: Sequence[bytes | None],
         view: _StateView,
+        stored: _StoredLookup,
     ) -> tuple[list[Any], int]:
         attr = self.policy.attributes[name]
         assert attr.noise is not None
@@ -1056,7 +1057,7 @@ class Engine:
         hits = 0
         if view.sticky and self._digests is not None:
             vds = self._digests.many(name, values)
-            maps = _stored_maps(view.states, keys, "noise", name)
+            maps = stored.maps("noise", name)
             found = [
                 m.get(hexed) if v is not None else None
                 for m, (_, hexed), v in zip(maps, vds, values, strict=True)
@@ -1083,7 +1084,7 @@ class Engine:
             for i, v in zip(fresh, drawn, strict=True):
                 out[i] = v
             if self._store is not None and vds:
-                self._store_drawn(view, "noise", name, keys, vds, fresh, drawn)
+                self._store_drawn(view, "noise", name, stored.keys, vds, fresh, drawn)
         return out, hits
 
     @staticmethod
@@ -1112,21 +1113,27 @@ class Engine:
 _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
 
 
-def _stored_maps(
-    states: Mapping[bytes, Mapping[str, Any]],
-    keys: Sequence[bytes | None],
-    kind: str,
-    name: str,
-) -> list[Mapping[str, Any]]:
-    """For each record, its respondent's stored values of ``kind`` ("rr", "noise") for the
-    attribute ``name``, by value digest (empty: none stored)."""
-    nothing = _NOTHING
-    return [
-        states.get(key, nothing).get(kind, nothing).get(name, nothing)
-        if key is not None
-        else nothing
-        for key in keys
-    ]
+class _StoredLookup:
+    """Each record's stored publications, by kind ("rr", "noise") and attribute (by value
+    digest; empty: none stored): the respondents' states are looked up once per window and
+    each kind once, not once per attribute."""
+
+    __slots__ = ("_kinds", "_states", "keys")
+
+    def __init__(
+        self, states: Mapping[bytes, Mapping[str, Any]], keys: Sequence[bytes | None]
+    ) -> None:
+        self.keys = keys  # the records' respondent keys (None: no respondent id)
+        nothing = _NOTHING
+        self._states = [nothing if key is None else states.get(key, nothing) for key in keys]
+        self._kinds: dict[str, list[Mapping[str, Any]]] = {}
+
+    def maps(self, kind: str, name: str) -> list[Mapping[str, Any]]:
+        nothing = _NOTHING
+        of_kind = self._kinds.get(kind)
+        if of_kind is None:
+            of_kind = self._kinds[kind] = [state.get(kind, nothing) for state in self._states]
+        return [by_name.get(name, nothing) for by_name in of_kind]
 
 
 def _stored_map(
