@@ -789,16 +789,20 @@ class Engine:
         suppressed = decision.suppressed
         seen: dict[bytes, int] = {}
         qi_hex: list[str] = []
+        undecided: Sequence[int] = range(len(records))  # decided one by one below
         if sticky and self._digests is not None:
             # one digest per distinct tuple of canonical texts (1.0 and 1 agree)
             rows = [
                 row if ok else () for row, ok in zip(zip(*cols, strict=True), complete, strict=True)
             ]
             qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
+            kept = _keep_stored_tuples(rkeys, qi_hex, complete, states, decision)
+            undecided = [i for i in range(len(records)) if i not in kept]
             # the live counts a move needs, read in one batch rather than one by one: the
             # group left and, on a revert, the one rejoined
             moves: set[str] = set()
-            for key, digest in zip(rkeys, qi_hex, strict=True):
+            for i in undecided:
+                key, digest = rkeys[i], qi_hex[i]
                 st = states.get(key) if key is not None else None
                 now_in = st.get("current") if st is not None else None
                 if st is not None and now_in is not None and now_in[1] != digest:
@@ -807,7 +811,7 @@ class Engine:
                     if back is not None:
                         moves.add(back[0])
             view.prefetch(moves)
-        for i in range(len(records)):
+        for i in undecided:
             if not complete[i]:
                 suppressed.append(i)  # a missing quasi-identifier cannot be aggregated
                 continue
@@ -1111,6 +1115,39 @@ class Engine:
 
 
 _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
+
+
+def _keep_stored_tuples(
+    rkeys: Sequence[bytes | None],
+    qi_hex: Sequence[str],
+    complete: Sequence[bool],
+    states: Mapping[bytes, Mapping[str, Any]],
+    decision: _QIDecision,
+) -> set[int]:
+    """Decide the records whose respondent, here once in the window, brings a tuple stored for
+    the group it is a live member of: it publishes that group's tuple again and nothing moves
+    (most of a panel's returning respondents). The same outcome as the record-by-record
+    decision, taken in a few passes over the window; returns those records' indices."""
+    nothing = _NOTHING
+    occurrences = Counter(rkeys)
+    sts = [nothing if key is None else states.get(key, nothing) for key in rkeys]
+    currents: list[Any] = [st.get("current") for st in sts]
+    found: list[Any] = [
+        None if current is None else st.get("qi", nothing).get(digest)
+        for st, current, digest in zip(sts, currents, qi_hex, strict=True)
+    ]
+    kept = [
+        i
+        for i, (entry, current, ok, key) in enumerate(
+            zip(found, currents, complete, rkeys, strict=True)
+        )
+        if entry is not None and ok and entry[0] == current[0] and occurrences[key] == 1
+    ]
+    decision.digests.update(zip(kept, [qi_hex[i] for i in kept], strict=True))
+    decision.tuples.update(zip(kept, [found[i][1] for i in kept], strict=True))
+    decision.group_of.update(zip(kept, [found[i][0] for i in kept], strict=True))
+    decision.hits += len(kept)
+    return set(kept)
 
 
 class _StoredLookup:
