@@ -265,6 +265,8 @@ class _QIDecision:
     tuples: dict[int, Sequence[Any]] = field(default_factory=dict)
     digests: dict[int, str] = field(default_factory=dict)
     current_digest: dict[int, str] = field(default_factory=dict)  # when a move was deferred
+    # records whose respondent's current group and tuple are this record's: nothing to store
+    unchanged: set[int] = field(default_factory=set)
     group_of: dict[int, str] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)
     suppressed: list[int] = field(default_factory=list)
@@ -601,6 +603,7 @@ class Engine:
             # change: republishing an unchanged respondent costs no durable write (and no
             # changelog record with partitioned state).
             qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
+            unchanged = qi.unchanged
             waves = _attribute_values(records, by_attribute, ["wave"])[0]
             for i in pub_idx:
                 rkey = rkeys[i]
@@ -616,6 +619,8 @@ class Engine:
                     if w < st.get("first_wave", math.inf):
                         st["first_wave"] = w
                         touched.add(rkey)
+                if i in unchanged:
+                    continue  # its group and tuple are stored as they are
                 digest = qi_digests.get(i)
                 if digest is not None and i in group_of:
                     gid = group_of[i]
@@ -729,7 +734,8 @@ class Engine:
             groups_of_tuple.setdefault(t, []).append(gid)
         # the largest group publishing a tuple: its members are distinct respondents (a sum
         # could count a respondent who was in two such groups twice)
-        bound = {t: max(sizes[g] for g in gids) for t, gids in groups_of_tuple.items()}
+        size_of = sizes.__getitem__
+        bound = {t: max(map(size_of, gids)) for t, gids in groups_of_tuple.items()}
         out: dict[str, float] = {
             "key_records": float(n),
             "key_suppressed": float(len(suppressed)),
@@ -1147,6 +1153,7 @@ def _keep_stored_tuples(
     decision.tuples.update(zip(kept, [found[i][1] for i in kept], strict=True))
     decision.group_of.update(zip(kept, [found[i][0] for i in kept], strict=True))
     decision.hits += len(kept)
+    decision.unchanged = {i for i in kept if currents[i][1] == qi_hex[i]}
     return set(kept)
 
 
