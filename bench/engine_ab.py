@@ -1,0 +1,143 @@
+"""Two versions of the engine in one process, alternating window by window on the same records.
+
+    .venv/bin/python bench/engine_ab.py --base HEAD~3              # that commit against the tree
+    .venv/bin/python bench/engine_ab.py --base v1 --head v2 --records 60000 --rounds 3
+    .venv/bin/python bench/engine_ab.py --base HEAD~3 --numeric-only
+
+What is timed is the engine process's work on a window (``stream_jobs.engine_process``: the
+packed window decoded, ``Engine.protect_window`` with SQLite state and keyed randomness, the
+result packed), on the simulated Adult panel of bench/stream_throughput.py in windows of 5,000.
+
+Why one process: on this shared two-core machine the speed of the same code drifts by 10-20 %
+between runs a minute apart, more than most changes to the engine. Each version is exported
+(``git archive``; the working tree for ``--head`` by default) into a temporary directory with
+its packages renamed (``gateway`` -> ``base_gateway``, ...), both are imported side by side,
+and their windows alternate (the order swapped every window and round), so a drift of the
+machine falls on both. Each version has its own state file. The figure that matters is the
+ratio head / base, printed for wave 1 (every respondent new) and waves 2-3 (returning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import stream_throughput  # the bench's policies
+
+from gateway.policy import policy_from_yaml
+from gateway.validation import Validator
+from stream_jobs.simulator import PanelSurvey, encode, load_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gateway", "state", "stream_jobs")
+WINDOW = 5000
+SECRET = b"bench-secret-0123456789"
+
+
+def export(revision: str | None, side: str, into: Path) -> Path:
+    """The packages of ``revision`` (None: the working tree) under ``<side>_<package>``."""
+    root = into / side
+    root.mkdir()
+    if revision is None:
+        for pkg in PACKAGES:
+            shutil.copytree(ROOT / pkg, root / pkg)
+    else:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", revision, *PACKAGES],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    imports = re.compile(rf"\b(from|import) ({'|'.join(PACKAGES)})\b")
+    for pkg in PACKAGES:
+        for path in (root / pkg).rglob("*.py"):
+            path.write_text(imports.sub(rf"\1 {side}_\2", path.read_text()))
+        (root / pkg).rename(root / f"{side}_{pkg}")
+    return root
+
+
+def load(side: str) -> tuple[ModuleType, ModuleType]:
+    engine = importlib.import_module(f"{side}_gateway.engine")
+    process = importlib.import_module(f"{side}_stream_jobs.engine_process")
+    return engine, process
+
+
+def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any, ...]:
+    """The side's engine process work: its windows packed, its engine and store built."""
+    engine_mod, process = load(side)
+    policy = importlib.import_module(f"{side}_gateway.policy").policy_from_yaml(text)
+    valid = [
+        engine_mod.ValidRecord(rid, values, engine_mod.SourceRef("in", i % 3, i, 0), 0.0)
+        for i, (rid, values) in enumerate(answers)
+    ]
+    blobs = [process._encode_window(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
+    engine, store = process.EngineSpec(policy, state, SECRET).build()
+    return process, engine, store, blobs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--base", required=True, help="git revision to compare against")
+    ap.add_argument("--head", default=None, help="git revision (default: the working tree)")
+    ap.add_argument("--records", type=int, default=90_000)
+    ap.add_argument("--rounds", type=int, default=2, help="fresh state each round")
+    ap.add_argument("--numeric-only", action="store_true")
+    args = ap.parse_args()
+    text = stream_throughput.policy_text(args.numeric_only)
+    survey = PanelSurvey(respondents=args.records // 3, waves=3, seed=1, rows=load_rows())
+    raw = [encode(r) for r in survey.records()][: args.records]
+    validator = Validator(policy_from_yaml(text))
+    answers = [validator.decode_and_validate(value, key) for key, value in raw]
+    sides = ("base", "head")
+    with tempfile.TemporaryDirectory(prefix="privgw-ab-") as tmp:
+        for side, revision in zip(sides, (args.base, args.head), strict=True):
+            sys.path.insert(0, str(export(revision, side, Path(tmp))))
+        spent = {side: [0.0, 0.0] for side in sides}  # wave 1, waves 2-3
+        for rnd in range(args.rounds):
+            runs = {s: prepare(s, text, answers, Path(tmp) / f"{s}{rnd}.db") for s in sides}
+            windows = len(runs["base"][3])
+            gc.disable()  # collected between windows, as the engine process does
+            try:
+                for w in range(windows):
+                    order = sides if (w + rnd) % 2 == 0 else sides[::-1]
+                    for side in order:
+                        process, engine, store, blobs = runs[side]
+                        t0 = time.perf_counter()
+                        process._answer(("protect", [blobs[w]], 0.0, True), engine, store, False)
+                        spent[side][0 if w < windows // 3 else 1] += time.perf_counter() - t0
+                        gc.collect(0)
+            finally:
+                gc.enable()
+                for _, _, store, _ in runs.values():
+                    store.close()
+    n1 = args.records / 3 * args.rounds
+    n23 = args.records - args.records / 3
+    n23 *= args.rounds
+    for side in sides:
+        w1, w23 = spent[side]
+        print(
+            f"{side}: wave 1 {w1 / n1 * 1e6:.1f} µs a record, waves 2-3 {w23 / n23 * 1e6:.1f}, "
+            f"all {(w1 + w23) / (n1 + n23) * 1e6:.1f}"
+        )
+    (b1, b23), (h1, h23) = spent["base"], spent["head"]
+    print(
+        f"head / base: wave 1 {h1 / b1:.3f}, waves 2-3 {h23 / b23:.3f}, "
+        f"all {(h1 + h23) / (b1 + b23):.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
