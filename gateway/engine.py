@@ -1033,7 +1033,14 @@ class Engine:
                 out[i] = label
             if self._store is not None and vds:
                 self._store_drawn(
-                    view, "rr", name, stored.keys, vds, fresh, drawn, self._mech_versions[name]
+                    view,
+                    "rr",
+                    name,
+                    keys=stored.keys,
+                    digests=vds,
+                    fresh=fresh,
+                    drawn=drawn,
+                    version=self._mech_versions[name],
                 )
         # retention: the share published as its true category (an unknown label: not kept)
         published = np.array(
@@ -1093,14 +1100,17 @@ class Engine:
             for i, v in zip(fresh, drawn, strict=True):
                 out[i] = v
             if self._store is not None and vds:
-                self._store_drawn(view, "noise", name, stored.keys, vds, fresh, drawn)
+                self._store_drawn(
+                    view, "noise", name, keys=stored.keys, digests=vds, fresh=fresh, drawn=drawn
+                )
         return out, hits
 
     @staticmethod
-    def _store_drawn(  # noqa: PLR0917
+    def _store_drawn(
         view: _StateView,
         kind: str,
         name: str,
+        *,
         keys: Sequence[bytes | None],
         digests: Sequence[tuple[bytes, str]],
         fresh: Sequence[int],
