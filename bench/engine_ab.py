@@ -106,6 +106,12 @@ def main() -> None:
         for side, revision in zip(sides, (args.base, args.head), strict=True):
             sys.path.insert(0, str(export(revision, side, Path(tmp))))
         spent = {side: [0.0, 0.0] for side in sides}  # wave 1, waves 2-3
+        # a window is wave 1's when it starts among wave 1's records (the first third)
+        starts = range(0, len(answers), WINDOW)
+        phase = [0 if start < len(answers) // 3 else 1 for start in starts]
+        counted = [0, 0]  # records timed in each phase, per side
+        for start, p in zip(starts, phase, strict=True):
+            counted[p] += min(WINDOW, len(answers) - start) * args.rounds
         for rnd in range(args.rounds):
             runs = {s: prepare(s, text, answers, Path(tmp) / f"{s}{rnd}.db") for s in sides}
             windows = len(runs["base"][3])
@@ -117,15 +123,13 @@ def main() -> None:
                         process, engine, store, blobs = runs[side]
                         t0 = time.perf_counter()
                         process._answer(("protect", [blobs[w]], 0.0, True), engine, store, False)
-                        spent[side][0 if w < windows // 3 else 1] += time.perf_counter() - t0
+                        spent[side][phase[w]] += time.perf_counter() - t0
                         gc.collect(0)
             finally:
                 gc.enable()
                 for _, _, store, _ in runs.values():
                     store.close()
-    n1 = args.records / 3 * args.rounds
-    n23 = args.records - args.records / 3
-    n23 *= args.rounds
+    n1, n23 = counted
     for side in sides:
         w1, w23 = spent[side]
         print(
