@@ -20,6 +20,7 @@ ratio head / base, printed for wave 1 (every respondent new) and waves 2-3 (retu
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib
 import re
@@ -83,7 +84,13 @@ def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any,
         engine_mod.ValidRecord(rid, values, engine_mod.SourceRef("in", i % 3, i, 0), 0.0)
         for i, (rid, values) in enumerate(answers)
     ]
-    blobs = [process._encode_window(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
+    # packed as the worker packs them: with their keyed digests where the version computes
+    # them in the worker (untimed, as the worker's time is)
+    pack: Any = process._encode_window
+    if hasattr(engine_mod, "KeyedInputs"):
+        keyring = importlib.import_module(f"{side}_gateway.keyed").Keyring(SECRET)
+        pack = functools.partial(pack, inputs=engine_mod.KeyedInputs(policy, keyring))
+    blobs = [pack(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
     engine, store = process.EngineSpec(policy, state, SECRET).build()
     return process, engine, store, blobs
 

@@ -343,6 +343,95 @@ class _ValueDigests:
         return found  # type: ignore[return-value]
 
 
+class WindowKeys(NamedTuple):
+    """A window's keyed digests, one entry per record: what the engine derives from the
+    secret before it reads any state (:class:`KeyedInputs`). The engine computes them itself
+    unless the caller brings them; the engine process's parent computes them for records it
+    packs while the engine protects the window before, because the engine's core is the
+    gateway's bottleneck and the parent's has time to spare."""
+
+    respondents: list[bytes | None]  # HMAC of the respondent id (None: the record has none)
+    draws: list[bytes | None]  # what keyed draws are bound to: the respondent, else the record
+    values: dict[str, list[tuple[bytes, str]]]  # value digests of the sticky RR / noise values
+    quasi_identifiers: list[str]  # digest (hex) of the k-claim tuple; empty unless sticky
+
+
+def record_ids(records: Sequence[ValidRecord]) -> list[str]:
+    """Each record's id: its input position, or its index in the window without one."""
+    return [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
+
+
+class KeyedInputs:
+    """Computes :class:`WindowKeys` for a policy and secret. Value digests are memoised (see
+    :class:`_ValueDigests`), so one instance serves every window of a worker or engine."""
+
+    __slots__ = ("_claim", "_digests", "_keyring", "_sticky_values")
+
+    def __init__(self, policy: Policy, keyring: Keyring) -> None:
+        self._keyring = keyring
+        self._digests = _ValueDigests(keyring)
+        sticky = policy.consistency.mode is ConsistencyMode.STICKY
+        claim = policy.k_claim if sticky else []
+        self._claim = [(n, policy.attributes[n]) for n in claim]
+        self._sticky_values = [
+            n
+            for n, a in policy.attributes.items()
+            if sticky and n not in claim and a.method in (Method.RANDOMIZED_RESPONSE, Method.NOISE)
+        ]
+
+    def of(
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        rids: Sequence[str] | None = None,
+        by_attribute: Mapping[str, Sequence[Any]] | None = None,
+    ) -> WindowKeys:
+        """The records' keys (``rids``: their :func:`record_ids`, when the caller has them)."""
+        kr = self._keyring
+        names = [str(r.respondent_id) if r.respondent_id is not None else None for r in records]
+        if None not in names:  # the usual window: every draw bound to its respondent
+            respondents: list[bytes | None] = list(kr.respondent_keys(cast(list[str], names)))
+            draws = respondents
+        else:
+            respondents = [None] * len(records)
+            draws = [None] * len(records)
+            with_id = [i for i, n in enumerate(names) if n is not None]
+            for i, key in zip(
+                with_id, kr.respondent_keys([names[i] or "" for i in with_id]), strict=True
+            ):
+                respondents[i] = draws[i] = key
+            if rids is None:
+                rids = record_ids(records)
+            without = [i for i, n in enumerate(names) if n is None]
+            anon = kr.respondent_keys(["\x00record:" + rids[i] for i in without])
+            for i, key in zip(without, anon, strict=True):
+                draws[i] = key
+        digests = self._digests
+        values = {
+            name: digests.many(name, column)
+            for name, column in zip(
+                self._sticky_values,
+                _attribute_values(records, by_attribute, self._sticky_values),
+                strict=True,
+            )
+        }
+        qi: list[str] = []
+        if self._claim:
+            cols = [
+                claim_inputs(attr, column)
+                for (_, attr), column in zip(
+                    self._claim,
+                    _attribute_values(records, by_attribute, [n for n, _ in self._claim]),
+                    strict=True,
+                )
+            ]
+            # one digest per distinct tuple of canonical texts (1.0 and 1 agree); a tuple
+            # with a missing value cannot be grouped, and is digested as the empty one
+            rows = [() if None in row else row for row in zip(*cols, strict=True)]
+            qi = [h for _, h in digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
+        return WindowKeys(respondents, draws, values, qi)
+
+
 class Engine:
     """Protects windows of records according to a policy.
 
@@ -386,7 +475,7 @@ class Engine:
         self._keyring = keyring
         self._partition_scope = partition_scope
         self._measure_risk = measure_risk
-        self._digests = _ValueDigests(keyring) if keyring is not None else None
+        self._inputs = KeyedInputs(policy, keyring) if keyring is not None else None
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
         self._store = store if self._consistent else None
         if randomness is not None:
@@ -467,16 +556,24 @@ class Engine:
         flush_all: bool = False,
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
         encode: bool = True,
+        keys: WindowKeys | None = None,
     ) -> WindowResult:
         """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
         ``records``, from a caller that holds the window as columns (the engine process); they
         are read instead of each record's ``values``, which must then agree with them.
         ``encode=False``: the published values come back as columns (``WindowResult.output``)
         for the caller to encode with :func:`encode_rows` (the engine process hands that work
-        to the worker, whose core has time to spare)."""
+        to the worker, whose core has time to spare).
+        ``keys``: the records' :class:`WindowKeys`, from a :class:`KeyedInputs` of the same
+        policy and secret (computed here when not given)."""
+        if keys is not None and len(keys.respondents) != len(records):
+            raise ValueError(
+                f"keys for {len(keys.respondents)} records given with a window of "
+                f"{len(records)}: they must be the window's own (KeyedInputs.of)"
+            )
         policy = self.policy
         self._windows += 1
-        rids = [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
+        rids = record_ids(records)
 
         kr = self._keyring
         sticky = self._consistent and kr is not None
@@ -484,24 +581,16 @@ class Engine:
         # respondent, or the record itself when it carries no respondent id
         rkeys: list[bytes | None] = [None] * len(records)
         dkeys: list[bytes | None] = [None] * len(records)
-        if kr is not None:
-            names = [str(r.respondent_id) if r.respondent_id is not None else None for r in records]
-            with_id = [i for i, n in enumerate(names) if n is not None]
-            for i, key in zip(
-                with_id, kr.respondent_keys([names[i] or "" for i in with_id]), strict=True
-            ):
-                rkeys[i] = key
-            without = [i for i, n in enumerate(names) if n is None]
-            anon = kr.respondent_keys(["\x00record:" + rids[i] for i in without])
-            for i, key in zip(without, anon, strict=True):
-                dkeys[i] = key
-            for i in with_id:
-                dkeys[i] = rkeys[i]
+        if self._inputs is not None:
+            if keys is None:
+                keys = self._inputs.of(records, rids=rids, by_attribute=by_attribute)
+            rkeys, dkeys = list(keys.respondents), keys.draws
             if self._partition_scope:  # draws stay bound to the respondent alone
-                for i in with_id:
-                    src = records[i].source
-                    part = src.partition if src is not None else 0
-                    rkeys[i] = part.to_bytes(_PARTITION_BYTES, "big") + (rkeys[i] or b"")
+                for i, r in enumerate(records):
+                    if r.respondent_id is not None:
+                        src = r.source
+                        part = src.partition if src is not None else 0
+                        rkeys[i] = part.to_bytes(_PARTITION_BYTES, "big") + (rkeys[i] or b"")
         states: dict[bytes, dict[str, Any]] = {}
         if self._store is not None:
             wanted = sorted({key for key in rkeys if key is not None})
@@ -518,7 +607,14 @@ class Engine:
 
         # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
         qi = self._quasi_identifiers(
-            records, rids, rkeys, view, now=now, flush_all=flush_all, by_attribute=by_attribute
+            records,
+            rids,
+            rkeys,
+            view,
+            now=now,
+            flush_all=flush_all,
+            by_attribute=by_attribute,
+            qi_digests=keys.quasi_identifiers if keys is not None and sticky else [],
         )
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
@@ -555,6 +651,7 @@ class Engine:
         dk = [dkeys[i] for i in pub_idx]
         rk = [rkeys[i] for i in pub_idx]
         stored = _StoredLookup(view.states, rk)
+        value_digests = keys.values if keys is not None and sticky else {}
         for name, values in zip(
             self._published_attrs,
             _attribute_values(records, by_attribute, self._published_attrs, pub_idx),
@@ -564,12 +661,14 @@ class Engine:
             if name in qi_columns:
                 out: list[Any] = qi_columns[name]
             elif attr.method is Method.RANDOMIZED_RESPONSE:
-                out, hits, ret = self._randomize(name, values, dk, view, stored)
+                vds = _at(value_digests.get(name), pub_idx)
+                out, hits, ret = self._randomize(name, values, dk, view, stored, digests=vds)
                 sticky_hits += hits
                 if ret is not None:
                     retention[name], randomized[name] = ret
             elif attr.method is Method.NOISE:
-                out, hits = self._noise(name, values, dk, view, stored)
+                vds = _at(value_digests.get(name), pub_idx)
+                out, hits = self._noise(name, values, dk, view, stored, digests=vds)
                 sticky_hits += hits
             elif attr.method is Method.TOP_BOTTOM_CODE:
                 assert attr.coding is not None
@@ -767,9 +866,11 @@ class Engine:
         now: float,
         flush_all: bool,
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
+        qi_digests: list[str],
     ) -> _QIDecision:
         """Decide each record's quasi-identifiers of the k claim (all of them together):
-        stored group tuple, new group, held or suppressed."""
+        stored group tuple, new group, held or suppressed. ``qi_digests``: each record's k-claim
+        tuple digest (:class:`WindowKeys`), empty unless sticky."""
         policy = self.policy
         k = policy.microaggregation.k
         names = self._qi_agg
@@ -793,14 +894,9 @@ class Engine:
         pending_digest: dict[bytes, str] = {}
         suppressed = decision.suppressed
         seen: dict[bytes, int] = {}
-        qi_hex: list[str] = []
+        qi_hex = qi_digests
         undecided: Sequence[int] = range(len(records))  # decided one by one below
-        if sticky and self._digests is not None:
-            # one digest per distinct tuple of canonical texts (1.0 and 1 agree)
-            rows = [
-                row if ok else () for row, ok in zip(zip(*cols, strict=True), complete, strict=True)
-            ]
-            qi_hex = [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
+        if sticky and qi_hex:
             kept = _keep_stored_tuples(rkeys, qi_hex, complete, states, decision)
             undecided = [i for i in range(len(records)) if i not in kept]
             # the live counts a move needs, read in one batch rather than one by one: the
@@ -994,6 +1090,8 @@ class Engine:
         draw_keys: Sequence[bytes | None],
         view: _StateView,
         stored: _StoredLookup,
+        *,
+        digests: list[tuple[bytes, str]] | None,
     ) -> tuple[list[Any], int, tuple[float, int] | None]:
         mech = self.mechanisms[name]
         codes_of = self._codes[name]
@@ -1002,10 +1100,10 @@ class Engine:
         codes = np.array(code_list, dtype=np.int64)
         out: list[Any]
         hits = 0
-        if view.sticky and self._digests is not None:
+        if view.sticky and digests is not None:
             # one pass per step over the window rather than one loop with branches: the
             # respondent's stored publication of this value, else a fresh keyed draw
-            vds = self._digests.many(name, values)
+            vds = digests
             maps = stored.maps("rr", name)
             found = [
                 m.get(hexed) if code >= 0 else None
@@ -1058,6 +1156,8 @@ class Engine:
         draw_keys: Sequence[bytes | None],
         view: _StateView,
         stored: _StoredLookup,
+        *,
+        digests: list[tuple[bytes, str]] | None,
     ) -> tuple[list[Any], int]:
         attr = self.policy.attributes[name]
         assert attr.noise is not None
@@ -1071,8 +1171,8 @@ class Engine:
             return [None] * len(values), 0
         out: list[Any]
         hits = 0
-        if view.sticky and self._digests is not None:
-            vds = self._digests.many(name, values)
+        if view.sticky and digests is not None:
+            vds = digests
             maps = stored.maps("noise", name)
             found = [
                 m.get(hexed) if v is not None else None
@@ -1130,6 +1230,15 @@ class Engine:
 
 
 _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
+
+
+def _at(column: list[Any] | None, positions: Sequence[int]) -> list[Any] | None:
+    """``column``'s entries at ``positions`` (None: no column)."""
+    if column is None:
+        return None
+    if len(positions) == len(column):  # increasing and distinct: all of them
+        return column
+    return [column[i] for i in positions]
 
 
 def _keep_stored_tuples(

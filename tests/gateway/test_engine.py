@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine, SourceRef, ValidRecord, encode_rows
+from gateway.engine import Engine, KeyedInputs, SourceRef, ValidRecord, encode_rows
 from gateway.errors import PolicyError
 from gateway.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
@@ -177,6 +177,37 @@ def test_republishing_unchanged_respondents_writes_no_state() -> None:
     engine.protect_window(changed, now=2.0)
     rewritten = {k for k, v in store.data.items() if after_first.get(k) != v}
     assert rewritten == {KEY.respondent_key("r4")}
+
+
+def test_keys_computed_apart_protect_as_the_engines_own() -> None:
+    # the engine process's parent computes a window's keyed digests while the child is busy:
+    # an engine given them must publish and store exactly what it does computing them itself
+    own, given = DictStore(), DictStore()
+    inputs = KeyedInputs(_policy(), KEY)
+    engines = Engine(_policy(), keyring=KEY, store=own), Engine(_policy(), keyring=KEY, store=given)
+    for wave in (1, 2, 3):
+        window = _records(wave, 30, np.random.default_rng(wave), offset=100 * wave)
+        if wave == 2:  # changed values: fresh draws and a new group
+            window[:6] = [
+                r._replace(values={**r.values, "occ": "d", "age": 70}) for r in window[:6]
+            ]
+        a = engines[0].protect_window(window, now=float(wave))
+        b = engines[1].protect_window(window, now=float(wave), keys=inputs.of(window))
+        assert _rows(a) == _rows(b) and len(a.published) > 0
+        assert (a.report.sticky_hits > 0) is (wave > 1)
+    assert own.data == given.data
+    # the given keys are the ones used: another secret's bind other draws and state keys
+    other = KeyedInputs(_policy(), Keyring(b"o" * 32))
+    fresh = DictStore()
+    window = _records(1, 30, np.random.default_rng(1), offset=100)
+    mine = Engine(_policy(), keyring=KEY, store=DictStore()).protect_window(window, now=1.0)
+    theirs = Engine(_policy(), keyring=KEY, store=fresh).protect_window(
+        window, now=1.0, keys=other.of(window)
+    )
+    assert [r["pay"] for r in _rows(mine)] != [r["pay"] for r in _rows(theirs)]
+    assert KEY.respondent_key("r0") not in fresh.data
+    with pytest.raises(ValueError, match="keys for 29 records given with a window of 30"):
+        engines[1].protect_window(window, now=4.0, keys=inputs.of(window[1:]))
 
 
 def test_a_full_digest_cache_is_refilled_without_losing_the_windows_hits(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from streamkit import validated_panel
 
-from gateway.engine import Engine, ValidRecord
+from gateway.engine import Engine, KeyedInputs, ValidRecord
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
 from gateway.shards import ShardedEngine
@@ -138,7 +138,7 @@ def test_a_window_keeps_values_marshal_cannot_carry() -> None:
     assert blob[:1] == b"p"  # fell back to pickle
     assert _decode_window([blob])[0] == [odd, *records[1:]]
     assert _encode_window(records)[:1] == b"m"
-    decoded, columns = _decode_window([_encode_window(records)])
+    decoded, columns, _ = _decode_window([_encode_window(records)])
     assert decoded == records
     assert columns is not None and columns["age"] == [r.values["age"] for r in records]
 
@@ -149,7 +149,7 @@ def test_a_window_whose_records_differ_in_attributes_travels_as_mappings() -> No
         values={k: v for k, v in records[1].values.items() if k != "submitted_at"}
     )
     window = [records[0], short, records[2]]
-    decoded, columns = _decode_window([_encode_window(window)])
+    decoded, columns, _ = _decode_window([_encode_window(window)])
     assert columns is None
     assert decoded == window
     assert "submitted_at" not in decoded[1].values
@@ -169,10 +169,30 @@ def test_a_window_in_segments_decodes_as_the_whole(cuts: tuple[int, ...]) -> Non
     )
     mixed = [*records[:3], short, *records[4:]]
     segments = [_encode_window(mixed[a:b]) for a, b in itertools.pairwise(bounds)]
-    decoded, columns = _decode_window(segments)
+    decoded, columns, _ = _decode_window(segments)
     assert decoded == mixed
     assert columns is None  # the short record's segment travelled as mappings
     assert "submitted_at" not in decoded[3].values
+
+
+@pytest.mark.parametrize("cuts", [(), (2, 5), (4, 5, 6)])
+def test_keys_packed_with_segments_join_into_the_windows_keys(cuts: tuple[int, ...]) -> None:
+    """The keyed digests computed as segments are packed join into those of the whole window,
+    and a segment with a record that has no input position leaves the engine to compute
+    them (its draw key would be bound to its index in the window, unknown to the packer)."""
+    inputs = KeyedInputs(load_policy(ADULT), Keyring(SECRET))
+    records = validated_panel(8)
+    bounds = [0, *cuts, len(records)]
+    segments = [_encode_window(records[a:b], inputs) for a, b in itertools.pairwise(bounds)]
+    decoded, _, keys = _decode_window(segments)
+    assert decoded == records
+    assert keys == inputs.of(records)
+    assert len(keys.respondents) == len(records) and all(keys.respondents)
+    assert len(keys.quasi_identifiers) == len(records)
+    assert _decode_window([_encode_window(records)])[2] is None  # packed without inputs
+    loose = [*records[:3], records[3]._replace(source=None), *records[4:]]
+    segments = [_encode_window(loose[a:b], inputs) for a, b in itertools.pairwise(bounds)]
+    assert _decode_window(segments)[2] is None
 
 
 def test_the_child_runs_this_copy_of_privgw_whatever_the_working_directory(
