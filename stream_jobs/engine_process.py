@@ -465,7 +465,8 @@ class EngineProcess:
         self._count = 0
         self._prefixed: dict[bytes, int] = {}
         # the keyed digests of the records this process packs (the secret is the worker's
-        # already; its digest cache is a second copy of the child's, in memory only)
+        # already); its digest cache, in memory only, takes the place of the child's, which
+        # fills only for windows that arrive without digests
         self._inputs = KeyedInputs(spec.policy, Keyring(spec.secret))
         try:
             with self._lock:
