@@ -38,8 +38,9 @@ beforehand, windows of the policy's size, SQLite state, garbage collection betwe
 the worker does it): the gateway's ceiling if the event loop cost nothing, which shows how its
 time splits between the engine and the loop. The engine alone computes the window's keyed
 digests itself, which the worker computes for its engine process as it packs the records, so
-one engine process can run a little faster than the engine alone. (Until 2026-11-23 it ran with CPython's automatic
-collection, which the worker turns off, and came out below the worker itself.)
+one engine process can run a little faster than the engine alone. (Until 2026-11-23 it ran
+with CPython's automatic collection, which the worker turns off, and came out below the worker
+itself.)
 """
 
 from __future__ import annotations
