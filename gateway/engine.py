@@ -385,8 +385,11 @@ class KeyedInputs:
         *,
         rids: Sequence[str] | None = None,
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
+        claim: bool = True,
     ) -> WindowKeys:
-        """The records' keys (``rids``: their :func:`record_ids`, when the caller has them)."""
+        """The records' keys (``rids``: their :func:`record_ids`, when the caller has them).
+        ``claim=False``: without the k-claim tuple digests, for a caller that computes the claim
+        inputs anyway and digests them with :meth:`claim_digests` (the engine)."""
         kr = self._keyring
         names = [str(r.respondent_id) if r.respondent_id is not None else None for r in records]
         if None not in names:  # the usual window: every draw bound to its respondent
@@ -416,7 +419,7 @@ class KeyedInputs:
             )
         }
         qi: list[str] = []
-        if self._claim:
+        if self._claim and claim:
             cols = [
                 claim_inputs(attr, column)
                 for (_, attr), column in zip(
@@ -425,11 +428,18 @@ class KeyedInputs:
                     strict=True,
                 )
             ]
-            # one digest per distinct tuple of canonical texts (1.0 and 1 agree); a tuple
-            # with a missing value cannot be grouped, and is digested as the empty one
-            rows = [() if None in row else row for row in zip(*cols, strict=True)]
-            qi = [h for _, h in digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
+            qi = self.claim_digests(cols, [None not in row for row in zip(*cols, strict=True)])
         return WindowKeys(respondents, draws, values, qi)
+
+    def claim_digests(self, cols: Sequence[Sequence[Any]], complete: Sequence[bool]) -> list[str]:
+        """The digest (hex) of each record's k-claim tuple, from the claim inputs (one list
+        per claim attribute) and whether each record has all of them."""
+        # one digest per distinct tuple of canonical texts (1.0 and 1 agree); a tuple with a
+        # missing value cannot be grouped, and is digested as the empty one
+        rows = [
+            row if ok else () for row, ok in zip(zip(*cols, strict=True), complete, strict=True)
+        ]
+        return [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
 
 
 class Engine:
@@ -577,13 +587,19 @@ class Engine:
 
         kr = self._keyring
         sticky = self._consistent and kr is not None
+        # the k-claim digests given with the keys; else taken below from the claim inputs the
+        # quasi-identifier step computes anyway (None)
+        given_qi = keys.quasi_identifiers if keys is not None and sticky else None
         # rkeys: respondent digests (state); dkeys: what keyed draws are bound to — the
         # respondent, or the record itself when it carries no respondent id
-        rkeys: list[bytes | None] = [None] * len(records)
-        dkeys: list[bytes | None] = [None] * len(records)
-        if self._inputs is not None:
+        rkeys: list[bytes | None]
+        dkeys: Sequence[bytes | None]
+        if self._inputs is None:
+            rkeys = [None] * len(records)
+            dkeys = rkeys
+        else:
             if keys is None:
-                keys = self._inputs.of(records, rids=rids, by_attribute=by_attribute)
+                keys = self._inputs.of(records, rids=rids, by_attribute=by_attribute, claim=False)
             rkeys, dkeys = list(keys.respondents), keys.draws
             if self._partition_scope:  # draws stay bound to the respondent alone
                 for i, r in enumerate(records):
@@ -614,7 +630,7 @@ class Engine:
             now=now,
             flush_all=flush_all,
             by_attribute=by_attribute,
-            qi_digests=keys.quasi_identifiers if keys is not None and sticky else [],
+            qi_digests=given_qi,
         )
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
@@ -866,11 +882,11 @@ class Engine:
         now: float,
         flush_all: bool,
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
-        qi_digests: list[str],
+        qi_digests: list[str] | None,
     ) -> _QIDecision:
         """Decide each record's quasi-identifiers of the k claim (all of them together):
         stored group tuple, new group, held or suppressed. ``qi_digests``: each record's k-claim
-        tuple digest (:class:`WindowKeys`), empty unless sticky."""
+        tuple digest (:class:`WindowKeys`) when the caller brought them (None: taken here)."""
         policy = self.policy
         k = policy.microaggregation.k
         names = self._qi_agg
@@ -894,9 +910,12 @@ class Engine:
         pending_digest: dict[bytes, str] = {}
         suppressed = decision.suppressed
         seen: dict[bytes, int] = {}
-        qi_hex = qi_digests
+        qi_hex: list[str] = []
         undecided: Sequence[int] = range(len(records))  # decided one by one below
-        if sticky and qi_hex:
+        if sticky and self._inputs is not None:
+            qi_hex = (
+                qi_digests if qi_digests is not None else self._inputs.claim_digests(cols, complete)
+            )
             kept = _keep_stored_tuples(rkeys, qi_hex, complete, states, decision)
             undecided = [i for i in range(len(records)) if i not in kept]
             # the live counts a move needs, read in one batch rather than one by one: the
