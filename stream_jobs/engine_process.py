@@ -445,6 +445,7 @@ class EngineProcess:
     """
 
     def __init__(self, spec: EngineSpec) -> None:
+        self._spec = spec
         # A child of its own (python -m), not multiprocessing's spawn: that re-imports the
         # caller's __main__, which breaks any script without a __main__ guard. -P: the
         # working directory is not put first on the child's path, so a directory holding
@@ -464,10 +465,6 @@ class EngineProcess:
         self._closed = False
         self._count = 0
         self._prefixed: dict[bytes, int] = {}
-        # the keyed digests of the records this process packs (the secret is the worker's
-        # already); its digest cache, in memory only, takes the place of the child's, which
-        # fills only for windows that arrive without digests
-        self._inputs = KeyedInputs(spec.policy, Keyring(spec.secret))
         try:
             with self._lock:
                 self._send(("start", spec))
@@ -489,6 +486,14 @@ class EngineProcess:
         self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
     ) -> WindowResult:
         return self.prepare(records, now=now, flush_all=flush_all)()
+
+    @functools.cached_property
+    def _inputs(self) -> KeyedInputs:
+        """The keyed digests of the records this process packs (the secret is the worker's
+        already); its digest cache, in memory only, takes the place of the child's, which
+        fills only for windows that arrive without digests. Built on first use: a shard's
+        windows are packed without digests (:class:`EngineShards`)."""
+        return KeyedInputs(self._spec.policy, Keyring(self._spec.secret))
 
     def prepare(
         self,
