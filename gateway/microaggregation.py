@@ -63,7 +63,7 @@ from numpy.typing import NDArray
 
 from gateway.errors import MechanismError
 
-__all__ = ["group_means", "mdav_groups", "microaggregate", "ranking_groups"]
+__all__ = ["Block", "group_means", "mdav_blocks", "mdav_groups", "microaggregate", "ranking_groups"]
 
 _U64 = 2.0**-53  # unit roundoff of float64
 _U32 = 2.0**-24  # unit roundoff of float32
@@ -726,7 +726,7 @@ def mdav_groups(x: NDArray[np.float64], k: int, *, standardize: bool = True) -> 
     return _mdav(_as_matrix(x, kk), kk, standardize)
 
 
-def _mdav_blocks(x: NDArray[np.float64], k: int, blocks: Sequence[Block]) -> NDArray[np.int64]:
+def mdav_blocks(x: NDArray[np.float64], k: int, blocks: Sequence[Block]) -> NDArray[np.int64]:
     """``mdav_groups(x, k, standardize=False)``, the same labels, faster when ``blocks`` (see
     :data:`Block`) group many columns into few distinct values (one-hot nominal attributes).
     ``x`` is only read, never kept."""

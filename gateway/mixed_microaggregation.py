@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from gateway import masking
 from gateway.errors import MechanismError
-from gateway.microaggregation import Block, _mdav_blocks, group_means, mdav_groups
+from gateway.microaggregation import Block, group_means, mdav_blocks, mdav_groups
 from gateway.policy import MISSING_LABEL, Attribute, AttrType, Method, Policy
 
 __all__ = [
@@ -227,7 +227,7 @@ def mixed_microaggregate(
         labels = mdav_groups(x, k, standardize=standardize)
         return mixed_centroids(columns, values, labels), labels
     x, blocks, codes = _embed(columns, values, standardize)
-    labels = _mdav_blocks(x, k, blocks)  # = mdav_groups(x, k, standardize=False)
+    labels = mdav_blocks(x, k, blocks)  # = mdav_groups(x, k, standardize=False)
     return _centroids(columns, values, labels, codes), labels
 
 
