@@ -297,10 +297,10 @@ def _compile(
         ]
     else:
         src.append("    rid = None")
-    # A repeated key (orjson keeps the last): when every value took its fast path (categories
-    # and ids are strings, numbers are ints) and only the policy's fields are there, the
-    # quotes are exactly two per key and per categorical value; anything else is counted.
-    n_strings = sum(a.type is AttrType.CATEGORICAL for a in policy.attributes.values())
+    # A repeated key (orjson keeps the last): when every value took its fast path (categories,
+    # timestamps and ids are strings, numbers are ints) and only the policy's fields are there,
+    # the quotes are exactly two per key and per string value; anything else is counted.
+    n_strings = sum(a.type is not AttrType.NUMERIC for a in policy.attributes.values())
     quotes = 2 * (len(known) + n_strings + (rid_field is not None))
     src += [
         f"    if (slow or len(obj) != {len(known)} or raw.count(b'\"') != {quotes})"

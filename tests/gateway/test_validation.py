@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from gateway import validation
 from gateway.policy import Policy, load_policy, parse_policy
 from gateway.validation import (
     MAX_SAFE_INTEGER,
@@ -327,6 +329,31 @@ def test_a_key_given_twice_is_refused_whatever_the_layout() -> None:
     # the rejection names no field and carries no value
     res = V.decode_and_validate(dup_age, b"r1")
     assert isinstance(res, Rejection) and res.field is None and "100" not in repr(res)
+
+
+def test_with_a_timestamp_a_repeated_key_is_refused_and_a_plain_record_is_not_reparsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Timestamps are strings on the fast path: their quotes count, so a record whose quotes
+    add up skips the exact duplicate check, and any repeated field still adds quotes."""
+    exact_checks: list[bytes] = []
+    exact = validation.has_duplicate_key
+
+    def counting(raw: bytes, obj: dict[str, object]) -> bool:
+        exact_checks.append(raw)
+        return exact(raw, obj)
+
+    monkeypatch.setattr(validation, "has_duplicate_key", counting)
+    policy = load_policy(ADULT)
+    validator = Validator(policy)
+    good = _adult_records(policy, 1)[0]
+    assert not isinstance(validator.decode_and_validate(good, b"r0"), Rejection)
+    assert exact_checks == []
+    record = orjson.loads(good)
+    for name in ("age", "education", "submitted_at", "respondent_id"):
+        first = orjson.dumps({name: record[name]})[1:-1] + b","
+        res = validator.decode_and_validate(good.replace(b"{", b"{" + first, 1), b"r0")
+        assert isinstance(res, Rejection) and res.reason is DLQReason.DUPLICATE_KEY, name
 
 
 def test_repeated_text_inside_values_is_not_a_repeated_key() -> None:
