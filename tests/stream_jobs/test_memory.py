@@ -19,7 +19,7 @@ def _cycle() -> weakref.ref[_Node]:
     return weakref.ref(a)
 
 
-def test_collects_cycles_after_each_window_and_when_idle_then_restores_gc() -> None:
+def test_collects_cycles_after_windows_once_a_second_and_when_idle_then_restores_gc() -> None:
     assert gc.isenabled()
     collector = Collector()
     collector.start(now=0.0)
@@ -31,9 +31,16 @@ def test_collects_cycles_after_each_window_and_when_idle_then_restores_gc() -> N
         assert ref() is None  # a window's cyclic garbage is collected right after it
 
         ref = _cycle()
-        collector.tick(now=1.0 + Collector.IDLE_SECONDS / 2)
+        collector.after_window(now=1.0 + Collector.WINDOW_SECONDS / 2)
+        assert ref() is not None  # windows in quick succession: not after each one
+        collector.after_window(now=1.0 + Collector.WINDOW_SECONDS)
+        assert ref() is None  # but at least once a second
+
+        ref = _cycle()
+        busy = 1.0 + Collector.WINDOW_SECONDS
+        collector.tick(now=busy + Collector.IDLE_SECONDS / 2)
         assert ref() is not None  # not yet: the worker was busy a moment ago
-        collector.tick(now=1.0 + Collector.IDLE_SECONDS)
+        collector.tick(now=busy + Collector.IDLE_SECONDS)
         assert ref() is None  # idle for a while: collected anyway
     finally:
         collector.stop()
