@@ -18,7 +18,10 @@ consumer owns its partitions until every output record is acknowledged by the br
 
 Each side also reports the CPU seconds it used while timed: this process's (user + system),
 its engine processes' and the broker's. A process whose CPU is close to its wall time is
-CPU-bound on its one Python thread of execution (the GIL); one with much less waits.
+CPU-bound on its one Python thread of execution (the GIL); one with much less waits. Each run
+then sets the default side's CPU a record against what the target leaves it: at 0.5x the
+passthrough's rate, with every core busy the whole run, at most cores / (0.5 x rate) of CPU a
+record in all, and 1 / (0.5 x rate) in any one process.
 
 The figure that matters is the ratio (target: privgw >= 0.5x the passthrough); absolute
 records/s depend on the machine and its load. The default is 200,000 records: at 60,000 the
@@ -38,9 +41,7 @@ beforehand, windows of the policy's size, SQLite state, garbage collection betwe
 the worker does it): the gateway's ceiling if the event loop cost nothing, which shows how its
 time splits between the engine and the loop. The engine alone computes the window's keyed
 digests itself, which the worker computes for its engine process as it packs the records, so
-one engine process can run a little faster than the engine alone. (Until 2026-11-23 it ran
-with CPython's automatic collection, which the worker turns off, and came out below the worker
-itself.)
+one engine process can run a little faster than the engine alone.
 """
 
 from __future__ import annotations
@@ -427,6 +428,22 @@ async def live_run(
     return rate
 
 
+def budget_line(gw: Timing, n: int, r_pass: float) -> str:
+    """privgw's CPU a record against what the target leaves: at 0.5 x the passthrough's rate,
+    with every core of the machine busy the whole run, at most cores / (0.5 x rate) seconds of
+    CPU a record in all, and 1 / (0.5 x rate) in any one process (a process runs on one core)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per = 1e6 / n
+    process = 1e6 / (0.5 * r_pass)
+    total = (gw.cpu + gw.engine_cpu + gw.broker_cpu) * per
+    return (
+        f"       CPU µs a record, one engine process: worker {gw.cpu * per:.0f} / engine "
+        f"{gw.engine_cpu * per:.0f} / broker {gw.broker_cpu * per:.1f}, {total:.0f} in all; "
+        f"0.5 x this passthrough on {cores} cores allows at most {(cores or 1) * process:.0f} "
+        f"in all, {process:.0f} in one process"
+    )
+
+
 async def main_async(args: argparse.Namespace) -> None:
     survey = PanelSurvey(
         respondents=args.records // args.waves, waves=args.waves, seed=1, rows=load_rows()
@@ -502,6 +519,7 @@ async def main_async(args: argparse.Namespace) -> None:
             print(
                 f"       passthrough CPU s {t['pass'].cpu:.2f} / broker {t['pass'].broker_cpu:.2f}"
             )
+            print(budget_line(t["gw"], n, r_pass))
             if args.live:
                 live_rate = await live_run(bs, rep, n, records_file, args.shards)
                 for side, runs in live_ratios.items():
