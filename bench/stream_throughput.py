@@ -58,13 +58,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
 from gateway.keyed import Keyring
 from gateway.policy import policy_from_yaml
@@ -182,6 +183,10 @@ def bench_consumer(bootstrap: str, src: str, group: str) -> AIOKafkaConsumer:
     )
 
 
+Encode = Callable[[ConsumerRecord[bytes, bytes]], tuple[bytes, list[tuple[str, bytes]]]]
+NO_HEADERS: list[tuple[str, bytes]] = []  # read, never changed, by aiokafka's batch builder
+
+
 async def passthrough(
     bootstrap: str,
     src: str,
@@ -191,9 +196,12 @@ async def passthrough(
     *,
     broker_pid: int | None = None,
     live: Live | None = None,
+    encode: Encode | None = None,
 ) -> Timing:
     """Copies n records from src to dst. ``live``: a live run, timed from the first record
-    produced to the last copy read (``seconds``; the CPU figures are then left at zero)."""
+    produced to the last copy read (``seconds``; the CPU figures are then left at zero).
+    ``encode``: the value and headers each copy carries instead of the record's own value
+    (``bench/worker_floor.py``); without it the records are copied unchanged."""
     consumer = bench_consumer(bootstrap, src, group)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
@@ -213,10 +221,11 @@ async def passthrough(
             for tp, msgs in batch.items():
                 b = producer.create_batch()
                 for m in msgs:
-                    if b.append(key=m.key, value=m.value, timestamp=None) is None:
+                    value, headers = (m.value, NO_HEADERS) if encode is None else encode(m)
+                    if b.append(key=m.key, value=value, timestamp=None, headers=headers) is None:
                         futures.append(await producer.send_batch(b, dst, partition=tp.partition))
                         b = producer.create_batch()
-                        b.append(key=m.key, value=m.value, timestamp=None)
+                        b.append(key=m.key, value=value, timestamp=None, headers=headers)
                     copied += 1
                 if b.record_count():
                     futures.append(await producer.send_batch(b, dst, partition=tp.partition))

@@ -7,7 +7,7 @@ Both sides read the same simulated panel from one input topic of the development
 ``bench/stream_throughput.py`` does, and alternate:
 
 * passthrough: ``stream_throughput.passthrough``, the records copied unchanged;
-* validate and re-encode: the same consumer and producer loop, each record validated against
+* validate and re-encode: the same loop (``passthrough(encode=...)``), each record validated against
   the Adult policy (``gateway.validation``) and its values encoded again (orjson) with the
   headers privgw's output records carry (record id, policy version, window id). No engine, no
   windows, no keys, no state: every privgw worker does at least this much a record.
@@ -23,11 +23,10 @@ import argparse
 import asyncio
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import orjson
-from aiokafka import AIOKafkaProducer
+from aiokafka import ConsumerRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,61 +39,24 @@ from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 
-async def validate_and_reencode(
-    bootstrap: str,
-    src: str,
-    dst: str,
-    n: int,
-    group: str,
-    *,
-    validator: Validator,
-    broker_pid: int,
-) -> st.Timing:
-    """The passthrough's loop with validation and re-encoding: st.passthrough's structure."""
-    consumer = st.bench_consumer(bootstrap, src, group)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    await consumer.start()
+def validate_and_reencode(validator: Validator) -> st.Encode:
+    """What the copy of a record carries when it is validated and re-encoded as privgw does."""
     validate = validator.decode_and_validate
     version, window = b"bench", b"window-1"
-    try:
-        while not consumer.assignment():
-            await consumer.getmany(timeout_ms=50, max_records=1)
-        await consumer.seek_to_beginning()
-        clock = st.CpuClock(broker_pid)
-        t0 = time.perf_counter()
-        copied = 0
-        while copied < n:
-            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
-            futures = []
-            for tp, msgs in batch.items():
-                b = producer.create_batch()
-                for m in msgs:
-                    res = validate(m.value, m.key)
-                    if isinstance(res, Rejection):
-                        raise SystemExit(f"the panel's record at offset {m.offset} was refused")
-                    rid, values = res
-                    value = orjson.dumps(values)
-                    headers = [
-                        ("record_id", (rid or "").encode()),
-                        ("policy_version", version),
-                        ("window_id", window),
-                    ]
-                    item = {"key": m.key, "value": value, "timestamp": m.timestamp}
-                    if b.append(**item, headers=headers) is None:
-                        futures.append(await producer.send_batch(b, dst, partition=tp.partition))
-                        b = producer.create_batch()
-                        b.append(**item, headers=headers)
-                    copied += 1
-                if b.record_count():
-                    futures.append(await producer.send_batch(b, dst, partition=tp.partition))
-            await asyncio.gather(*futures)
-            if batch:
-                await consumer.commit()
-        return st.Timing(time.perf_counter() - t0, *clock.elapsed())
-    finally:
-        await consumer.stop()
-        await producer.stop()
+
+    def encode(m: ConsumerRecord[bytes, bytes]) -> tuple[bytes, list[tuple[str, bytes]]]:
+        res = validate(m.value, m.key)
+        if isinstance(res, Rejection):
+            raise SystemExit(f"the panel's record at offset {m.offset} was refused")
+        rid, values = res
+        headers = [
+            ("record_id", (rid or "").encode()),
+            ("policy_version", version),
+            ("window_id", window),
+        ]
+        return orjson.dumps(values), headers
+
+    return encode
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -114,12 +76,10 @@ async def main_async(args: argparse.Namespace) -> None:
             for side in sides:
                 dst, group = f"floor.{side}{i}.out", f"floor-{side}{i}"
                 await st.bench_topics(bs, "floor.in", dst)
-                if side == "passthrough":
-                    t = await st.passthrough(bs, "floor.in", dst, n, group, broker_pid=broker.pid)
-                else:
-                    t = await validate_and_reencode(
-                        bs, "floor.in", dst, n, group, validator=validator, broker_pid=broker.pid
-                    )
+                copy = None if side == "passthrough" else validate_and_reencode(validator)
+                t = await st.passthrough(
+                    bs, "floor.in", dst, n, group, broker_pid=broker.pid, encode=copy
+                )
                 rate[side] = n / t.seconds
                 print(
                     f"pair {i + 1}: {side:11} {rate[side]:>9,.0f} rec/s   CPU µs a record: "
