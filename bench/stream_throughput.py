@@ -74,7 +74,7 @@ from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.cli import build_worker
 from stream_jobs.engine_process import EngineProcess, EngineShards
 from stream_jobs.kafka import ensure_topics
-from stream_jobs.settings import Topics, WorkerSettings
+from stream_jobs.settings import Topics, WorkerSettings, usable_cpus
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -441,14 +441,14 @@ def budget_line(gw: Timing, n: int, r_pass: float) -> str:
     """privgw's CPU a record against what the target leaves: at 0.5 x the passthrough's rate,
     with every core of the machine busy the whole run, at most cores / (0.5 x rate) seconds of
     CPU a record in all, and 1 / (0.5 x rate) in any one process (a process runs on one core)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cpus()
     per = 1e6 / n
     process = 1e6 / (0.5 * r_pass)
     total = (gw.cpu + gw.engine_cpu + gw.broker_cpu) * per
     return (
         f"       CPU µs a record, one engine process: worker {gw.cpu * per:.0f} / engine "
         f"{gw.engine_cpu * per:.0f} / broker {gw.broker_cpu * per:.1f}, {total:.0f} in all; "
-        f"0.5 x this passthrough on {cores} cores allows at most {(cores or 1) * process:.0f} "
+        f"0.5 x this passthrough on {cores} cores allows at most {cores * process:.0f} "
         f"in all, {process:.0f} in one process"
     )
 

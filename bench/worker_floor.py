@@ -44,7 +44,7 @@ def validate_and_reencode(validator: Validator) -> st.Encode:
     validate = validator.decode_and_validate
     version, window = b"bench", b"window-1"
 
-    def encode(m: ConsumerRecord[bytes, bytes]) -> tuple[bytes, list[tuple[str, bytes]]]:
+    def copy_of(m: ConsumerRecord[bytes, bytes]) -> tuple[bytes, list[tuple[str, bytes]]]:
         res = validate(m.value, m.key)
         if isinstance(res, Rejection):
             raise SystemExit(f"the panel's record at offset {m.offset} was refused")
@@ -56,7 +56,7 @@ def validate_and_reencode(validator: Validator) -> st.Encode:
         ]
         return orjson.dumps(values), headers
 
-    return encode
+    return copy_of
 
 
 async def main_async(args: argparse.Namespace) -> None:

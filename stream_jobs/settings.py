@@ -28,7 +28,7 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask: a container's cpuset), not the host's."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
@@ -243,7 +243,7 @@ class WorkerSettings(BaseSettings):
     def engine_in_process(self) -> bool:
         """Whether the engine runs in a child process of its own (``engine``, resolved)."""
         if self.engine == "auto":
-            return self.state_backend == "sqlite" and _usable_cpus() >= 2
+            return self.state_backend == "sqlite" and usable_cpus() >= 2
         return self.engine == "process"
 
     def topics(self, policy: Policy) -> Topics:

@@ -11,11 +11,11 @@ from stream_jobs.settings import WorkerSettings
 def test_the_engine_runs_in_a_child_process_by_default_with_sqlite_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("stream_jobs.settings._usable_cpus", lambda: 2)
+    monkeypatch.setattr("stream_jobs.settings.usable_cpus", lambda: 2)
     assert WorkerSettings().engine_in_process
     assert not WorkerSettings(state_backend="partitioned").engine_in_process
     assert not WorkerSettings(engine="thread").engine_in_process
-    monkeypatch.setattr("stream_jobs.settings._usable_cpus", lambda: 1)
+    monkeypatch.setattr("stream_jobs.settings.usable_cpus", lambda: 1)
     assert not WorkerSettings().engine_in_process  # one core: a second process gains nothing
     assert WorkerSettings(engine="process").engine_in_process
 
