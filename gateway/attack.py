@@ -4,9 +4,11 @@
   releases, compared with the truth. With sticky randomized response every release repeats
   the same draw, so accuracy stays at the single-release level whatever T; with fresh draws
   per release it climbs towards 1.
-* Intersection: the adversary knows its target's true quasi-identifiers and, in each release,
-  the set of respondents sharing the target's published quasi-identifier tuple; linking the
-  releases on that tuple it intersects those sets. A candidate set below k re-identifies.
+* Intersection (the linked candidate set): the adversary follows its target across releases
+  (by pseudonym, or by its sticky randomized and noised values) and intersects, over every
+  release the target published a quasi-identifier tuple in, the sets of respondents sharing
+  that release's tuple — whatever the tuple, so a respondent that moved to another group is
+  intersected across both. A candidate set below k re-identifies within the panel.
 
 Both work on mappings respondent → published value per release; the caller supplies the
 ground truth linkage (the simulator knows it; a real adversary needs at most the same).
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Release = Mapping[str, Hashable | None]
 
@@ -73,35 +75,56 @@ class IntersectionResult:
     respondents: int
     below_k: int
     smallest: list[int]  # the smallest candidate-set sizes, ascending (at most 10)
+    sizes: Mapping[str, int] = field(default_factory=dict)  # respondent -> linked set size
+
+    @property
+    def share_below_k(self) -> float:
+        return self.below_k / self.respondents if self.respondents else 0.0
+
+    def distribution(self, k: int) -> dict[str, float]:
+        """The summary reports carry: respondents, smallest set, how many and which share lie
+        below k, and the median."""
+        ordered = sorted(self.sizes.values())
+        return {
+            "respondents": float(self.respondents),
+            "smallest": float(ordered[0]) if ordered else math.nan,
+            "median": float(ordered[len(ordered) // 2]) if ordered else math.nan,
+            "below_k": float(self.below_k),
+            "share_below_k": self.share_below_k,
+            "singled_out": float(sum(1 for v in ordered if v == 1)),
+            "k": float(k),
+        }
 
 
-def intersection_attack(releases: Sequence[Release], k: int) -> IntersectionResult:
-    """Candidate sets from linking releases on published quasi-identifier tuples.
-
-    ``releases[t]`` maps respondent → published QI tuple (None when suppressed). For each
-    respondent and each distinct tuple it was published with, the candidates are the
-    respondents that share that tuple in *every* release in which the target carries it.
-    """
-    members: list[dict[Hashable, set[str]]] = []
+def linked_sets(releases: Sequence[Release]) -> dict[str, int]:
+    """Each respondent's linked candidate set size: the respondents that share its published
+    quasi-identifier tuple in every release in which it published one (None: suppressed)."""
+    classes: list[dict[Hashable, frozenset[str]]] = []
     for release in releases:
         by_tuple: dict[Hashable, set[str]] = defaultdict(set)
         for respondent, qi in release.items():
             if qi is not None:
                 by_tuple[qi].add(respondent)
-        members.append(by_tuple)
-    sizes: list[int] = []
-    for respondent in {r for release in releases for r in release}:
-        candidates_per_tuple: dict[Hashable, set[str]] = {}
-        for release, by_tuple in zip(releases, members, strict=True):
-            qi = release.get(respondent)
+        classes.append({t: frozenset(m) for t, m in by_tuple.items()})
+    candidates: dict[str, frozenset[str]] = {}
+    for release, sharing in zip(releases, classes, strict=True):
+        for respondent, qi in release.items():
             if qi is None:
                 continue
-            group = by_tuple[qi]
-            prev = candidates_per_tuple.get(qi)
-            candidates_per_tuple[qi] = set(group) if prev is None else prev & group
-        if candidates_per_tuple:
-            sizes.append(min(len(c) for c in candidates_per_tuple.values()))
-    sizes.sort()
+            here = sharing[qi]
+            prev = candidates.get(respondent)
+            candidates[respondent] = here if prev is None else prev & here
+    return {respondent: len(c) for respondent, c in candidates.items()}
+
+
+def intersection_attack(releases: Sequence[Release], k: int) -> IntersectionResult:
+    """Linked candidate sets over a publication history (``releases[t]`` maps respondent →
+    published QI tuple, None when suppressed); see :func:`linked_sets`."""
+    sizes = linked_sets(releases)
+    ordered = sorted(sizes.values())
     return IntersectionResult(
-        respondents=len(sizes), below_k=sum(s < k for s in sizes), smallest=sizes[:10]
+        respondents=len(ordered),
+        below_k=sum(s < k for s in ordered),
+        smallest=ordered[:10],
+        sizes=sizes,
     )

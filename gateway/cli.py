@@ -299,8 +299,10 @@ def cmd_attack(args: argparse.Namespace) -> int:
     if "intersection" in result:
         i = result["intersection"]
         print(
-            f"intersection: {i['below_k']} of {i['respondents']} respondents with a candidate "
-            f"set below k={i['k']}; smallest sets {i['smallest_candidate_sets']}"
+            f"linked candidate sets (intersection over every release a respondent published "
+            f"in): {i['below_k']} of {i['respondents']} respondents below k={i['k']} "
+            f"({100 * i['share_below_k']:.1f} %), {i['singled_out']} singled out, median "
+            f"{i['median']:g}; smallest sets {i['smallest_candidate_sets']}"
         )
     return 0
 

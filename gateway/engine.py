@@ -25,12 +25,18 @@ from numpy.typing import NDArray
 
 from gateway import masking, quality
 from gateway.errors import PolicyError
+from gateway.grouping.decision import QIDecision, published_column
+from gateway.grouping.registry import Group
+from gateway.grouping.release import ReleaseClock, release_keys
+from gateway.grouping.republish import Republisher, WindowQI
 from gateway.keyed import KeyedSource, Keyring
 from gateway.microaggregation import microaggregate
 from gateway.mixed_microaggregation import (
+    EditRule,
     QIKind,
     claim_columns,
     claim_inputs,
+    mixed_centroids,
     mixed_microaggregate,
 )
 from gateway.policy import (
@@ -41,6 +47,7 @@ from gateway.policy import (
     MicroaggAlgorithm,
     Policy,
     Pseudonym,
+    RepublicationMode,
     Role,
 )
 from gateway.randomized_response import RRMechanism, from_spec
@@ -199,7 +206,8 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
                 sizes[gid] = size
             continue
         respondents += 1
-        current = decode_state(raw).get("current")
+        doc = decode_state(raw)
+        current = doc.get("g") or doc.get("current")  # regroup/cohort, else deferred
         if current:
             actual[current[0]] = actual.get(current[0], 0) + 1
     groups = stored.keys() | actual.keys()
@@ -253,30 +261,6 @@ class _StateView:
     def join(self, group_id: str) -> None:
         self.live[group_id] = self.members(group_id, 0) + 1
         self.live_touched.add(group_id)
-
-
-@dataclass(slots=True)
-class _QIDecision:
-    """Per record index: published k-claim tuple, QI digest, group id; and the window's
-    held and suppressed records, new groups (id, distinct members), sticky hits, measures."""
-
-    # record index -> published values of the k claim's attributes, in claim order (one
-    # tuple per record rather than one dict per attribute: a window sets ~n of them)
-    tuples: dict[int, Sequence[Any]] = field(default_factory=dict)
-    digests: dict[int, str] = field(default_factory=dict)
-    current_digest: dict[int, str] = field(default_factory=dict)  # when a move was deferred
-    # records whose respondent's current group and tuple are this record's: nothing to store
-    unchanged: set[int] = field(default_factory=set)
-    group_of: dict[int, str] = field(default_factory=dict)
-    held: list[int] = field(default_factory=list)
-    suppressed: list[int] = field(default_factory=list)
-    departed: list[int] = field(default_factory=list)  # left a group, published suppressed
-    groups: list[tuple[str, int]] = field(default_factory=list)
-    hits: int = 0
-    deferred: int = 0
-    measures: dict[str, float] = field(default_factory=dict)
-    aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
-    sampled: bool = False
 
 
 def _mechanism_version(mech: RRMechanism) -> str:
@@ -517,6 +501,22 @@ class Engine:
             n for n, a in policy.attributes.items() if a.method is not Method.DROP
         ]
         self._windows = 0
+        self._rules = [EditRule.of(rule) for rule in policy.microaggregation.edit_rules]
+        rep = policy.republication
+        self._releases = ReleaseClock()
+        self._republisher = (
+            Republisher(
+                rep.mode,
+                k=policy.microaggregation.k,
+                slack=rep.slack,
+                numeric=self._qi_numeric,
+                partition=self._partition,
+                centroid=self._centroid,
+                on_timeout_suppress=policy.window.on_hold_timeout is HoldTimeout.SUPPRESS,
+            )
+            if rep.mode is not RepublicationMode.DEFERRED and self._qi_agg and self._store
+            else None
+        )
         # group id -> formation size: never changes, so kept across windows (each window's
         # view writes into it), and a window of republished records reads no registry entry
         # for its measures again
@@ -622,16 +622,30 @@ class Engine:
         )
 
         # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
-        qi = self._quasi_identifiers(
-            records,
-            rids,
-            rkeys,
-            view,
-            now=now,
-            flush_all=flush_all,
-            by_attribute=by_attribute,
-            qi_digests=given_qi,
-        )
+        republish = self._republisher is not None and sticky
+        regroups: dict[str, Group] = {}
+        if republish:
+            qi, regroups = self._republish(
+                records,
+                rids,
+                rkeys,
+                view,
+                now=now,
+                flush_all=flush_all,
+                by_attribute=by_attribute,
+                qi_digests=given_qi,
+            )
+        else:
+            qi = self._quasi_identifiers(
+                records,
+                rids,
+                rkeys,
+                view,
+                now=now,
+                flush_all=flush_all,
+                by_attribute=by_attribute,
+                qi_digests=given_qi,
+            )
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
         pub_idx = [i for i in range(len(records)) if i not in held_set]
@@ -733,8 +747,8 @@ class Engine:
                     if w < st.get("first_wave", math.inf):
                         st["first_wave"] = w
                         touched.add(rkey)
-                if i in unchanged:
-                    continue  # its group and tuple are stored as they are
+                if republish or i in unchanged:
+                    continue  # stored by the republisher, or as they are
                 digest = qi_digests.get(i)
                 if digest is not None and i in group_of:
                     gid = group_of[i]
@@ -755,6 +769,9 @@ class Engine:
             entries = {key: encode_state(states[key]) for key in touched}
             for gid in view.live_touched:
                 entries[_group_key(gid)] = _live_entry(view.live[gid], view.sizes.get(gid))
+            for gid, grp in regroups.items():
+                if grp.changed:
+                    entries[_group_key(gid)] = encode_state(grp.to_doc())
             if entries:
                 self._store.put_many(entries)
 
@@ -810,7 +827,7 @@ class Engine:
         self,
         published: Mapping[str, Sequence[Any]],
         pub_idx: Sequence[int],
-        qi: _QIDecision,
+        qi: QIDecision,
         view: _StateView,
         suppressed: set[int],
     ) -> dict[str, float]:
@@ -883,14 +900,14 @@ class Engine:
         flush_all: bool,
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
         qi_digests: list[str] | None,
-    ) -> _QIDecision:
+    ) -> QIDecision:
         """Decide each record's quasi-identifiers of the k claim (all of them together):
         stored group tuple, new group, held or suppressed. ``qi_digests``: each record's k-claim
         tuple digest (:class:`WindowKeys`) when the caller brought them (None: taken here)."""
         policy = self.policy
         k = policy.microaggregation.k
         names = self._qi_agg
-        decision = _QIDecision()
+        decision = QIDecision()
         decision.sampled = (self._windows - 1) % policy.risk.sample_every == 0
         tuples, digests = decision.tuples, decision.digests
         if not names:
@@ -1020,7 +1037,7 @@ class Engine:
                 originals.append(np.array([sub[j] for j in num], dtype=np.float64).T)
                 maskeds.append(np.array([published[j] for j in num], dtype=np.float64).T)
             published_rows = list(
-                zip(*map(_published_column, published, self._qi_numeric), strict=True)
+                zip(*map(published_column, published, self._qi_numeric), strict=True)
             )
             prefix = f"{scope}." if scope is not None else ""
             # each group's rows, label by label, in one sort (a scan per label was quadratic:
@@ -1068,19 +1085,110 @@ class Engine:
             self._hold_or_suppress(records[i], i, decision, now=now, flush_all=flush_all)
         return decision
 
-    def _partition(self, sub: list[list[object]]) -> tuple[list[list[object]], NDArray[np.int64]]:
-        """Group the rows (one list per k-claim column) and give each row's published values:
-        MDAV over all columns together, or individual ranking on a single numeric one."""
+    def _partition(
+        self, sub: list[list[object]], k: int | None = None
+    ) -> tuple[list[list[object]], NDArray[np.int64]]:
+        """Group the rows (one list per k-claim column) in groups of ``k`` (default: the
+        policy's) or more and give each row's published values: MDAV over all columns
+        together, or individual ranking on a single numeric one."""
         spec = self.policy.microaggregation
+        size = spec.k if k is None else k
         if spec.algorithm is MicroaggAlgorithm.RANKING:  # the policy allows one numeric column
             masked, labels = microaggregate(
-                np.array(sub, dtype=np.float64).T, spec.k, algorithm="ranking"
+                np.array(sub, dtype=np.float64).T, size, algorithm="ranking"
             )
             return [masked[:, 0].tolist()], labels[:, 0]
-        return mixed_microaggregate(self._qi_columns, sub, spec.k, standardize=spec.standardize)
+        return mixed_microaggregate(
+            self._qi_columns, sub, size, standardize=spec.standardize, rules=self._rules
+        )
+
+    def _centroid(self, rows: list[list[object]]) -> list[Any]:
+        """The tuple one group of rows (one list per k-claim column) publishes."""
+        labels = np.zeros(len(rows[0]), dtype=np.int64)
+        values = mixed_centroids(self._qi_columns, rows, labels, self._rules)
+        return [
+            published_column([column[0]], numeric)[0]
+            for column, numeric in zip(values, self._qi_numeric, strict=True)
+        ]
+
+    def _republish(
+        self,
+        records: Sequence[ValidRecord],
+        rids: Sequence[str],
+        rkeys: Sequence[bytes | None],
+        view: _StateView,
+        *,
+        now: float,
+        flush_all: bool,
+        by_attribute: Mapping[str, Sequence[Any]] | None,
+        qi_digests: list[str] | None,
+    ) -> tuple[QIDecision, dict[str, Group]]:
+        """The k claim's decision under the ``regroup`` and ``cohort`` modes
+        (:mod:`gateway.grouping.republish`)."""
+        assert self._republisher is not None and self._inputs is not None
+        policy = self.policy
+        names = self._qi_agg
+        cols = [
+            claim_inputs(policy.attributes[n], c)
+            for n, c in zip(names, _attribute_values(records, by_attribute, names), strict=True)
+        ]
+        complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
+        digests = (
+            qi_digests if qi_digests is not None else self._inputs.claim_digests(cols, complete)
+        )
+        wave = policy.republication.wave_attribute
+        window = window_id(records)
+        if wave is None:
+            releases = ["w" + window] * len(records)
+        else:
+            releases = release_keys(_attribute_values(records, by_attribute, [wave])[0], window)
+        self._releases.see(releases)
+        max_hold = policy.window.max_hold_seconds
+        scoped = self._partition_scope
+        window_qi = WindowQI(
+            rids=rids,
+            keys=rkeys,
+            cols=cols,
+            complete=complete,
+            digests=digests,
+            releases=releases,
+            scopes=[
+                (r.source.partition if r.source is not None else 0) if scoped else None
+                for r in records
+            ],
+            expired=[flush_all or now - r.arrived_at >= max_hold for r in records],
+            closed=list(map(self._releases.closed, releases)),
+        )
+        decision, groups = self._republisher.decide(
+            window_qi,
+            view.states,
+            view.touched,
+            self._load_groups,
+            sampled=(self._windows - 1) % policy.risk.sample_every == 0,
+        )
+        for gid, grp in groups.items():
+            view.sizes[gid] = grp.size
+        if decision.sampled and decision.aggregated is not None and self._measure_risk:
+            decision.measures.update(
+                window_measures(*decision.aggregated, policy.risk.interval_pct)
+            )
+            decision.aggregated = None
+        elif not decision.sampled:
+            decision.aggregated = None
+        return decision, groups
+
+    def _load_groups(self, group_ids: Sequence[str]) -> dict[str, Group]:
+        assert self._store is not None
+        found = self._store.get_many([_group_key(g) for g in group_ids])
+        out: dict[str, Group] = {}
+        for key, raw in found.items():
+            grp = Group.from_doc(decode_state(raw))
+            if grp is not None:
+                out[_group_id(key)] = grp
+        return out
 
     def _hold_or_suppress(
-        self, record: ValidRecord, i: int, decision: _QIDecision, *, now: float, flush_all: bool
+        self, record: ValidRecord, i: int, decision: QIDecision, *, now: float, flush_all: bool
     ) -> bool:
         """A record that cannot be grouped now: held (True) or, once its hold time is over and
         the policy says so, published with its quasi-identifiers suppressed (False)."""
@@ -1265,7 +1373,7 @@ def _keep_stored_tuples(
     qi_hex: Sequence[str],
     complete: Sequence[bool],
     states: Mapping[bytes, Mapping[str, Any]],
-    decision: _QIDecision,
+    decision: QIDecision,
 ) -> set[int]:
     """Decide the records whose respondent, here once in the window, brings a tuple stored for
     the group it is a live member of: it publishes that group's tuple again and nothing moves
@@ -1372,16 +1480,6 @@ def _attribute_values(
 def _num(v: float | np.floating[Any]) -> float | None:
     f = float(v)
     return f if math.isfinite(f) else None
-
-
-def _published_column(values: list[Any], numeric: bool) -> list[Any]:
-    """A partition's column as published: a numeric attribute's group means (finite floats,
-    else None), or another's chosen categories (the missing category published as None)."""
-    if numeric:
-        isfinite = math.isfinite
-        return [f if isfinite(f := float(v)) else None for v in values]
-    missing = MISSING_LABEL
-    return [None if v == missing else v for v in values]
 
 
 def _output_rows(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:

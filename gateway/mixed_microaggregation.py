@@ -12,8 +12,15 @@ quasi-identifier tuple and the published file is k-anonymous on all of them toge
 * **Nominal**: 0/1 distance (equal or not). A category is embedded as a one-hot vector scaled by
   1/√(1 - Σ f_c²), the attribute's total variance over the data, so that two random records
   differ by 2 on average, exactly as two random records do on a standardised numeric
-  attribute: no attribute kind dominates the distance. The centroid is the mode; ties go to
-  the category that comes first in the policy's list (deterministic).
+  attribute: no attribute kind dominates the distance (privgw's own scaling; the paper uses the
+  plain 0/1 distance, which lets a many-valued nominal attribute dominate). The nominal
+  attributes' centroid is their *joint* mode: the combination of nominal categories most
+  frequent among the group's members (ties go to the combination whose categories come first
+  in the policy's lists), so a group never publishes a combination none of its members has
+  (attribute-wise modes can publish Husband with Female). Edit rules (:class:`EditRule`) name
+  combinations that must never be published: the group publishes its most frequent allowed
+  member combination, and if every member's combination is forbidden, the attributes of the
+  rules it breaks are published suppressed (None).
 
 The distance is the squared Euclidean distance between the embedded rows, so MDAV runs on the
 embedded matrix unchanged (:func:`gateway.microaggregation.mdav_groups` with unit weights).
@@ -23,7 +30,7 @@ embedding is skipped and ``mdav_groups`` standardises exactly as sdcMicro does).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -34,9 +41,17 @@ from numpy.typing import NDArray
 from gateway import masking
 from gateway.errors import MechanismError
 from gateway.microaggregation import Block, group_means, mdav_blocks, mdav_groups
-from gateway.policy import MISSING_LABEL, Attribute, AttrType, Method, Policy
+from gateway.policy import (
+    MISSING_LABEL,
+    Attribute,
+    AttrType,
+    Method,
+    Policy,
+    published_categories,
+)
 
 __all__ = [
+    "EditRule",
     "QIColumn",
     "QIKind",
     "claim_column",
@@ -83,6 +98,24 @@ class QIColumn:
                 f"{self.name}: a value outside the attribute's categories (or missing) cannot "
                 "be microaggregated"
             ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class EditRule:
+    """A forbidden combination of nominal quasi-identifiers: a published tuple breaks the rule
+    when, for every attribute named, its value is one of the listed categories."""
+
+    values: tuple[tuple[str, frozenset[str]], ...]
+
+    @classmethod
+    def of(cls, rule: Mapping[str, Sequence[str]]) -> EditRule:
+        if not rule:
+            raise MechanismError("an edit rule names at least one attribute")
+        return cls(tuple((name, frozenset(cats)) for name, cats in sorted(rule.items())))
+
+    def breaks(self, published: Mapping[str, object]) -> bool:
+        """Whether a published tuple (attribute -> value) is one this rule forbids."""
+        return all(published.get(name) in cats for name, cats in self.values)
 
 
 def _numeric(values: Sequence[object], name: str) -> NDArray[np.float64]:
@@ -171,10 +204,11 @@ def mixed_centroids(
     columns: Sequence[QIColumn],
     values: Sequence[Sequence[object]],
     labels: NDArray[np.int64],
+    rules: Sequence[EditRule] = (),
 ) -> list[list[object]]:
     """Each record's published value per column: group mean (numeric), lower median category
-    (ordinal), mode with ties to the first category in the policy's order (nominal)."""
-    return _centroids(columns, values, labels, [None] * len(columns))
+    (ordinal), and the joint mode of the nominal columns (the module docstring)."""
+    return _centroids(columns, values, labels, [None] * len(columns), rules)
 
 
 def _centroids(
@@ -182,33 +216,101 @@ def _centroids(
     values: Sequence[Sequence[object]],
     labels: NDArray[np.int64],
     known: Sequence[NDArray[Any] | None],
+    rules: Sequence[EditRule] = (),
 ) -> list[list[object]]:
     """``mixed_centroids`` with the category codes (numeric values) already computed where
     ``known`` has them."""
     lab = np.asarray(labels, dtype=np.int64)
     groups = int(lab.max()) + 1 if lab.size else 0
     out: list[list[object]] = []
-    for col, vals, have in zip(columns, values, known, strict=True):
+    nominal: list[tuple[int, NDArray[np.int64]]] = []  # (column position, codes)
+    for j, (col, vals, have) in enumerate(zip(columns, values, known, strict=True)):
         if col.kind is QIKind.NUMERIC:
             nums = _numeric(vals, col.name) if have is None else have
             out.append(group_means(nums, lab).tolist())
             continue
         codes = col.codes(vals) if have is None else have
-        m = len(col.categories)
-        if col.kind is QIKind.ORDINAL:
-            order = np.lexsort((codes, lab))  # by group, then rank
-            sorted_lab = lab[order]
-            starts = np.searchsorted(sorted_lab, np.arange(groups))
-            counts = np.bincount(lab, minlength=groups)
-            chosen = codes[order][starts + (counts - 1) // 2]
-        else:
-            tally = np.bincount(lab * m + codes, minlength=groups * m).reshape(groups, m)
-            chosen = tally.argmax(axis=1)  # first maximum: the earliest category in the list
-        cats = np.empty(len(col.categories), dtype=object)
-        for i, c in enumerate(col.categories):  # one by one: never a nested array
-            cats[i] = c
-        out.append(cats[chosen[lab]].tolist())
+        if col.kind is QIKind.NOMINAL:
+            nominal.append((j, codes))
+            out.append([])  # filled below, jointly
+            continue
+        order = np.lexsort((codes, lab))  # by group, then rank
+        sorted_lab = lab[order]
+        starts = np.searchsorted(sorted_lab, np.arange(groups))
+        counts = np.bincount(lab, minlength=groups)
+        chosen = codes[order][starts + (counts - 1) // 2]
+        out.append(_labels_of(col)[chosen[lab]].tolist())
+    if nominal:
+        for j, column in zip(
+            [j for j, _ in nominal],
+            _joint_modes([columns[j] for j, _ in nominal], [c for _, c in nominal], lab, rules),
+            strict=True,
+        ):
+            out[j] = column
     return out
+
+
+def _labels_of(col: QIColumn) -> NDArray[Any]:
+    cats = np.empty(len(col.categories), dtype=object)
+    for i, c in enumerate(col.categories):  # one by one: never a nested array
+        cats[i] = c
+    return cats
+
+
+def _joint_modes(
+    columns: Sequence[QIColumn],
+    codes: Sequence[NDArray[np.int64]],
+    lab: NDArray[np.int64],
+    rules: Sequence[EditRule],
+) -> list[list[object]]:
+    """Each record's published nominal values: its group's most frequent member combination
+    that no edit rule forbids (ties: the combination whose codes come first), else the most
+    frequent one with the attributes of the rules it breaks suppressed (None)."""
+    rows = np.column_stack(codes)
+    combos, combo_of = np.unique(rows, axis=0, return_inverse=True)  # sorted: ties by code
+    combo_of = combo_of.reshape(-1)
+    u = combos.shape[0]
+    pairs, counts = np.unique(lab * u + combo_of, return_counts=True)
+    group, combo = pairs // u, pairs % u
+    banned = _banned(columns, combos, rules)
+    # per group: allowed before forbidden, then more members, then the first combination
+    order = np.lexsort((combo, -counts, banned[combo], group))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = group[order][1:] != group[order][:-1]
+    best = np.empty(int(group.max()) + 1 if group.size else 0, dtype=np.int64)
+    best[group[order][first]] = combo[order][first]
+    chosen = best[lab]
+    out = [_labels_of(col)[combos[chosen, j]].tolist() for j, col in enumerate(columns)]
+    if rules and banned[best].any():
+        for g in np.flatnonzero(banned[best]).tolist():
+            published = {
+                col.name: col.categories[combos[best[g], j]] for j, col in enumerate(columns)
+            }
+            hidden = {n for rule in rules if rule.breaks(published) for n, _ in rule.values}
+            members = np.flatnonzero(lab == g).tolist()
+            for j, col in enumerate(columns):
+                if col.name in hidden:
+                    for i in members:
+                        out[j][i] = None
+    return out
+
+
+def _banned(
+    columns: Sequence[QIColumn], combos: NDArray[np.int64], rules: Sequence[EditRule]
+) -> NDArray[np.bool_]:
+    """Whether each combination (rows of category codes) breaks an edit rule."""
+    banned = np.zeros(combos.shape[0], dtype=bool)
+    position = {col.name: j for j, col in enumerate(columns)}
+    for rule in rules:
+        hit = np.ones(combos.shape[0], dtype=bool)
+        for name, cats in rule.values:
+            j = position.get(name)
+            if j is None:
+                raise MechanismError(f"edit rule names {name}, which is not a nominal column")
+            allowed = [i for i, c in enumerate(columns[j].categories) if c in cats]
+            hit &= np.isin(combos[:, j], allowed)
+        banned |= hit
+    return banned
 
 
 def mixed_microaggregate(
@@ -217,6 +319,7 @@ def mixed_microaggregate(
     k: int,
     *,
     standardize: bool = True,
+    rules: Sequence[EditRule] = (),
 ) -> tuple[list[list[object]], NDArray[np.int64]]:
     """MDAV over all columns together: the published values (one list per column) and the
     group label of each record. Every group has k..2k-1 members and one published tuple."""
@@ -228,7 +331,7 @@ def mixed_microaggregate(
         return mixed_centroids(columns, values, labels), labels
     x, blocks, codes = _embed(columns, values, standardize)
     labels = mdav_blocks(x, k, blocks)  # = mdav_groups(x, k, standardize=False)
-    return _centroids(columns, values, labels, codes), labels
+    return _centroids(columns, values, labels, codes, rules), labels
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,15 +346,7 @@ def claim_column(name: str, attr: Attribute) -> QIColumn:
         return QIColumn(name, QIKind.NUMERIC)
     if attr.ordered:
         return QIColumn(name, QIKind.ORDINAL, tuple(attr.domain))
-    if attr.method is Method.GENERALIZE:
-        assert attr.hierarchy is not None
-        cats = [c for c in attr.domain if c != MISSING_LABEL]
-        parents = masking.generalize(cats, attr.hierarchy)
-        domain = list(dict.fromkeys(p for p in parents if p is not None))
-        if attr.missing_is_category:
-            domain.append(MISSING_LABEL)
-        return QIColumn(name, QIKind.NOMINAL, tuple(domain))
-    return QIColumn(name, QIKind.NOMINAL, tuple(attr.domain))
+    return QIColumn(name, QIKind.NOMINAL, tuple(published_categories(attr)))
 
 
 def claim_columns(policy: Policy) -> list[QIColumn]:

@@ -7,6 +7,7 @@ stamped on every output record.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 from enum import StrEnum
@@ -95,6 +96,21 @@ class ExtraFields(StrEnum):
 class ConsistencyMode(StrEnum):
     STICKY = "sticky"
     NONE = "none"  # fresh randomness per release: only for demonstrating the averaging attack
+
+
+class RepublicationMode(StrEnum):
+    """How a returning respondent's quasi-identifier group is republished (docs/consistency.md)."""
+
+    # changed respondents are regrouped at once among the window's new and changed records; a
+    # group left with fewer than k live members is re-formed the same way (fresh; a mover's
+    # linked candidate set is an intersection, measured)
+    REGROUP = "regroup"
+    # fixed cohorts: a cohort's tuple is recomputed from its present members' current values;
+    # every respondent's linked candidate set stays >= k (marginals of nominal attributes lag)
+    COHORT = "cohort"
+    # before 0.2: a changed respondent stays in its group while its departure would leave it
+    # with fewer than k live members (republishes its first tuple; no per-release k)
+    DEFERRED = "deferred"
 
 
 MISSING_LABEL = "<missing>"
@@ -485,6 +501,9 @@ class MicroaggSpec(_Strict):
     k: SInt = 5
     algorithm: MicroaggAlgorithm = MicroaggAlgorithm.MDAV
     standardize: SBool = True
+    # forbidden combinations of nominal quasi-identifiers: attribute -> categories; a published
+    # tuple breaks a rule when every named attribute has one of the listed values
+    edit_rules: list[dict[str, list[str]]] = Field(default_factory=list)
 
     @field_validator("k")
     @classmethod
@@ -503,6 +522,25 @@ class MicroaggSpec(_Strict):
 
 class ConsistencySpec(_Strict):
     mode: ConsistencyMode = ConsistencyMode.STICKY
+
+
+class RepublicationSpec(_Strict):
+    """How groups are republished across releases, and what a release is."""
+
+    mode: RepublicationMode = RepublicationMode.REGROUP
+    # releases are the waves this numeric attribute names (per-release k is checked over a
+    # wave); without it every output window is a release of its own
+    wave_attribute: str | None = None
+    # groups are formed with at least k + slack members, so up to `slack` of them can change
+    # or skip a release before the group has to be re-formed (cohorts: suppressed)
+    slack: SInt = 0
+
+    @field_validator("slack")
+    @classmethod
+    def _slack(cls, v: int) -> int:
+        if not 0 <= v <= MAX_K:
+            raise ValueError(f"republication.slack must be between 0 and {MAX_K:_}, got {v}")
+        return v
 
 
 class RiskSpec(_Strict):
@@ -529,6 +567,7 @@ class Policy(_Strict):
     window: WindowSpec = Field(default_factory=WindowSpec)
     microaggregation: MicroaggSpec = Field(default_factory=MicroaggSpec)
     consistency: ConsistencySpec = Field(default_factory=ConsistencySpec)
+    republication: RepublicationSpec = Field(default_factory=RepublicationSpec)
     risk: RiskSpec = Field(default_factory=RiskSpec)
     attributes: Annotated[dict[str, Attribute], Field(min_length=1)]
 
@@ -549,6 +588,8 @@ class Policy(_Strict):
                 "name the field that identifies the respondent (usually input.respondent_id)"
             )
         claim = self.k_claim
+        self._check_republication()
+        self._check_edit_rules()
         if self.microaggregation.algorithm is MicroaggAlgorithm.RANKING and (
             len(claim) > 1 or any(self.attributes[n].type is not AttrType.NUMERIC for n in claim)
         ):
@@ -557,6 +598,50 @@ class Policy(_Strict):
                 "gives no k-anonymity on the tuple of several quasi-identifiers; use mdav"
             )
         return self
+
+    def _check_republication(self) -> None:
+        wave = self.republication.wave_attribute
+        if wave is None:
+            return
+        attr = self.attributes.get(wave)
+        if attr is None:
+            close = difflib.get_close_matches(wave, list(self.attributes), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(
+                f"republication.wave_attribute '{wave}' is not an attribute{hint}; name the "
+                "numeric attribute that carries the wave number, or leave it out (each window "
+                "is then a release)"
+            )
+        if attr.type is not AttrType.NUMERIC or attr.role is not Role.OTHER:
+            raise ValueError(
+                f"republication.wave_attribute '{wave}' must be a numeric attribute of role "
+                f"other (the wave number), not a {attr.type.value} {attr.role.value}"
+            )
+
+    def _check_edit_rules(self) -> None:
+        for i, rule in enumerate(self.microaggregation.edit_rules):
+            if not rule:
+                raise ValueError(f"microaggregation.edit_rules[{i}] names no attribute")
+            for name, cats in rule.items():
+                attr = self.attributes.get(name)
+                if (
+                    attr is None
+                    or name not in self.k_claim
+                    or attr.type is not AttrType.CATEGORICAL
+                    or attr.ordered
+                ):
+                    raise ValueError(
+                        f"microaggregation.edit_rules[{i}] names '{name}', which is not a "
+                        "nominal quasi-identifier of the k claim; rules constrain the "
+                        "combinations of those only"
+                    )
+                known = set(published_categories(attr))
+                unknown = [c for c in cats if c not in known]
+                if not cats or unknown:
+                    raise ValueError(
+                        f"microaggregation.edit_rules[{i}].{name} must list categories it can "
+                        f"publish ({', '.join(sorted(known))}); {len(unknown)} unknown"
+                    )
 
     @model_validator(mode="after")
     def _distinct_topics(self) -> Self:
@@ -626,6 +711,20 @@ class Policy(_Strict):
         """Stable hash of the canonical form: same meaning, same version, whatever the layout."""
         canonical = orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+def published_categories(attr: Attribute) -> list[str]:
+    """The categories a categorical attribute can publish: its domain, or the values its
+    hierarchy climbs to at the policy's level for method generalize."""
+    if attr.method is not Method.GENERALIZE or attr.hierarchy is None:
+        return attr.domain
+    values = [c for c in attr.domain if c != MISSING_LABEL]
+    for level in attr.hierarchy.levels[: attr.hierarchy.level]:
+        values = [level.get(v, v) for v in values]
+    out = list(dict.fromkeys(values))
+    if attr.missing_is_category:
+        out.append(MISSING_LABEL)
+    return out
 
 
 # why a topic may not serve a second role, by the role it has first

@@ -22,7 +22,7 @@ exactly as they hold for one engine. What changes:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -106,6 +106,7 @@ def merge(
         both = (np.vstack([a for a, _ in sampled]), np.vstack([m for _, m in sampled]))
         measures = window_measures(*both, interval_pct)
     measures.update(merge_key_measures([r.measures for r in reports]))
+    measures.update(merge_republication_measures([r.measures for r in reports]))
     return WindowResult(
         published=published,
         held=held,
@@ -131,6 +132,27 @@ def merge_key_measures(parts: Sequence[Mapping[str, float]]) -> dict[str, float]
         out["key_share_below_k"] = below / out["key_records"]
     for name in {n for p in parts for n in p if n.startswith("ldiv_min:")}:
         out[name] = min(p[name] for p in parts if name in p)
+    return out
+
+
+REPUBLICATION_MEASURES: dict[str, Callable[[Iterable[float]], float]] = {
+    "linked_records": sum,
+    "linked_below_k": sum,
+    "linked_smallest": min,
+    "stale_records": sum,
+    "stale_age_max": max,
+    "release_smallest_class": min,
+}
+
+
+def merge_republication_measures(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The republication measures of a window from its shards' (linked candidate sets and
+    classes never span shards: counts add up, smallest sets are minima)."""
+    out: dict[str, float] = {}
+    for name, combine in REPUBLICATION_MEASURES.items():
+        values = [p[name] for p in parts if name in p]
+        if values:
+            out[name] = float(combine(values))
     return out
 
 

@@ -746,10 +746,14 @@ def attack_history(
                 rel[rid] = None if any(v is None for v in tup) else tup
             qi_releases.append(rel)
         inter = intersection_attack(qi_releases, k)
+        dist = inter.distribution(k)
         result["intersection"] = {
             "k": k,
             "respondents": inter.respondents,
             "below_k": inter.below_k,
+            "share_below_k": dist["share_below_k"],
+            "singled_out": int(dist["singled_out"]),
+            "median": dist["median"],
             "smallest_candidate_sets": inter.smallest,
         }
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
@@ -61,6 +62,15 @@ def test_attack_functions_on_hand_made_histories() -> None:
     qi = [{"x": (1,), "y": (1,), "z": (1,)}, {"x": (1,), "y": (1,), "z": (2,)}]
     res = intersection_attack(qi, k=2)
     assert res.smallest == [1, 2, 2] and res.below_k == 1
+    # a respondent that moves to another tuple is intersected across both: w and x shared
+    # tuples with two others each, but only each other twice; v skipped (suppressed) once
+    moved = [
+        {"v": (1,), "w": (1,), "x": (1,), "y": (1,)},
+        {"v": None, "w": (2,), "x": (2,), "y": (3,)},
+    ]
+    res = intersection_attack(moved, k=3)
+    assert res.sizes == {"v": 4, "w": 2, "x": 2, "y": 1}
+    assert res.distribution(3)["singled_out"] == 1 and res.share_below_k == 0.75
 
 
 def _rr_history(
@@ -105,39 +115,60 @@ def test_averaging_gains_nothing_with_sticky_responses_and_everything_without() 
     assert control[20] > 0.99
 
 
-@pytest.mark.slow
-def test_intersection_attack_finds_no_candidate_set_below_k() -> None:
-    n, waves, k = 10_000, 20, 5
-    rng = np.random.default_rng(7)
-    engine = Engine(policy_from_yaml(QI_POLICY), keyring=KEY, store=DictStore())
-    age = rng.integers(18, 90, n)
-    hours = rng.integers(1, 80, n)
+def _qi_history(mode: str, n: int, waves: int, seed: int) -> tuple[list[dict[str, Any]], Any]:
+    """A panel over ``waves`` windows (one a wave), 5 % changing their age each wave: per
+    wave, respondent -> published (age, hours) or None, and the last window's report."""
+    k = 5
+    rng = np.random.default_rng(seed)
+    text = QI_POLICY + f"republication: {{mode: {mode}}}\n"
+    engine = Engine(policy_from_yaml(text), keyring=KEY, store=DictStore())
+    age = rng.uniform(18, 90, n)  # continuous: two groups never share a centroid
+    hours = rng.uniform(1, 80, n)
     releases = []
-    held: list[ValidRecord] = []
+    report = None
     for wave in range(waves):
         if wave:
             change = rng.random(n) < 0.05
-            age[change] = rng.integers(18, 90, int(change.sum()))
+            age[change] = rng.uniform(18, 90, int(change.sum()))
         recs = [
             ValidRecord(
                 f"r{i}",
-                {"age": int(age[i]), "hours": int(hours[i])},
+                {"age": float(age[i]), "hours": float(hours[i])},
                 SourceRef("in", 0, wave * n + i),
                 float(wave),
             )
             for i in range(n)
         ]
-        res = engine.protect_window([*held, *recs], now=float(wave))
-        held = list(res.held)
-        respondent = {r.source.record_id: r.respondent_id for r in [*held, *recs] if r.source}
+        res = engine.protect_window(recs, now=float(wave), flush_all=True)
+        assert not res.held
         release: dict[str, tuple[float, float] | None] = {}
-        for p in res.published:
+        for rec, p in zip(recs, res.published, strict=True):
             row = orjson.loads(p.value)
-            release[str(respondent[p.record_id])] = (
+            release[str(rec.respondent_id)] = (
                 None if row["age"] is None else (row["age"], row["hours"])
             )
         releases.append(release)
         assert res.report.min_group_size is None or res.report.min_group_size >= k
-    result = intersection_attack(releases, k)
-    assert result.respondents == n
+        report = res.report
+    return releases, report
+
+
+def test_cohorts_keep_every_linked_candidate_set_at_k() -> None:
+    releases, report = _qi_history("cohort", 1500, 8, seed=7)
+    result = intersection_attack(releases, 5)
+    assert result.respondents == 1500
     assert result.below_k == 0, result.smallest
+    assert report.measures["linked_below_k"] == 0 and report.measures["linked_smallest"] >= 5
+
+
+def test_regroup_movers_are_measured_as_the_intruder_sees_them() -> None:
+    # the engine's own figure for the last release equals the intersection attack's over the
+    # whole history, for the respondents that release published
+    releases, report = _qi_history("regroup", 1500, 8, seed=8)
+    sizes = intersection_attack(releases, 5).sizes
+    last = [rid for rid, qi in releases[-1].items() if qi is not None]
+    below = sum(sizes[rid] < 5 for rid in last)
+    assert below > 0  # movers are isolated: the price of publishing current values
+    assert report.measures["linked_records"] == len(last)
+    assert report.measures["linked_below_k"] == below
+    assert report.measures["linked_smallest"] == min(sizes[rid] for rid in last)

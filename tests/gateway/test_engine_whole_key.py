@@ -70,8 +70,8 @@ EDU = ["primary", "secondary", "bachelor", "master", "doctorate"]
 KEY = Keyring(b"w" * 32)
 
 
-def _policy() -> Policy:
-    return policy_from_yaml(POLICY)
+def _policy(mode: str = "regroup") -> Policy:
+    return policy_from_yaml(POLICY + f"republication: {{mode: {mode}}}\n")
 
 
 def _truth(rng: np.random.Generator, n: int) -> dict[str, dict[str, Any]]:
@@ -160,24 +160,71 @@ def test_every_published_tuple_over_the_history_is_shared_by_k(seed: int) -> Non
     assert smallest >= 3, f"a published quasi-identifier tuple has {smallest} < k respondents"
 
 
-def test_unchanged_respondents_republish_the_same_tuple() -> None:
+def _two_windows(
+    mode: str,
+) -> tuple[list[str], set[str], dict[int, dict[str, Any]], dict[int, dict[str, Any]], Any]:
+    """40 respondents, then the same 40 with 6 of them changed: (ids, changed, first rows,
+    second rows by position, second truth)."""
     rng = np.random.default_rng(4)
     truth = _truth(rng, 40)
-    engine = Engine(_policy(), keyring=KEY, store=MemoryStore())
+    engine = Engine(_policy(mode), keyring=KEY, store=MemoryStore())
     ids = sorted(truth)
     res = engine.protect_window(_window(truth, ids, 0), now=0.0)
     first = {int(p.record_id.split("/")[-1]): orjson.loads(p.value) for p in res.published}
-    changed = set(ids[:6])
-    for rid in changed:
+    region = {"north": "N", "centre": "N", "south": "S", "east": "S", "west": "S"}
+
+    def claim(values: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(region[values[c]] if c == "region" else values[c] for c in CLAIM)
+
+    changed = set()
+    for rid in ids[:6]:
+        before = claim(truth[rid])
         truth[rid] = _change(rng, truth[rid])
+        if claim(truth[rid]) != before:  # a change within a generalized category is none
+            changed.add(rid)
     again = engine.protect_window(_window(truth, ids, 100), now=1.0, flush_all=True)
     second = {int(p.record_id.split("/")[-1]) - 100: orjson.loads(p.value) for p in again.published}
     assert len(first) == 40
+    return ids, changed, first, second, truth
+
+
+def test_deferred_mode_republishes_unchanged_respondents_with_the_same_tuple() -> None:
+    ids, changed, first, second, _ = _two_windows("deferred")
     # a changed respondent may wait (held) for k changed neighbours; an unchanged one never does
     assert {ids[j] for j in range(40) if j not in second} <= changed
     same = [(first[j], second[j]) for j in second if ids[j] not in changed]
     cols = [*CLAIM, "occ", "pay"]
-    assert len(same) == 34 and all([x[c] for c in cols] == [y[c] for c in cols] for x, y in same)
+    assert len(same) == 40 - len(changed) and all(
+        [x[c] for c in cols] == [y[c] for c in cols] for x, y in same
+    )
+
+
+def test_regroup_mode_keeps_intact_groups_and_re_forms_the_rest_from_current_values() -> None:
+    ids, changed, first, second, truth = _two_windows("regroup")
+    assert len(second) == 40  # the last flush: nobody waits
+    tuple_of = {j: tuple(row[c] for c in CLAIM) for j, row in first.items()}
+    members: dict[tuple[Any, ...], set[int]] = defaultdict(set)
+    for j, t in tuple_of.items():
+        members[t].add(j)
+    for j, row in second.items():
+        rid = ids[j]
+        if rid not in changed:  # sticky randomized response and noise: byte-identical
+            assert (row["occ"], row["pay"]) == (first[j]["occ"], first[j]["pay"])
+        intact = not any(ids[m] in changed for m in members[tuple_of[j]])
+        if intact:
+            assert tuple(row[c] for c in CLAIM) == tuple_of[j]
+    # a tuple published again is republished by unchanged members only; a new one is its
+    # class's mean age over the members' current values
+    again: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for j, row in second.items():
+        again[tuple(row[c] for c in CLAIM)].append(j)
+    for t, js in again.items():
+        assert len(js) >= 3
+        ages = [truth[ids[j]]["age"] for j in js]
+        if t[0] != pytest.approx(sum(ages) / len(ages), rel=1e-12):
+            # the rest of a group that lost a member but keeps k: unchanged, its old tuple
+            assert t in members and not any(ids[j] in changed for j in js)
+    assert any(t not in members for t in again)  # the changed ones were re-formed
 
 
 def test_published_tuples_use_the_policys_domains() -> None:
@@ -239,7 +286,9 @@ def test_the_group_registry_keeps_formation_sizes_for_the_history_bound() -> Non
     rng = np.random.default_rng(5)
     truth = _truth(rng, 30)
     store = MemoryStore()
-    engine = Engine(_policy(), keyring=KEY, store=store)
+    # the deferred mode republishes a lone returning respondent at once (the others wait for
+    # their group's quorum in the release)
+    engine = Engine(_policy("deferred"), keyring=KEY, store=store)
     ids = sorted(truth)
     engine.protect_window(_window(truth, ids, 0), now=0.0, flush_all=True)
     # a later window with only two returning, unchanged respondents: their classes are still

@@ -91,11 +91,20 @@ def test_groups_and_centroids_follow_the_rules(case: Case) -> None:
             elif col.kind is QIKind.ORDINAL:
                 ranks = sorted(col.categories.index(original[i]) for i in members)
                 assert got == col.categories[ranks[(len(ranks) - 1) // 2]]
-            else:
-                tally = Counter(original[i] for i in members)
-                top = max(tally.values())
-                modes = [c for c in col.categories if tally.get(c, 0) == top]
-                assert got == modes[0]
+    # the nominal columns publish their joint mode: the members' most frequent combination,
+    # ties to the combination whose categories come first in the columns' lists
+    nominal = [j for j, c in enumerate(case.columns) if c.kind is QIKind.NOMINAL]
+    for members in groups.values():
+        if not nominal:
+            break
+        combos = Counter(
+            tuple(case.columns[j].categories.index(case.values[j][i]) for j in nominal)
+            for i in members
+        )
+        top = max(combos.values())
+        best = min(c for c, m in combos.items() if m == top)
+        want = tuple(case.columns[j].categories[c] for j, c in zip(nominal, best, strict=True))
+        assert tuple(published[j][members[0]] for j in nominal) == want
     assert sum(len(m) for m in groups.values()) == n
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_engine import KEY, DictStore, _policy, _records
 
 from gateway.engine import Engine, SourceRef, ValidRecord, WindowResult, window_measures
-from gateway.shards import ShardedEngine, route, shard_of
+from gateway.shards import REPUBLICATION_MEASURES, ShardedEngine, route, shard_of
 
 QI = ("age", "hours")
 
@@ -101,9 +101,14 @@ def test_the_merged_report_is_the_windows_own() -> None:
     masked = np.array([[row[n] for n in QI] for row in rows], dtype=float)
     want = window_measures(true, masked, _policy().risk.interval_pct)
     # the numeric measures, recomputed; the whole-key ones merged from the shards' reports
-    assert {k for k in rep.measures if not k.startswith(("key_", "ldiv_"))} == want.keys()
+    merged = ("key_", "ldiv_", *REPUBLICATION_MEASURES)
+    assert {k for k in rep.measures if not k.startswith(merged)} == want.keys()
     assert rep.measures["key_records"] + rep.measures["key_suppressed"] == rep.published
     assert rep.measures["key_smallest_class"] >= 3
+    # a first release: every respondent published with a group formed of at least k of them
+    assert rep.measures["linked_records"] == rep.published
+    assert rep.measures["linked_smallest"] >= 3 and rep.measures["linked_below_k"] == 0
+    assert rep.measures["release_smallest_class"] >= 3
     for name, value in want.items():
         assert rep.measures[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
 

@@ -1,7 +1,9 @@
 """A hypothesis state machine over the engine and a state store: publish, republish, change,
 crash and replay, poison. Invariants over the whole history: every centroid is shared by at
-least k respondents, an unchanged true value is always republished the same, replayed records
-are byte-identical, and every record sent is published, dead-lettered or still held."""
+least k respondents, an unchanged true value is always randomized the same, replayed records
+are byte-identical, and every record sent is published, dead-lettered or still held. Each
+republication mode runs the machine; ``regroup`` and ``cohort`` also keep k in every release
+(here every window is one), ``cohort`` every respondent's linked candidate set ≥ k."""
 
 from __future__ import annotations
 
@@ -18,8 +20,7 @@ from gateway.policy import policy_from_yaml
 from gateway.validation import Rejection, Validator
 from state.memory_store import MemoryStore
 
-POLICY = policy_from_yaml(
-    """
+POLICY_TEXT = """
 input: {respondent_id: rid}
 window: {max_records: 1000, max_seconds: 1, max_hold_seconds: 5, on_hold_timeout: suppress}
 microaggregation: {k: 3}
@@ -33,17 +34,19 @@ attributes:
     categories: [a, b, c, d]
     rr: {mode: uniform, retention: 0.6}
 """
-)
+POLICY = policy_from_yaml(POLICY_TEXT + "republication: {mode: deferred}\n")
 K = POLICY.microaggregation.k
 KEY = Keyring(b"state-machine-secret-0123456789")
 VALIDATOR = Validator(POLICY)
 
 
 class GatewayMachine(RuleBasedStateMachine):
+    policy = POLICY
+
     def __init__(self) -> None:
         super().__init__()
         self.store = MemoryStore()
-        self.engine = Engine(POLICY, keyring=KEY, store=self.store)
+        self.engine = Engine(self.policy, keyring=KEY, store=self.store)
         self.truth: dict[str, dict[str, object]] = {}
         self.pending: list[ValidRecord] = []  # consumed, not yet handed to a window
         self.held: list[ValidRecord] = []
@@ -57,6 +60,9 @@ class GatewayMachine(RuleBasedStateMachine):
         self.owner: dict[str, str] = {}
         self.truth_log: dict[str, bytes] = {}  # record id -> the true values it carried
         self.ages: dict[str, list[int]] = defaultdict(list)  # every age a respondent had
+        self.release_classes: list[int] = []  # distinct respondents per tuple per window
+        # respondent -> per window it published a tuple in: the respondents sharing it there
+        self.classes_of: dict[str, list[frozenset[str]]] = defaultdict(list)
 
     def _send(self, rid: str) -> None:
         raw = orjson.dumps({"rid": rid, **self.truth[rid]})
@@ -116,6 +122,7 @@ class GatewayMachine(RuleBasedStateMachine):
         result = self.engine.protect_window([*self.held, *self.pending], now=self.now)
         self.pending = []
         self.held = list(result.held)
+        release: dict[tuple[object, object], set[str]] = defaultdict(set)
         for rec in result.published:
             prev = self.first_copy.setdefault(rec.record_id, rec.value)
             assert prev == rec.value, "a replayed record differs from its first copy"
@@ -126,6 +133,11 @@ class GatewayMachine(RuleBasedStateMachine):
             assert self.rr_seen.setdefault(key, row["occ"]) == row["occ"]
             if row["age"] is not None:
                 self.members[(row["age"], row["hours"])].add(rid)
+                release[(row["age"], row["hours"])].add(rid)
+        self.release_classes.extend(len(m) for m in release.values())
+        for members in release.values():
+            for rid in members:
+                self.classes_of[rid].append(frozenset(members))
 
     def _true_at(self, record_id: str) -> bytes:
         return self.truth_log[record_id]
@@ -134,7 +146,7 @@ class GatewayMachine(RuleBasedStateMachine):
     def crash_and_restart(self) -> None:
         """The worker dies: uncommitted records (held and pending) are consumed again by a new
         engine on the same durable store."""
-        self.engine = Engine(POLICY, keyring=KEY, store=self.store)
+        self.engine = Engine(self.policy, keyring=KEY, store=self.store)
         self.pending = [*self.held, *self.pending]
         self.held = []
 
@@ -155,6 +167,32 @@ class GatewayMachine(RuleBasedStateMachine):
         assert not published & self.dead
         assert published | self.dead | waiting == self.sent
 
+    def linked(self, rid: str) -> frozenset[str]:
+        """What an intruder following ``rid`` over the windows gets: the respondents sharing
+        its published tuple in every window it published one in."""
+        sets = self.classes_of[rid]
+        return frozenset.intersection(*sets) if sets else frozenset()
 
-GatewayMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
+
+class RegroupMachine(GatewayMachine):
+    policy = policy_from_yaml(POLICY_TEXT + "republication: {mode: regroup}\n")
+
+    @invariant()
+    def every_release_has_k_per_tuple(self) -> None:
+        assert all(n >= K for n in self.release_classes)
+
+
+class CohortMachine(RegroupMachine):
+    policy = policy_from_yaml(POLICY_TEXT + "republication: {mode: cohort, slack: 1}\n")
+
+    @invariant()
+    def linked_sets_stay_k(self) -> None:
+        small = [rid for rid in self.classes_of if len(self.linked(rid)) < K]
+        assert not small, f"{len(small)} respondents linked to fewer than k"
+
+
+for machine in (GatewayMachine, RegroupMachine, CohortMachine):
+    machine.TestCase.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
 test_gateway_state_machine = GatewayMachine.TestCase
+test_regroup_state_machine = RegroupMachine.TestCase
+test_cohort_state_machine = CohortMachine.TestCase

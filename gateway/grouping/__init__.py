@@ -1,0 +1,9 @@
+"""Grouping across releases: who publishes which quasi-identifier tuple, wave after wave.
+
+* :mod:`gateway.grouping.release` — what a release is (a wave, or an output window) and when one
+  is closed;
+* :mod:`gateway.grouping.registry` — a group's stored entry: its tuple, members, live count and
+  the publication masks that give every member's linked candidate set;
+* :mod:`gateway.grouping.republish` — the republication modes ``regroup`` and ``cohort``:
+  per-release quorum, departures, re-formation of groups among new and changed records.
+"""

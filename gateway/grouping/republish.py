@@ -1,0 +1,462 @@
+"""The ``regroup`` and ``cohort`` republication modes: one window's quasi-identifier decision.
+
+Every record of the window is, for its respondent, one of:
+
+* **returning** to its group (``g`` in its state: group id, the digest of the values its tuple
+  was formed from, its member index). It publishes the group's tuple once the group has a
+  *quorum* in the record's release: at least k of its members publishing it there, counting
+  those already published in the release and those in hand now. Until then it is held; when
+  its release closes (a later wave, its hold time over, or the last flush) it stops waiting:
+  ``regroup`` forms a new group for it, ``cohort`` publishes it with its quasi-identifiers
+  suppressed.
+* **pending**: new, or (``regroup``) changed, or a member of a group that can no longer reach k
+  live members. Pending records are microaggregated among themselves, per release and scope,
+  into groups of at least k + slack members once at least k are waiting; fewer wait (held) or,
+  past their hold time, are published suppressed.
+
+``cohort`` keeps its members for good: a changed member stays, and the first publishers of
+each release recompute the cohort's tuple from their current values when one of them changed.
+A member publishes only if its linked candidate set stays ≥ k (:mod:`gateway.grouping.registry`),
+so that holds for everyone, under attrition too; ``regroup`` measures it instead.
+
+Per-release k and k over the history follow from the quorum: a tuple is published in a release
+only by groups with ≥ k publishers there, and every group was formed from ≥ k respondents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gateway.grouping.decision import QIDecision, published_column
+from gateway.grouping.registry import (
+    Group,
+    carried_after_leaving,
+    linked_size,
+    member_digest,
+    newer,
+)
+from gateway.policy import RepublicationMode
+
+# (rows of one list per claim column, k) -> (published values per column, group label per row)
+Partition = Callable[[list[list[object]], int], tuple[list[list[object]], NDArray[np.int64]]]
+# rows of one group (one list per claim column) -> its published tuple
+Centroid = Callable[[list[list[object]]], list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowQI:
+    """A window's quasi-identifier inputs, one entry per record."""
+
+    rids: Sequence[str]
+    keys: Sequence[bytes | None]  # respondent state keys (None: no respondent id)
+    cols: Sequence[Sequence[object]]  # the k claim's inputs, one list per attribute
+    complete: Sequence[bool]  # every claim value present
+    digests: Sequence[str]  # keyed digest of the claim tuple
+    releases: Sequence[str]
+    scopes: Sequence[int | None]  # groups never span scopes (input partitions)
+    expired: Sequence[bool]  # hold time over (or the last flush)
+    closed: Sequence[bool]  # the record's release is closed
+
+
+@dataclass(slots=True)
+class _Window:
+    """Working state of one decision."""
+
+    w: WindowQI
+    states: dict[bytes, dict[str, Any]]
+    touched: set[bytes]
+    groups: dict[str, Group]
+    decision: QIDecision = field(default_factory=QIDecision)
+    member: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # i -> g of its state
+    leaving: set[int] = field(default_factory=set)  # members that leave if they find a group
+    pool: list[int] = field(default_factory=list)
+    published_groups: set[str] = field(default_factory=set)
+    stale: dict[int, int] = field(default_factory=dict)  # i -> releases its tuple is behind
+
+
+class Republisher:
+    """Decides windows for one policy's ``regroup`` or ``cohort`` mode."""
+
+    def __init__(
+        self,
+        mode: RepublicationMode,
+        *,
+        k: int,
+        slack: int,
+        numeric: Sequence[bool],
+        partition: Partition,
+        centroid: Centroid,
+        on_timeout_suppress: bool,
+    ) -> None:
+        if mode is RepublicationMode.DEFERRED:
+            raise ValueError("the deferred mode is the engine's own, not a Republisher's")
+        self.mode = mode
+        self.k = k
+        self.slack = slack
+        self._numeric = list(numeric)
+        self._partition = partition
+        self._centroid = centroid
+        self._suppress_on_timeout = on_timeout_suppress
+
+    @property
+    def cohort(self) -> bool:
+        return self.mode is RepublicationMode.COHORT
+
+    # ------------------------------------------------------------------------------------
+    def decide(
+        self,
+        w: WindowQI,
+        states: dict[bytes, dict[str, Any]],
+        touched: set[bytes],
+        load: Callable[[Sequence[str]], Mapping[str, Group]],
+        *,
+        sampled: bool = False,
+    ) -> tuple[QIDecision, dict[str, Group]]:
+        """The window's decision; ``states`` (the respondents' decoded states) are updated in
+        place and their keys added to ``touched``. Returns the decision and every group read or
+        formed, whose changed entries the caller writes with the states. ``sampled``: a window
+        whose risk is measured (``QIDecision.aggregated`` holds its new groups' rows)."""
+        win = _Window(w, states, touched, {})
+        win.decision.sampled = sampled  # its new groups' true and masked rows are kept
+        followers, later = self._scan(win)
+        win.groups.update(load(sorted({g for g, _, _ in win.member.values()})))
+        batches = self._classify(win)
+        for (gid, release), idx in batches:
+            self._quorum(win, gid, release, idx)
+        self._form(win)
+        d = win.decision
+        suppressed = set(d.suppressed)
+        for i, f in followers:  # the same respondent again, same tuple: the same outcome
+            if f in d.tuples:
+                d.tuples[i], d.group_of[i], d.digests[i] = d.tuples[f], d.group_of[f], w.digests[f]
+            elif f in suppressed:
+                d.suppressed.append(i)
+            else:
+                self._hold_or_suppress(win, i)
+        for i in later:  # another tuple of a respondent decided here: the next window's
+            self._hold_or_suppress(win, i)
+        self._measure(win)
+        return d, win.groups
+
+    # -- the window's records --------------------------------------------------------------
+    def _scan(self, win: _Window) -> tuple[list[tuple[int, int]], list[int]]:
+        """Sort the records: incomplete (suppressed), first of their respondent (member of a
+        group, or pending), or a repeat of a respondent already seen here."""
+        w, d = win.w, win.decision
+        first: dict[bytes, int] = {}
+        followers: list[tuple[int, int]] = []
+        later: list[int] = []
+        states = win.states
+        for i, key in enumerate(w.keys):
+            if not w.complete[i]:
+                d.suppressed.append(i)  # a missing quasi-identifier cannot be aggregated
+                continue
+            if key is None:
+                win.pool.append(i)
+                continue
+            f = first.get(key)
+            if f is not None:
+                same = w.digests[f] == w.digests[i] and w.releases[f] == w.releases[i]
+                if same:
+                    followers.append((i, f))
+                else:
+                    later.append(i)
+                continue
+            first[key] = i
+            st = states.get(key)
+            g = st.get("g") if st is not None else None
+            if g is None:
+                win.pool.append(i)  # new (or kept by the deferred mode: grouped afresh)
+            else:
+                win.member[i] = (str(g[0]), str(g[1]), int(g[2]))
+        return followers, later
+
+    def _classify(self, win: _Window) -> list[tuple[tuple[str, str], list[int]]]:
+        """Members by (group, release), oldest release first; the others join the pool."""
+        w, k = win.w, self.k
+        batches: dict[tuple[str, str], list[int]] = {}
+        departing: dict[str, int] = {}
+        for i, (gid, formed, j) in win.member.items():
+            grp = win.groups.get(gid)
+            if grp is None or grp.size < k or j >= len(grp.members):
+                # lost, of another mode, or formed under a smaller k: grouped afresh
+                self._leave_for_pool(win, i)
+                continue
+            if not self.cohort and w.digests[i] != formed:
+                departing[gid] = departing.get(gid, 0) + 1
+                self._leave_for_pool(win, i)
+                continue
+            batches.setdefault((gid, w.releases[i]), []).append(i)
+        if not self.cohort:
+            # a group that cannot have k live members again is re-formed: its members that are
+            # here join the pool, unless its release already has a quorum
+            for (gid, release), idx in list(batches.items()):
+                grp = win.groups[gid]
+                quorum = release == grp.release and grp.publishers() >= k
+                if grp.live - departing.get(gid, 0) < k and not quorum:
+                    del batches[(gid, release)]
+                    for i in idx:
+                        self._leave_for_pool(win, i)
+        return sorted(batches.items(), key=lambda kv: _release_order(kv[0][1]))
+
+    def _leave_for_pool(self, win: _Window, i: int) -> None:
+        if i in win.member:
+            win.leaving.add(i)
+        win.pool.append(i)
+
+    # -- returning members -----------------------------------------------------------------
+    def _quorum(self, win: _Window, gid: str, release: str, idx: list[int]) -> None:
+        grp = win.groups[gid]
+        if not grp.enter(release):  # a straggler of a release the group has left behind
+            for i in idx:
+                self._wait(win, i, regroup_if_closed=True, force_close=True)
+            return
+        bit = {i: 1 << win.member[i][2] for i in idx}
+        batch = idx
+        if self.cohort:
+            batch = _linked_fixpoint(grp, batch, bit, self.k)
+        mask = 0
+        for i in batch:
+            mask |= bit[i]
+        if batch and (grp.published | mask).bit_count() >= self.k:
+            self._publish(win, gid, grp, batch, mask)
+            waiting = [i for i in idx if not mask & bit[i]]
+        else:
+            waiting = idx
+        for i in waiting:
+            self._wait(win, i, regroup_if_closed=True)
+
+    def _publish(self, win: _Window, gid: str, grp: Group, batch: list[int], mask: int) -> None:
+        w, d = win.w, win.decision
+        if self.cohort and grp.published == 0 and newer(grp.release, grp.tuple_release):
+            changed = [i for i in batch if w.digests[i] != win.member[i][1]]
+            if changed:  # the release's first publishers bring current values: recompute
+                rows = [[col[i] for i in batch] for col in w.cols]
+                grp.tuple_ = self._centroid(rows)
+                grp.tuple_release = grp.release
+                for i in batch:
+                    j = win.member[i][2]
+                    self._set_member(win, i, gid, w.digests[i], j)
+                    win.member[i] = (gid, w.digests[i], j)
+        grp.publish(mask)
+        grp.changed = True
+        win.published_groups.add(gid)
+        tuple_ = grp.tuple_
+        for i in batch:
+            d.tuples[i] = tuple_
+            d.group_of[i] = gid
+            d.digests[i] = w.digests[i]
+            d.hits += 1
+            if w.digests[i] != win.member[i][1]:
+                win.stale[i] = self._stale_for(win, i)
+
+    def _wait(
+        self, win: _Window, i: int, *, regroup_if_closed: bool, force_close: bool = False
+    ) -> None:
+        """A record that cannot publish now: held while its release is open and its hold time
+        lasts; then grouped afresh (``regroup``) or published suppressed."""
+        w, d = win.w, win.decision
+        closed = force_close or w.closed[i] or w.expired[i]
+        if not closed:
+            d.held.append(i)
+        elif regroup_if_closed and not self.cohort and i in win.member:
+            self._leave_for_pool(win, i)
+        elif w.expired[i] and not self._suppress_on_timeout:
+            d.held.append(i)
+        else:
+            d.suppressed.append(i)
+
+    def _hold_or_suppress(self, win: _Window, i: int) -> None:
+        if win.w.expired[i] and self._suppress_on_timeout:
+            win.decision.suppressed.append(i)
+        else:
+            win.decision.held.append(i)
+
+    def _stale_for(self, win: _Window, i: int) -> int:
+        """A cohort member publishing a tuple its current values are not in: since when (its
+        state keeps the release of its first such publication), in releases."""
+        key = win.w.keys[i]
+        assert key is not None
+        st = win.states[key]
+        release = win.w.releases[i]
+        since = st.get("s")
+        if since is None:
+            st["s"] = release
+            win.touched.add(key)
+            return 1
+        if since.lstrip("-").isdigit() and release.lstrip("-").isdigit():
+            return int(release) - int(since) + 1
+        return 1
+
+    # -- new groups --------------------------------------------------------------------------
+    def _form(self, win: _Window) -> None:
+        """Microaggregate the pool, per (scope, release): one slot per respondent."""
+        w, d, k = win.w, win.decision, self.k
+        slot_of: dict[bytes | int, int] = {}
+        slots: list[int] = []
+        for i in win.pool:
+            key = w.keys[i]
+            ident: bytes | int = key if key is not None else i
+            if ident not in slot_of:
+                slot_of[ident] = len(slots)
+                slots.append(i)
+        parts: dict[tuple[int | None, str], list[int]] = {}
+        for i in slots:
+            parts.setdefault((w.scopes[i], w.releases[i]), []).append(i)
+        originals: list[NDArray[np.float64]] = []
+        maskeds: list[NDArray[np.float64]] = []
+        numeric = [j for j, n in enumerate(self._numeric) if n]
+        for (scope, release), rows in sorted(parts.items(), key=_part_order):
+            if len(rows) < k:
+                for i in rows:
+                    self._pool_waits(win, i)
+                continue
+            sub = [[col[i] for i in rows] for col in w.cols]
+            size = k + self.slack
+            if len(rows) >= size:
+                published, labels = self._partition(sub, size)
+            else:  # between k and k + slack: one group of all of them
+                published, labels = self._partition(sub, len(rows))
+            if numeric:
+                originals.append(np.array([sub[j] for j in numeric], dtype=np.float64).T)
+                maskeds.append(np.array([published[j] for j in numeric], dtype=np.float64).T)
+            out_rows = list(zip(*map(published_column, published, self._numeric), strict=True))
+            prefix = f"{scope}." if scope is not None else ""
+            order = np.argsort(labels, kind="stable")
+            for at in np.split(order, np.flatnonzero(np.diff(labels[order])) + 1):
+                members = [rows[t] for t in at.tolist()]
+                ident = b"".join(sorted(w.rids[i].encode() for i in members))
+                gid = prefix + hashlib.sha256(ident).hexdigest()[:16]
+                digests = [member_digest(w.keys[i] or b"") for i in members]
+                grp = Group.formed(list(out_rows[at[0]]), digests, release)
+                win.groups[gid] = grp
+                win.published_groups.add(gid)
+                d.groups.append((gid, len(members)))
+                for j, i in enumerate(members):
+                    self._join(win, i, gid, grp, j)
+        if d.sampled and numeric:
+            width = len(numeric)
+            d.aggregated = (
+                np.vstack(originals) if originals else np.empty((0, width)),
+                np.vstack(maskeds) if maskeds else np.empty((0, width)),
+            )
+
+    def _pool_waits(self, win: _Window, i: int) -> None:
+        """Fewer than k pending in its part: held, or past its hold time suppressed — and then
+        it has left its group for good (its state no longer names one)."""
+        w = win.w
+        self._hold_or_suppress(win, i)
+        if not (w.expired[i] and self._suppress_on_timeout):
+            return
+        if i in win.leaving:
+            self._depart(win, i)
+            key = w.keys[i]
+            assert key is not None
+            win.states[key].pop("g", None)
+            win.touched.add(key)
+
+    def _join(self, win: _Window, i: int, gid: str, grp: Group, j: int) -> None:
+        w, d = win.w, win.decision
+        d.tuples[i] = grp.tuple_
+        d.group_of[i] = gid
+        d.digests[i] = w.digests[i]
+        if w.keys[i] is None:
+            return
+        if i in win.leaving:
+            self._depart(win, i)
+        self._set_member(win, i, gid, w.digests[i], j)
+
+    def _depart(self, win: _Window, i: int) -> None:
+        """Respondent ``i`` leaves its group: one live member less, and it carries on the
+        respondents its linked set still holds."""
+        key = win.w.keys[i]
+        assert key is not None
+        gid, _, j = win.member[i]
+        grp = win.groups.get(gid)
+        st = win.states[key]
+        if grp is not None:
+            grp.live -= 1
+            grp.changed = True
+            st["x"] = carried_after_leaving(grp, j, st.get("x"))
+        else:  # its group's entry is gone: nothing known to carry, assume the worst
+            st["x"] = []
+        win.touched.add(key)
+
+    def _set_member(self, win: _Window, i: int, gid: str, formed: str, j: int) -> None:
+        key = win.w.keys[i]
+        assert key is not None
+        st = win.states.get(key)
+        if st is None:
+            st = win.states[key] = {}
+        st["g"] = [gid, formed, j]
+        st.pop("s", None)
+        st.pop("current", None)  # the deferred mode's entries, superseded
+        st.pop("qi", None)
+        win.touched.add(key)
+
+    # -- what the window measured ----------------------------------------------------------
+    def _measure(self, win: _Window) -> None:
+        """Linked candidate sets, freshness and per-release class sizes of what is published."""
+        w, d, k = win.w, win.decision, self.k
+        smallest: int | None = None
+        below = 0
+        counted = 0
+        suppressed = set(d.suppressed)
+        for i, gid in d.group_of.items():
+            key = w.keys[i]
+            if key is None or i in suppressed:
+                continue
+            st = win.states.get(key, {})
+            g = st.get("g")
+            grp = win.groups.get(gid)
+            if g is None or grp is None or g[0] != gid:
+                continue
+            size = linked_size(grp, int(g[2]), st.get("x"))
+            counted += 1
+            below += size < k
+            smallest = size if smallest is None else min(smallest, size)
+        m = d.measures
+        m["linked_records"] = float(counted)
+        m["linked_below_k"] = float(below)
+        if smallest is not None:
+            m["linked_smallest"] = float(smallest)
+        m["stale_records"] = float(len(win.stale))
+        m["stale_age_max"] = float(max(win.stale.values(), default=0))
+        if win.published_groups:
+            m["release_smallest_class"] = float(
+                min(win.groups[g].publishers() for g in win.published_groups)
+            )
+
+
+def _linked_fixpoint(grp: Group, batch: list[int], bit: Mapping[int, int], k: int) -> list[int]:
+    """The largest part of ``batch`` whose members all keep a linked set of ≥ k when they
+    publish together now (dropping one can only shrink the others' sets, so repeat)."""
+    while batch:
+        extra = 0
+        for i in batch:
+            extra |= bit[i]
+        keep = [
+            i for i in batch if grp.linked_mask(bit[i].bit_length() - 1, extra).bit_count() >= k
+        ]
+        if len(keep) == len(batch):
+            return batch
+        batch = keep
+    return batch
+
+
+def _release_order(release: str) -> tuple[int, int]:
+    """Waves by number first, window releases after them."""
+    if release.lstrip("-").isdigit():
+        return (0, int(release))
+    return (1, 0)
+
+
+def _part_order(item: tuple[tuple[int | None, str], list[int]]) -> tuple[int, int, int, int]:
+    (scope, release), _ = item
+    return (scope is None, scope or 0, *_release_order(release))
