@@ -15,7 +15,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from typing import Any, NamedTuple, cast
 
@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from gateway import masking, quality
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
+from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
 from gateway.grouping.republish import Republisher, WindowQI
@@ -42,6 +43,7 @@ from gateway.mixed_microaggregation import (
 from gateway.policy import (
     MISSING_LABEL,
     ConsistencyMode,
+    GroupingPool,
     HoldTimeout,
     Method,
     MicroaggAlgorithm,
@@ -124,6 +126,7 @@ class WindowResult:
 
 
 _QI_DIGEST_ATTR = "\x00quasi-identifiers"
+_CATEGORIES_DIGEST_ATTR = "\x00categorical-quasi-identifiers"  # a tuple's categories alone
 GROUP_KEY_PREFIX = b"group:"  # registry entries; respondent keys are 32-byte digests
 
 
@@ -340,6 +343,15 @@ class WindowKeys(NamedTuple):
     quasi_identifiers: list[str]  # digest (hex) of the k-claim tuple; empty unless sticky
 
 
+def _record_ids_at(records: Sequence[ValidRecord], positions: Sequence[int]) -> list[str]:
+    """:func:`record_ids` of the records at ``positions`` (their positions in ``records``)."""
+    out = []
+    for i in positions:
+        src = records[i].source
+        out.append(src.record_id if src else f"row/{i}")
+    return out
+
+
 def record_ids(records: Sequence[ValidRecord]) -> list[str]:
     """Each record's id: its input position, or its index in the window without one."""
     return [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
@@ -415,15 +427,23 @@ class KeyedInputs:
             qi = self.claim_digests(cols, [None not in row for row in zip(*cols, strict=True)])
         return WindowKeys(respondents, draws, values, qi)
 
-    def claim_digests(self, cols: Sequence[Sequence[Any]], complete: Sequence[bool]) -> list[str]:
+    def claim_digests(
+        self,
+        cols: Sequence[Sequence[Any]],
+        complete: Sequence[bool],
+        attribute: str = _QI_DIGEST_ATTR,
+    ) -> list[str]:
         """The digest (hex) of each record's k-claim tuple, from the claim inputs (one list
-        per claim attribute) and whether each record has all of them."""
+        per claim attribute) and whether each record has all of them. ``attribute``: the
+        digest's domain (another one for a part of the tuple)."""
         # one digest per distinct tuple of canonical texts (1.0 and 1 agree); a tuple with a
         # missing value cannot be grouped, and is digested as the empty one
+        if not cols:
+            return [""] * len(complete)
         rows = [
             row if ok else () for row, ok in zip(zip(*cols, strict=True), complete, strict=True)
         ]
-        return [h for _, h in self._digests.many(_QI_DIGEST_ATTR, rows, _qi_text)]
+        return [h for _, h in self._digests.many(attribute, rows, _qi_text)]
 
 
 class Engine:
@@ -504,6 +524,13 @@ class Engine:
         self._rules = [EditRule.of(rule) for rule in policy.microaggregation.edit_rules]
         rep = policy.republication
         self._releases = ReleaseClock()
+        pooled = (
+            rep.pool is GroupingPool.RELEASE
+            and rep.wave_attribute is not None
+            and rep.mode is not RepublicationMode.DEFERRED
+            and store is not None
+        )
+        self._parking = Parking(policy.window.max_hold_seconds) if pooled else None
         self._republisher = (
             Republisher(
                 rep.mode,
@@ -511,8 +538,9 @@ class Engine:
                 slack=rep.slack,
                 numeric=self._qi_numeric,
                 partition=self._partition,
-                centroid=self._centroid,
+                centroids=self._centroids,
                 on_timeout_suppress=policy.window.on_hold_timeout is HoldTimeout.SUPPRESS,
+                pool_per_release=rep.pool is GroupingPool.RELEASE,
             )
             if rep.mode is not RepublicationMode.DEFERRED and self._qi_agg and self._store
             else None
@@ -581,9 +609,83 @@ class Engine:
                 f"keys for {len(keys.respondents)} records given with a window of "
                 f"{len(records)}: they must be the window's own (KeyedInputs.of)"
             )
+        parked = self._parked(records, by_attribute, now=now, flush_all=flush_all)
+        if not parked:
+            return self._protect_window(
+                records,
+                record_ids(records),
+                now=now,
+                flush_all=flush_all,
+                by_attribute=by_attribute,
+                encode=encode,
+                keys=keys,
+            )
+        # records waiting for their wave to close are handed back held, undecided
+        aside = set(parked)
+        active = [i for i in range(len(records)) if i not in aside]
+        res = self._protect_window(
+            [records[i] for i in active],
+            _record_ids_at(records, active),
+            now=now,
+            flush_all=flush_all,
+            by_attribute=None
+            if by_attribute is None
+            else {n: [c[i] for i in active] for n, c in by_attribute.items()},
+            encode=encode,
+            keys=None if keys is None else _keys_at(keys, active),
+        )
+        report = replace(
+            res.report,
+            window_id=window_id(records),
+            records_in=len(records),
+            held=res.report.held + len(parked),
+        )
+        return replace(res, held=[*(records[i] for i in parked), *res.held], report=report)
+
+    def _parked(
+        self,
+        records: Sequence[ValidRecord],
+        by_attribute: Mapping[str, Sequence[Any]] | None,
+        *,
+        now: float,
+        flush_all: bool,
+    ) -> list[int]:
+        """The records set aside unread in this window (:mod:`gateway.grouping.parking`)."""
+        parking, wave = self._parking, self.policy.republication.wave_attribute
+        if parking is None or wave is None or not records:
+            return []
+        column = by_attribute.get(wave) if by_attribute is not None else None
+
+        def releases_at(positions: Sequence[int]) -> list[str]:
+            if by_attribute is None:
+                values = [records[i].values.get(wave) for i in positions]
+            else:
+                values = [None if column is None else column[i] for i in positions]
+            return release_keys(values, str)  # no wave: a window release (never parked)
+
+        return parking.split(
+            records,
+            lambda i: records[i].arrived_at,
+            lambda positions: _record_ids_at(records, positions),
+            releases_at,
+            self._releases,
+            now=now,
+            flush_all=flush_all,
+        )
+
+    def _protect_window(
+        self,
+        records: Sequence[ValidRecord],
+        rids: list[str],
+        *,
+        now: float,
+        flush_all: bool,
+        by_attribute: Mapping[str, Sequence[Any]] | None,
+        encode: bool,
+        keys: WindowKeys | None,
+    ) -> WindowResult:
         policy = self.policy
         self._windows += 1
-        rids = record_ids(records)
 
         kr = self._keyring
         sticky = self._consistent and kr is not None
@@ -1102,14 +1204,16 @@ class Engine:
             self._qi_columns, sub, size, standardize=spec.standardize, rules=self._rules
         )
 
-    def _centroid(self, rows: list[list[object]]) -> list[Any]:
-        """The tuple one group of rows (one list per k-claim column) publishes."""
-        labels = np.zeros(len(rows[0]), dtype=np.int64)
+    def _centroids(self, rows: list[list[object]], labels: NDArray[np.int64]) -> list[list[Any]]:
+        """The tuple each group of rows (one list per k-claim column; groups labelled 0..n-1)
+        publishes."""
         values = mixed_centroids(self._qi_columns, rows, labels, self._rules)
-        return [
-            published_column([column[0]], numeric)[0]
+        first = np.unique(labels, return_index=True)[1].tolist()  # a row of each group
+        columns = [
+            published_column([column[t] for t in first], numeric)
             for column, numeric in zip(values, self._qi_numeric, strict=True)
         ]
+        return [list(t) for t in zip(*columns, strict=True)]
 
     def _republish(
         self,
@@ -1136,28 +1240,34 @@ class Engine:
         digests = (
             qi_digests if qi_digests is not None else self._inputs.claim_digests(cols, complete)
         )
+        categorical = [c for c, numeric in zip(cols, self._qi_numeric, strict=True) if not numeric]
+        categories = self._inputs.claim_digests(categorical, complete, _CATEGORIES_DIGEST_ATTR)
         wave = policy.republication.wave_attribute
-        window = window_id(records)
         if wave is None:
-            releases = ["w" + window] * len(records)
+            releases = ["w" + window_id(records)] * len(records)
         else:
-            releases = release_keys(_attribute_values(records, by_attribute, [wave])[0], window)
+            releases = release_keys(
+                _attribute_values(records, by_attribute, [wave])[0], lambda: window_id(records)
+            )
         self._releases.see(releases)
         max_hold = policy.window.max_hold_seconds
         scoped = self._partition_scope
+        closed = {r: self._releases.closed(r) for r in set(releases)}
         window_qi = WindowQI(
             rids=rids,
             keys=rkeys,
             cols=cols,
             complete=complete,
             digests=digests,
+            categories=categories,
             releases=releases,
-            scopes=[
-                (r.source.partition if r.source is not None else 0) if scoped else None
-                for r in records
-            ],
-            expired=[flush_all or now - r.arrived_at >= max_hold for r in records],
-            closed=list(map(self._releases.closed, releases)),
+            scopes=[r.source.partition if r.source is not None else 0 for r in records]
+            if scoped
+            else [None] * len(records),
+            expired=[True] * len(records)
+            if flush_all
+            else [now - r.arrived_at >= max_hold for r in records],
+            closed=[closed[r] for r in releases],
         )
         decision, groups = self._republisher.decide(
             window_qi,
@@ -1357,6 +1467,16 @@ class Engine:
 
 
 _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
+
+
+def _keys_at(keys: WindowKeys, positions: Sequence[int]) -> WindowKeys:
+    """The keys of the records at ``positions`` (increasing)."""
+    return WindowKeys(
+        [keys.respondents[i] for i in positions],
+        [keys.draws[i] for i in positions],
+        {n: [v[i] for i in positions] for n, v in keys.values.items()},
+        [keys.quasi_identifiers[i] for i in positions] if keys.quasi_identifiers else [],
+    )
 
 
 def _at(column: list[Any] | None, positions: Sequence[int]) -> list[Any] | None:

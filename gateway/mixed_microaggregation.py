@@ -13,14 +13,16 @@ quasi-identifier tuple and the published file is k-anonymous on all of them toge
   1/√(1 - Σ f_c²), the attribute's total variance over the data, so that two random records
   differ by 2 on average, exactly as two random records do on a standardised numeric
   attribute: no attribute kind dominates the distance (privgw's own scaling; the paper uses the
-  plain 0/1 distance, which lets a many-valued nominal attribute dominate). The nominal
-  attributes' centroid is their *joint* mode: the combination of nominal categories most
-  frequent among the group's members (ties go to the combination whose categories come first
-  in the policy's lists), so a group never publishes a combination none of its members has
-  (attribute-wise modes can publish Husband with Female). Edit rules (:class:`EditRule`) name
-  combinations that must never be published: the group publishes its most frequent allowed
-  member combination, and if every member's combination is forbidden, the attributes of the
-  rules it breaks are published suppressed (None).
+  plain 0/1 distance, which lets a many-valued nominal attribute dominate).
+* **Nominal attributes together**: a group publishes one of its members' combinations of
+  nominal categories, so it never publishes a combination none of its members has
+  (attribute-wise modes publish Husband with Female). It takes the member combination that
+  agrees with most member cells (the group's medoid under the 0/1 distance), ties to the more
+  frequent combination, then to the categories listed first: a plain joint mode, in groups of
+  five mostly different combinations, would fall back on list order and bias the published
+  marginals. Edit rules (:class:`EditRule`) name combinations never to publish: the group
+  takes its best allowed member combination, and if every member's is forbidden, publishes
+  the attributes of the rules it breaks suppressed (None).
 
 The distance is the squared Euclidean distance between the embedded rows, so MDAV runs on the
 embedded matrix unchanged (:func:`gateway.microaggregation.mdav_groups` with unit weights).
@@ -263,18 +265,26 @@ def _joint_modes(
     lab: NDArray[np.int64],
     rules: Sequence[EditRule],
 ) -> list[list[object]]:
-    """Each record's published nominal values: its group's most frequent member combination
-    that no edit rule forbids (ties: the combination whose codes come first), else the most
-    frequent one with the attributes of the rules it breaks suppressed (None)."""
+    """Each record's published nominal values: the member combination of its group that
+    agrees with the most member cells (the group's medoid under the 0/1 distance: Σ over
+    attributes of the members sharing its value), ties to the more frequent combination, then
+    to the one whose codes come first; never one an edit rule forbids, unless every member's
+    is — then the attributes of the rules it breaks are suppressed (None)."""
     rows = np.column_stack(codes)
     combos, combo_of = np.unique(rows, axis=0, return_inverse=True)  # sorted: ties by code
     combo_of = combo_of.reshape(-1)
     u = combos.shape[0]
     pairs, counts = np.unique(lab * u + combo_of, return_counts=True)
     group, combo = pairs // u, pairs % u
+    groups = int(lab.max()) + 1 if lab.size else 0
+    agree = np.zeros(pairs.size, dtype=np.int64)
+    for j, (col, c) in enumerate(zip(columns, codes, strict=True)):
+        m = len(col.categories)
+        sharing = np.bincount(lab * m + c, minlength=groups * m)
+        agree += sharing[group * m + combos[combo, j]]
     banned = _banned(columns, combos, rules)
-    # per group: allowed before forbidden, then more members, then the first combination
-    order = np.lexsort((combo, -counts, banned[combo], group))
+    # per group: allowed first, then most agreement, more members, the first combination
+    order = np.lexsort((combo, -counts, -agree, banned[combo], group))
     first = np.ones(order.size, dtype=bool)
     first[1:] = group[order][1:] != group[order][:-1]
     best = np.empty(int(group.max()) + 1 if group.size else 0, dtype=np.int64)

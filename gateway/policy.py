@@ -113,6 +113,16 @@ class RepublicationMode(StrEnum):
     DEFERRED = "deferred"
 
 
+class GroupingPool(StrEnum):
+    """When new and changed respondents are microaggregated."""
+
+    WINDOW = "window"  # in every window, once k of them wait there
+    # when their release closes (a later wave, hold time over, the last flush): one pool per
+    # release, so groups are formed from nearer neighbours (less information loss) at the
+    # price of waiting up to a wave
+    RELEASE = "release"
+
+
 MISSING_LABEL = "<missing>"
 
 _ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
@@ -534,6 +544,7 @@ class RepublicationSpec(_Strict):
     # groups are formed with at least k + slack members, so up to `slack` of them can change
     # or skip a release before the group has to be re-formed (cohorts: suppressed)
     slack: SInt = 0
+    pool: GroupingPool = GroupingPool.WINDOW
 
     @field_validator("slack")
     @classmethod

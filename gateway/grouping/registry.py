@@ -35,12 +35,13 @@ def newer(release: str, than: str) -> bool:
     any other (its id is fresh per window)."""
     if release == than:
         return False
-    if _is_wave(release) and _is_wave(than):
+    if is_wave(release) and is_wave(than):
         return int(release) > int(than)
     return True
 
 
-def _is_wave(release: str) -> bool:
+def is_wave(release: str) -> bool:
+    """Whether a release key is a wave number (else a window's id)."""
     return release.lstrip("-").isdigit()
 
 

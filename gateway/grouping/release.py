@@ -10,21 +10,28 @@ number): records still waiting for their group's quorum in it stop waiting.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gateway.grouping.registry import is_wave
 
-def release_keys(waves: Sequence[object] | None, window: str) -> list[str]:
-    """Each record's release key: its wave number as text, else ``w`` + the window's id."""
-    fallback = "w" + window
-    if waves is None:
-        return []
+
+def release_keys(waves: Sequence[object], window: Callable[[], str]) -> list[str]:
+    """Each record's release key: its wave number as text, else ``w`` + the window's id
+    (``window`` gives it; asked only when a record has no wave)."""
+    memo: dict[object, str] = {}  # a window repeats a few wave numbers
+    missing = ""
     out: list[str] = []
     for v in waves:
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            out.append(str(int(v)))
-        else:
-            out.append(fallback)
+        if v in memo:
+            out.append(memo[v])
+            continue
+        finite = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        key = memo[v] = str(int(v)) if finite else missing  # type: ignore[call-overload]
+        out.append(key)
+    if missing in memo.values():
+        fallback = "w" + window()
+        return [key or fallback for key in out]
     return out
 
 
@@ -36,7 +43,7 @@ class ReleaseClock:
     newest: int | None = None
 
     def see(self, keys: Sequence[str]) -> None:
-        waves = [int(key) for key in set(keys) if key.lstrip("-").isdigit()]
+        waves = [int(key) for key in set(keys) if is_wave(key)]
         if waves and (self.newest is None or max(waves) > self.newest):
             self.newest = max(waves)
 

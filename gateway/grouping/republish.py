@@ -37,6 +37,7 @@ from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.registry import (
     Group,
     carried_after_leaving,
+    is_wave,
     linked_size,
     member_digest,
     newer,
@@ -45,8 +46,8 @@ from gateway.policy import RepublicationMode
 
 # (rows of one list per claim column, k) -> (published values per column, group label per row)
 Partition = Callable[[list[list[object]], int], tuple[list[list[object]], NDArray[np.int64]]]
-# rows of one group (one list per claim column) -> its published tuple
-Centroid = Callable[[list[list[object]]], list[Any]]
+# rows (one list per claim column), their group labels 0..n-1 -> each group's published tuple
+Centroids = Callable[[list[list[object]], NDArray[np.int64]], list[list[Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class WindowQI:
     cols: Sequence[Sequence[object]]  # the k claim's inputs, one list per attribute
     complete: Sequence[bool]  # every claim value present
     digests: Sequence[str]  # keyed digest of the claim tuple
+    categories: Sequence[str]  # keyed digest of its categorical part
     releases: Sequence[str]
     scopes: Sequence[int | None]  # groups never span scopes (input partitions)
     expired: Sequence[bool]  # hold time over (or the last flush)
@@ -73,11 +75,14 @@ class _Window:
     touched: set[bytes]
     groups: dict[str, Group]
     decision: QIDecision = field(default_factory=QIDecision)
-    member: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # i -> g of its state
+    # i -> its state's g: group, digests of the values its tuple was formed from (whole tuple,
+    # categories), member index
+    member: dict[int, tuple[str, str, int, str]] = field(default_factory=dict)
     leaving: set[int] = field(default_factory=set)  # members that leave if they find a group
     pool: list[int] = field(default_factory=list)
     published_groups: set[str] = field(default_factory=set)
     stale: dict[int, int] = field(default_factory=dict)  # i -> releases its tuple is behind
+    recompute: dict[str, list[int]] = field(default_factory=dict)  # group -> its publishers
 
 
 class Republisher:
@@ -91,8 +96,9 @@ class Republisher:
         slack: int,
         numeric: Sequence[bool],
         partition: Partition,
-        centroid: Centroid,
+        centroids: Centroids,
         on_timeout_suppress: bool,
+        pool_per_release: bool = False,
     ) -> None:
         if mode is RepublicationMode.DEFERRED:
             raise ValueError("the deferred mode is the engine's own, not a Republisher's")
@@ -101,8 +107,9 @@ class Republisher:
         self.slack = slack
         self._numeric = list(numeric)
         self._partition = partition
-        self._centroid = centroid
+        self._centroids = centroids
         self._suppress_on_timeout = on_timeout_suppress
+        self._pool_per_release = pool_per_release
 
     @property
     def cohort(self) -> bool:
@@ -125,10 +132,11 @@ class Republisher:
         win = _Window(w, states, touched, {})
         win.decision.sampled = sampled  # its new groups' true and masked rows are kept
         followers, later = self._scan(win)
-        win.groups.update(load(sorted({g for g, _, _ in win.member.values()})))
+        win.groups.update(load(sorted({m[0] for m in win.member.values()})))
         batches = self._classify(win)
         for (gid, release), idx in batches:
             self._quorum(win, gid, release, idx)
+        self._recompute(win)
         self._form(win)
         d = win.decision
         suppressed = set(d.suppressed)
@@ -174,7 +182,8 @@ class Republisher:
             if g is None:
                 win.pool.append(i)  # new (or kept by the deferred mode: grouped afresh)
             else:
-                win.member[i] = (str(g[0]), str(g[1]), int(g[2]))
+                # states written before categories were digested apart: any change moves
+                win.member[i] = (str(g[0]), str(g[1]), int(g[2]), str(g[3]) if len(g) > 3 else "")
         return followers, later
 
     def _classify(self, win: _Window) -> list[tuple[tuple[str, str], list[int]]]:
@@ -182,13 +191,15 @@ class Republisher:
         w, k = win.w, self.k
         batches: dict[tuple[str, str], list[int]] = {}
         departing: dict[str, int] = {}
-        for i, (gid, formed, j) in win.member.items():
+        for i, (gid, formed, j, categories) in win.member.items():
             grp = win.groups.get(gid)
             if grp is None or grp.size < k or j >= len(grp.members):
                 # lost, of another mode, or formed under a smaller k: grouped afresh
                 self._leave_for_pool(win, i)
                 continue
-            if not self.cohort and w.digests[i] != formed:
+            if not self.cohort and w.digests[i] != formed and w.categories[i] != categories:
+                # a changed category moves it: its group publishes one member's categories,
+                # which would outvote it (a changed number stays, and the mean follows it)
                 departing[gid] = departing.get(gid, 0) + 1
                 self._leave_for_pool(win, i)
                 continue
@@ -217,44 +228,69 @@ class Republisher:
             for i in idx:
                 self._wait(win, i, regroup_if_closed=True, force_close=True)
             return
-        bit = {i: 1 << win.member[i][2] for i in idx}
+        member = win.member
         batch = idx
         if self.cohort:
-            batch = _linked_fixpoint(grp, batch, bit, self.k)
+            batch = _linked_fixpoint(grp, batch, {i: 1 << member[i][2] for i in idx}, self.k)
         mask = 0
         for i in batch:
-            mask |= bit[i]
+            mask |= 1 << member[i][2]
         if batch and (grp.published | mask).bit_count() >= self.k:
             self._publish(win, gid, grp, batch, mask)
-            waiting = [i for i in idx if not mask & bit[i]]
+            if len(batch) == len(idx):
+                return
+            waiting = [i for i in idx if not mask >> member[i][2] & 1]
         else:
             waiting = idx
         for i in waiting:
             self._wait(win, i, regroup_if_closed=True)
 
     def _publish(self, win: _Window, gid: str, grp: Group, batch: list[int], mask: int) -> None:
-        w, d = win.w, win.decision
-        if self.cohort and grp.published == 0 and newer(grp.release, grp.tuple_release):
-            changed = [i for i in batch if w.digests[i] != win.member[i][1]]
-            if changed:  # the release's first publishers bring current values: recompute
-                rows = [[col[i] for i in batch] for col in w.cols]
-                grp.tuple_ = self._centroid(rows)
+        w = win.w
+        if gid in win.recompute:  # a second release of the group here: its tuple first
+            self._recompute(win)
+        if grp.published == 0 and newer(grp.release, grp.tuple_release):
+            digests, member = w.digests, win.member
+            if any(digests[i] != member[i][1] for i in batch):
+                # the release's first publishers bring current values: recompute
                 grp.tuple_release = grp.release
                 for i in batch:
                     j = win.member[i][2]
-                    self._set_member(win, i, gid, w.digests[i], j)
-                    win.member[i] = (gid, w.digests[i], j)
+                    self._set_member(win, i, gid, j)
+                    win.member[i] = (gid, w.digests[i], j, w.categories[i])
+                win.recompute[gid] = batch  # in one pass over every such group
         grp.publish(mask)
         grp.changed = True
         win.published_groups.add(gid)
-        tuple_ = grp.tuple_
+        if gid not in win.recompute:
+            self._emit(win, gid, grp.tuple_, batch)
+
+    def _recompute(self, win: _Window) -> None:
+        """The tuples of the groups whose first publishers of a release brought changed values:
+        their centroids over those publishers' current values, all groups in one pass."""
+        if not win.recompute:
+            return
+        w = win.w
+        batches = list(win.recompute.items())
+        win.recompute.clear()
+        rows = [i for _, batch in batches for i in batch]
+        labels = np.repeat(np.arange(len(batches)), [len(batch) for _, batch in batches])
+        tuples = self._centroids([[col[i] for i in rows] for col in w.cols], labels)
+        for (gid, batch), tuple_ in zip(batches, tuples, strict=True):
+            win.groups[gid].tuple_ = tuple_
+            self._emit(win, gid, tuple_, batch)
+
+    def _emit(self, win: _Window, gid: str, tuple_: list[Any], batch: list[int]) -> None:
+        """The records of ``batch`` publish ``gid``'s tuple."""
+        d, digests, member = win.decision, win.w.digests, win.member
+        tuples, group_of, published = d.tuples, d.group_of, d.digests
         for i in batch:
-            d.tuples[i] = tuple_
-            d.group_of[i] = gid
-            d.digests[i] = w.digests[i]
-            d.hits += 1
-            if w.digests[i] != win.member[i][1]:
+            tuples[i] = tuple_
+            group_of[i] = gid
+            published[i] = digest = digests[i]
+            if digest != member[i][1]:
                 win.stale[i] = self._stale_for(win, i)
+        d.hits += len(batch)
 
     def _wait(
         self, win: _Window, i: int, *, regroup_if_closed: bool, force_close: bool = False
@@ -290,7 +326,7 @@ class Republisher:
             st["s"] = release
             win.touched.add(key)
             return 1
-        if since.lstrip("-").isdigit() and release.lstrip("-").isdigit():
+        if is_wave(since) and is_wave(release):
             return int(release) - int(since) + 1
         return 1
 
@@ -313,6 +349,9 @@ class Republisher:
         maskeds: list[NDArray[np.float64]] = []
         numeric = [j for j, n in enumerate(self._numeric) if n]
         for (scope, release), rows in sorted(parts.items(), key=_part_order):
+            if self._pool_per_release and is_wave(release) and not self._closing(w, rows):
+                d.held.extend(rows)  # the wave's pool grows until the wave closes
+                continue
             if len(rows) < k:
                 for i in rows:
                     self._pool_waits(win, i)
@@ -347,6 +386,11 @@ class Republisher:
                 np.vstack(maskeds) if maskeds else np.empty((0, width)),
             )
 
+    @staticmethod
+    def _closing(w: WindowQI, rows: Sequence[int]) -> bool:
+        """Whether a pool is grouped now: its release is closed or a member's hold is over."""
+        return any(w.closed[i] or w.expired[i] for i in rows)
+
     def _pool_waits(self, win: _Window, i: int) -> None:
         """Fewer than k pending in its part: held, or past its hold time suppressed — and then
         it has left its group for good (its state no longer names one)."""
@@ -370,14 +414,14 @@ class Republisher:
             return
         if i in win.leaving:
             self._depart(win, i)
-        self._set_member(win, i, gid, w.digests[i], j)
+        self._set_member(win, i, gid, j)
 
     def _depart(self, win: _Window, i: int) -> None:
         """Respondent ``i`` leaves its group: one live member less, and it carries on the
         respondents its linked set still holds."""
         key = win.w.keys[i]
         assert key is not None
-        gid, _, j = win.member[i]
+        gid, _, j, _ = win.member[i]
         grp = win.groups.get(gid)
         st = win.states[key]
         if grp is not None:
@@ -388,13 +432,19 @@ class Republisher:
             st["x"] = []
         win.touched.add(key)
 
-    def _set_member(self, win: _Window, i: int, gid: str, formed: str, j: int) -> None:
-        key = win.w.keys[i]
+    def _set_member(self, win: _Window, i: int, gid: str, j: int) -> None:
+        """Respondent ``i`` is member ``j`` of ``gid``, its tuple formed from its current
+        values."""
+        w = win.w
+        key = w.keys[i]
         assert key is not None
         st = win.states.get(key)
         if st is None:
             st = win.states[key] = {}
-        st["g"] = [gid, formed, j]
+        g = [gid, w.digests[i], j, w.categories[i]]
+        if st.get("g") == g and "s" not in st:
+            return  # an unchanged member of a recomputed group: nothing to write
+        st["g"] = g
         st.pop("s", None)
         st.pop("current", None)  # the deferred mode's entries, superseded
         st.pop("qi", None)
@@ -404,28 +454,29 @@ class Republisher:
     def _measure(self, win: _Window) -> None:
         """Linked candidate sets, freshness and per-release class sizes of what is published."""
         w, d, k = win.w, win.decision, self.k
-        smallest: int | None = None
-        below = 0
-        counted = 0
+        sizes: list[int] = []
         suppressed = set(d.suppressed)
+        keys, states, groups = w.keys, win.states, win.groups
+        nothing: dict[str, Any] = {}
         for i, gid in d.group_of.items():
-            key = w.keys[i]
+            key = keys[i]
             if key is None or i in suppressed:
                 continue
-            st = win.states.get(key, {})
+            st = states.get(key, nothing)
             g = st.get("g")
-            grp = win.groups.get(gid)
-            if g is None or grp is None or g[0] != gid:
+            if g is None or g[0] != gid:
                 continue
-            size = linked_size(grp, int(g[2]), st.get("x"))
-            counted += 1
-            below += size < k
-            smallest = size if smallest is None else min(smallest, size)
+            grp = groups[gid]
+            carried = st.get("x")
+            if carried is None:  # never moved: its set lies within its group
+                sizes.append(grp.linked_mask(g[2]).bit_count())
+            else:
+                sizes.append(linked_size(grp, g[2], carried))
         m = d.measures
-        m["linked_records"] = float(counted)
-        m["linked_below_k"] = float(below)
-        if smallest is not None:
-            m["linked_smallest"] = float(smallest)
+        m["linked_records"] = float(len(sizes))
+        m["linked_below_k"] = float(sum(size < k for size in sizes))
+        if sizes:
+            m["linked_smallest"] = float(min(sizes))
         m["stale_records"] = float(len(win.stale))
         m["stale_age_max"] = float(max(win.stale.values(), default=0))
         if win.published_groups:
@@ -452,7 +503,7 @@ def _linked_fixpoint(grp: Group, batch: list[int], bit: Mapping[int, int], k: in
 
 def _release_order(release: str) -> tuple[int, int]:
     """Waves by number first, window releases after them."""
-    if release.lstrip("-").isdigit():
+    if is_wave(release):
         return (0, int(release))
     return (1, 0)
 

@@ -34,6 +34,7 @@ microaggregation: {k: 5}
 attributes:
   age:   {role: quasi_identifier, type: numeric, method: microaggregation}
   hours: {role: quasi_identifier, type: numeric, method: microaggregation}
+  region: {role: quasi_identifier, type: categorical, method: microaggregation, categories: [n, s]}
 """
 
 
@@ -116,24 +117,28 @@ def test_averaging_gains_nothing_with_sticky_responses_and_everything_without() 
 
 
 def _qi_history(mode: str, n: int, waves: int, seed: int) -> tuple[list[dict[str, Any]], Any]:
-    """A panel over ``waves`` windows (one a wave), 5 % changing their age each wave: per
-    wave, respondent -> published (age, hours) or None, and the last window's report."""
+    """A panel over ``waves`` windows (one a wave), 5 % changing their age and 3 % their
+    region each wave: per wave, respondent -> published (age, hours, region) or None, and the
+    last window's report."""
     k = 5
     rng = np.random.default_rng(seed)
     text = QI_POLICY + f"republication: {{mode: {mode}}}\n"
     engine = Engine(policy_from_yaml(text), keyring=KEY, store=DictStore())
     age = rng.uniform(18, 90, n)  # continuous: two groups never share a centroid
     hours = rng.uniform(1, 80, n)
+    region = rng.choice(["n", "s"], n)
     releases = []
     report = None
     for wave in range(waves):
         if wave:
             change = rng.random(n) < 0.05
             age[change] = rng.uniform(18, 90, int(change.sum()))
+            move = rng.random(n) < 0.03
+            region[move] = np.where(region[move] == "n", "s", "n")
         recs = [
             ValidRecord(
                 f"r{i}",
-                {"age": float(age[i]), "hours": float(hours[i])},
+                {"age": float(age[i]), "hours": float(hours[i]), "region": str(region[i])},
                 SourceRef("in", 0, wave * n + i),
                 float(wave),
             )
@@ -145,7 +150,7 @@ def _qi_history(mode: str, n: int, waves: int, seed: int) -> tuple[list[dict[str
         for rec, p in zip(recs, res.published, strict=True):
             row = orjson.loads(p.value)
             release[str(rec.respondent_id)] = (
-                None if row["age"] is None else (row["age"], row["hours"])
+                None if row["age"] is None else (row["age"], row["hours"], row["region"])
             )
         releases.append(release)
         assert res.report.min_group_size is None or res.report.min_group_size >= k
@@ -168,7 +173,7 @@ def test_regroup_movers_are_measured_as_the_intruder_sees_them() -> None:
     sizes = intersection_attack(releases, 5).sizes
     last = [rid for rid, qi in releases[-1].items() if qi is not None]
     below = sum(sizes[rid] < 5 for rid in last)
-    assert below > 0  # movers are isolated: the price of publishing current values
+    assert below > 0  # movers (a changed region) are isolated: the price of current values
     assert report.measures["linked_records"] == len(last)
     assert report.measures["linked_below_k"] == below
     assert report.measures["linked_smallest"] == min(sizes[rid] for rid in last)

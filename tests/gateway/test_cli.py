@@ -174,7 +174,7 @@ def test_bad_input_is_one_clear_error_without_values(
 
 def test_bad_policy_exits_2_with_the_key(tmp_path: Path, adult_sample: Path) -> None:
     bad = tmp_path / "p.yaml"
-    bad.write_text(POLICY.read_text().replace("k: 5,", "k: 1,"))
+    bad.write_text(POLICY.read_text().replace("  k: 5\n", "  k: 1\n"))
     proc = privgw("protect", adult_sample, "--policy", bad, "-o", tmp_path / "o.csv", check=False)
     assert proc.returncode == 2
     assert "microaggregation.k: k must be ≥ 2, got 1" in proc.stderr

@@ -91,8 +91,8 @@ def test_groups_and_centroids_follow_the_rules(case: Case) -> None:
             elif col.kind is QIKind.ORDINAL:
                 ranks = sorted(col.categories.index(original[i]) for i in members)
                 assert got == col.categories[ranks[(len(ranks) - 1) // 2]]
-    # the nominal columns publish their joint mode: the members' most frequent combination,
-    # ties to the combination whose categories come first in the columns' lists
+    # the nominal columns publish a member's combination: the one agreeing with most member
+    # cells, then the most frequent, then the one whose categories come first in the lists
     nominal = [j for j, c in enumerate(case.columns) if c.kind is QIKind.NOMINAL]
     for members in groups.values():
         if not nominal:
@@ -101,8 +101,15 @@ def test_groups_and_centroids_follow_the_rules(case: Case) -> None:
             tuple(case.columns[j].categories.index(case.values[j][i]) for j in nominal)
             for i in members
         )
-        top = max(combos.values())
-        best = min(c for c, m in combos.items() if m == top)
+
+        def agree(combo: tuple[int, ...], members: list[int] = members) -> int:
+            return sum(
+                case.columns[j].categories.index(case.values[j][i]) == c
+                for j, c in zip(nominal, combo, strict=True)
+                for i in members
+            )
+
+        best = min(combos, key=lambda c: (-agree(c), -combos[c], c))
         want = tuple(case.columns[j].categories[c] for j, c in zip(nominal, best, strict=True))
         assert tuple(published[j][members[0]] for j in nominal) == want
     assert sum(len(m) for m in groups.values()) == n

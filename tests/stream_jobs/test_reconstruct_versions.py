@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
 RETENTION = "rr: {mode: uniform, retention: 0.75}"
-K = "microaggregation: {k: 5,"
+K = "  k: 5\n"
 assert RETENTION in ADULT and K in ADULT, "the Adult policy changed: update this test"
 
 
@@ -82,7 +82,7 @@ def test_rows_are_reconstructed_with_their_own_policy_version(
 ) -> None:
     policies = {
         "a": _policy(tmp_path, "a", ADULT),
-        "a6": _policy(tmp_path, "a6", ADULT.replace(K, "microaggregation: {k: 6,")),
+        "a6": _policy(tmp_path, "a6", ADULT.replace(K, "  k: 6\n")),
         "b": _policy(tmp_path, "b", ADULT.replace(RETENTION, RETENTION.replace("0.75", "0.6"))),
         "c": _policy(tmp_path, "c", ADULT.replace(RETENTION, RETENTION.replace("0.75", "0.9"))),
     }

@@ -1,0 +1,365 @@
+"""A panel survey through the engine, wave after wave: every republication mode side by side.
+
+    .venv/bin/python bench/panel_waves.py                       # the panel, all modes
+    .venv/bin/python bench/panel_waves.py --scenario attrition  # 30 % skip each wave
+    .venv/bin/python bench/panel_waves.py --scenario trickle    # 600 respondents at 4/s
+    .venv/bin/python bench/panel_waves.py --modes regroup,cohort --order shuffled
+
+The panel (issue 29): every record of ../shared/data/adult.csv is a respondent present in 6
+waves, protected by deploy/policies/adult.yaml in windows of 5,000. Between waves, independently
+per respondent: a never-married respondent marries with probability 0.10 (Married-civ-spouse,
+Husband or Wife by sex), a married one divorces with 0.03 (Divorced, Not-in-family), hours per
+week move by N(0, 8) (rounded, clipped to 1..99) with 0.08, workclass is redrawn from its
+marginal with 0.03. ``attrition``: the same with 30 % of respondents skipping each wave.
+``trickle``: 600 respondents, 3 waves, 30 % changing, arriving at 4 records/s into windows
+closed every 2 s (simulated time), held records suppressed after 30 s.
+
+Modes: the policy's republication modes (``deferred`` is the behaviour before them), ``+sN``
+for N slack members, ``@window`` or ``@release`` for the pool new and changed respondents are
+grouped in (the policy's otherwise), and ``fresh``: a new whole-key MDAV every wave (an engine
+without stored groups; randomized response stays sticky by its keyed draws) — the other
+extreme.
+
+Per wave and mode it prints: respondents whose quasi-identifiers changed, changers still
+publishing their previous tuple, the share of published respondents out of date (their values
+changed since the tuple they publish was formed), married and never-married shares true /
+published, the smallest class within the release and over the history, the linked candidate
+set (smallest, share below k: the intersection attack over all releases so far), SSE/SST of the
+numeric quasi-identifiers, the share of categorical quasi-identifier cells published as another
+category, suppressed records, and the engine's µs a record. Engine cost ratios against
+``deferred`` are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway import quality
+from gateway.attack import linked_sets
+from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.fileio import read_table, records_from_frame
+from gateway.keyed import Keyring
+from gateway.policy import Policy, parse_policy
+from state.memory_store import MemoryStore
+from stream_jobs.memory import tune_memory
+
+ROOT = Path(__file__).resolve().parents[1]
+ADULT = ROOT.parent / "shared" / "data" / "adult.csv"
+POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
+MARRIED = {"Married-civ-spouse", "Married-AF-spouse", "Married-spouse-absent"}
+NUMERIC = ("age", "education_num", "hours_per_week")
+CATEGORICAL = ("sex", "race", "marital_status", "relationship", "workclass", "native_country")
+GENERALIZED = {
+    **dict.fromkeys(MARRIED, "Married"),
+    "Never-married": "Never-married",
+    **dict.fromkeys(("Divorced", "Separated", "Widowed"), "Previously-married"),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    respondents: int | None  # None: every Adult record
+    waves: int
+    window: int
+    skip: float  # share of respondents absent from a wave
+    change_scale: float  # multiplies the change probabilities
+    rate: float | None  # records per second (simulated); None: all at once
+    max_seconds: float = 2.0
+    max_hold: float = 30.0
+
+
+SCENARIOS = {
+    "panel": Scenario(None, 6, 5000, 0.0, 1.0, None),
+    "attrition": Scenario(None, 6, 5000, 0.3, 1.0, None),
+    # 30 % changing a wave: the change probabilities scaled up about 2.3x
+    "trickle": Scenario(600, 3, 5000, 0.0, 2.3, 4.0),
+}
+
+
+def policy_for(mode: str) -> Policy:
+    """The shipped policy with a mode: ``name[+sN][@pool]``, e.g. ``cohort+s2@window``."""
+    data = yaml.safe_load(POLICY.read_text())
+    mode, _, pool = mode.partition("@")
+    name, _, slack = mode.partition("+s")
+    rep = data.setdefault("republication", {})
+    rep["mode"] = "regroup" if name == "fresh" else name
+    rep["slack"] = int(slack or 0)
+    if pool:
+        rep["pool"] = pool
+    return parse_policy(data)
+
+
+def change(rng: np.random.Generator, v: dict[str, Any], scale: float, work: list[Any]) -> None:
+    """One wave of life for one respondent (in place)."""
+    status = v["marital_status"]
+    if status == "Never-married" and rng.random() < 0.10 * scale:
+        v["marital_status"] = "Married-civ-spouse"
+        v["relationship"] = "Husband" if v["sex"] == "Male" else "Wife"
+    elif status in MARRIED and rng.random() < 0.03 * scale:
+        v["marital_status"] = "Divorced"
+        v["relationship"] = "Not-in-family"
+    if rng.random() < 0.08 * scale:
+        v["hours_per_week"] = int(np.clip(round(v["hours_per_week"] + rng.normal(0, 8)), 1, 99))
+    if rng.random() < 0.03 * scale:
+        v["workclass"] = work[int(rng.integers(len(work)))]
+
+
+def claim_of(v: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(
+        GENERALIZED.get(v[c], v[c]) if c == "marital_status" else v[c]
+        for c in (*NUMERIC, *CATEGORICAL)
+    )
+
+
+def build_waves(
+    base: list[ValidRecord], sc: Scenario, order: str, seed: int
+) -> list[list[ValidRecord]]:
+    """Each wave's records in arrival order (arrived_at: simulated seconds)."""
+    rng = np.random.default_rng(seed)
+    current = [dict(r.values) for r in base]
+    work = [v["workclass"] for v in current]
+    out: list[list[ValidRecord]] = []
+    offset = 0
+    clock = 0.0
+    for w in range(sc.waves):
+        if w:
+            for v in current:
+                change(rng, v, sc.change_scale, work)
+        present = [i for i in range(len(current)) if rng.random() >= sc.skip]
+        if order == "shuffled":
+            present = rng.permutation(present).tolist()
+        wave = []
+        for j, i in enumerate(present):
+            at = clock + j / sc.rate if sc.rate else 0.0
+            values = {**current[i], "wave": w + 1}
+            wave.append(ValidRecord(f"r{i}", values, SourceRef("in", 0, offset + j), at))
+        offset += len(present)
+        if sc.rate:
+            clock += len(present) / sc.rate + 60.0  # a minute between waves
+        out.append(wave)
+    return out
+
+
+@dataclass
+class Tally:
+    """What one mode published, by wave (release)."""
+
+    rows: dict[int, list[tuple[str, dict[str, Any]]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    seconds: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    engine_stale: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+
+
+class ModeRun:
+    """One mode's engine over the panel; waves are fed one at a time, so that the modes can
+    take turns and their costs are measured close together on a noisy machine."""
+
+    def __init__(self, mode: str, sc: Scenario) -> None:
+        self.mode, self.sc = mode, sc
+        self.policy = policy_for(mode)
+        self.key = Keyring(b"panel-waves-bench-secret-0123456")
+        self.engine = Engine(self.policy, keyring=self.key, store=MemoryStore())
+        self.tally = Tally()
+        self.held: list[ValidRecord] = []
+        self.owner: dict[str, str] = {}
+        self.wave_of: dict[str, int] = {}
+
+    def _protect(self, batch: list[ValidRecord], now: float, wave: int, flush: bool) -> None:
+        gc.disable()  # collected between windows, as the engine process does
+        t = time.perf_counter()
+        res = self.engine.protect_window(batch, now=now, flush_all=flush)
+        self.tally.seconds[wave] += time.perf_counter() - t
+        gc.enable()
+        gc.collect(0)
+        self.tally.engine_stale[wave] += res.report.measures.get("stale_records", 0.0)
+        self.held = list(res.held)
+        for p in res.published:
+            w = self.wave_of[p.record_id]
+            self.tally.rows[w].append((self.owner[p.record_id], orjson.loads(p.value)))
+
+    def wave(self, w: int, records: list[ValidRecord]) -> None:
+        """Wave ``w``'s windows. The first record of the next wave closes it (a watermark):
+        its window is fed by :meth:`close` and counted as this wave's cost."""
+        sc = self.sc
+        if self.mode == "fresh":  # no stored groups: a new whole-key MDAV for every wave
+            self.engine = Engine(self.policy, keyring=self.key, store=MemoryStore())
+        for r in records:
+            assert r.source is not None
+            self.owner[r.source.record_id] = str(r.respondent_id)
+            self.wave_of[r.source.record_id] = w
+        if sc.rate is None:
+            for start in range(0, len(records), sc.window):
+                self._protect(self.held + records[start : start + sc.window], 0.0, w, False)
+        else:  # windows closed by time: every max_seconds of arrivals
+            start = 0
+            while start < len(records):
+                opened = records[start].arrived_at
+                end = start
+                while end < len(records) and records[end].arrived_at < opened + sc.max_seconds:
+                    end += 1
+                self._protect(self.held + records[start:end], opened + sc.max_seconds, w, False)
+                start = end
+        if self.mode == "fresh":
+            self._protect(self.held, 1e12, w, True)
+
+    def close(self, w: int, first_of_next: ValidRecord) -> None:
+        """Wave ``w`` ends: the next wave's first record arrives, alone in its window."""
+        assert first_of_next.source is not None
+        self.owner[first_of_next.source.record_id] = str(first_of_next.respondent_id)
+        self.wave_of[first_of_next.source.record_id] = w + 1
+        now = first_of_next.arrived_at if self.sc.rate else 0.0
+        self._protect([*self.held, first_of_next], now, w, False)
+
+    def finish(self, last: int) -> Tally:
+        if self.held:
+            self._protect(self.held, 1e12, last, True)
+        return self.tally
+
+
+def report(
+    mode: str, tally: Tally, waves: list[list[ValidRecord]], k: int, base_cost: list[float] | None
+) -> list[float]:
+    truth_by_wave = [{str(r.respondent_id): r.values for r in wave} for wave in waves]
+    history: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+    releases: list[dict[str, Any]] = []
+    prev_claim: dict[str, tuple[Any, ...]] = {}
+    prev_tuple: dict[str, tuple[Any, ...] | None] = {}
+    formed_with: dict[str, tuple[Any, ...]] = {}  # the values when its tuple was formed
+    costs: list[float] = []
+    for w, truth in enumerate(truth_by_wave, start=1):
+        rows = tally.rows.get(w, [])
+        cols = (*NUMERIC, *CATEGORICAL)
+        changed = {
+            rid for rid, v in truth.items() if rid in prev_claim and claim_of(v) != prev_claim[rid]
+        }
+        release: dict[str, Any] = {}
+        classes: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+        stale_changers = out_of_date = published = suppressed = 0
+        x_true, x_pub = [], []
+        cat_cells = cat_wrong = 0
+        married = [0, 0, 0]  # true married, published married, records with a published status
+        never = [0, 0]
+        for rid, row in rows:
+            v = truth[rid]
+            t = tuple(row[c] for c in cols)
+            if row["age"] is None:
+                release[rid] = None
+                suppressed += 1
+                continue
+            published += 1
+            release[rid] = t
+            classes[t].add(rid)
+            history[t].add(rid)
+            now = claim_of(v)
+            if prev_tuple.get(rid) != t:
+                formed_with[rid] = now
+            if rid in changed and prev_tuple.get(rid) == t:
+                stale_changers += 1
+            if formed_with.get(rid) != now:
+                out_of_date += 1
+            prev_tuple[rid] = t
+            x_true.append([float(v[c]) for c in NUMERIC])
+            x_pub.append([float(row[c]) for c in NUMERIC])
+            true_status = GENERALIZED[v["marital_status"]]
+            married[0] += true_status == "Married"
+            married[1] += row["marital_status"] == "Married"
+            married[2] += 1
+            never[0] += true_status == "Never-married"
+            never[1] += row["marital_status"] == "Never-married"
+            for c in CATEGORICAL:
+                true_c = true_status if c == "marital_status" else v[c]
+                cat_cells += 1
+                cat_wrong += row[c] != true_c
+        releases.append(release)
+        prev_claim.update({rid: claim_of(v) for rid, v in truth.items()})
+        sizes = linked_sets(releases)
+        here = [sizes[rid] for rid, t in release.items() if t is not None]
+        n = max(published, 1)
+        below = sum(s < k for s in here)
+        sse = quality.sse_sst_pct(np.array(x_true), np.array(x_pub)) if len(x_true) > 1 else 0.0
+        cost = tally.seconds[w] / max(len(truth), 1) * 1e6
+        costs.append(cost)
+        ratio = f"{cost / base_cost[w - 1]:.2f}x" if base_cost else "-"
+        print(
+            f"{mode:>13} {w:>4} {len(changed):>7} {stale_changers:>6} "
+            f"{100 * out_of_date / n:>6.1f}% {100 * tally.engine_stale[w] / n:>6.1f}% "
+            f"{100 * married[0] / n:>5.1f}/{100 * married[1] / n:<5.1f} "
+            f"{100 * never[0] / n:>5.1f}/{100 * never[1] / n:<5.1f} "
+            f"{min((len(m) for m in classes.values()), default=0):>4} "
+            f"{min((len(m) for m in history.values()), default=0):>4} "
+            f"{min(here, default=0):>4} {100 * below / max(len(here), 1):>6.1f}% "
+            f"{sse:>6.2f} {100 * cat_wrong / max(cat_cells, 1):>5.2f}% {suppressed:>5} "
+            f"{cost:>7.1f} {ratio:>6}"
+        )
+    return costs
+
+
+HEADER = (
+    f"{'mode':>13} {'wave':>4} {'changed':>7} {'stale':>6} {'outdated':>7} {'engine':>7} "
+    f"{'married t/p':>11} {'never t/p':>11} {'rel':>4} {'hist':>4} "
+    f"{'link':>4} {'<k':>7} {'SSE%':>6} {'cat%':>6} {'supp':>5} {'µs/rec':>7} {'cost':>6}"
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="panel")
+    ap.add_argument(
+        "--modes", default="deferred,regroup,regroup+s2,cohort,cohort+s2,fresh", help="modes"
+    )
+    ap.add_argument("--order", choices=["file", "shuffled"], default="file")
+    ap.add_argument("--records", type=int, help="first N Adult records (default: the scenario's)")
+    ap.add_argument("--seed", type=int, default=29)
+    args = ap.parse_args()
+    tune_memory()  # malloc and the collector as the engine process has them
+    sc = SCENARIOS[args.scenario]
+    base_policy = policy_for("deferred")
+    df = read_table(ADULT, as_text=True)
+    n = args.records or sc.respondents
+    if n:
+        df = df.head(n)
+    base = records_from_frame(df, base_policy, ADULT)
+    waves = build_waves(base, sc, args.order, args.seed)
+    k = base_policy.microaggregation.k
+    print(
+        f"{args.scenario}: {len(base)} respondents, {sc.waves} waves, arrival order {args.order}, "
+        f"k = {k}; stale: changers still publishing their previous tuple; outdated: published "
+        f"respondents whose tuple was formed before their values changed (engine: the engine's "
+        f"own count); rel/hist: smallest class in the release / over the history; link, <k: "
+        f"smallest linked candidate set and share below k"
+    )
+    print(HEADER)
+    modes = args.modes.split(",")
+    runs = [ModeRun(mode, sc) for mode in modes]
+    for w, wave in enumerate(waves, start=1):
+        for run in runs:  # the modes take turns, wave by wave
+            run.wave(w, wave if w == 1 else wave[1:])  # the first closed the wave before
+            if w < len(waves):
+                run.close(w, waves[w][0])
+    tallies = [run.finish(len(waves)) for run in runs]
+    base_cost: list[float] | None = None
+    if "deferred" in modes:
+        base_cost = [
+            tallies[modes.index("deferred")].seconds[w] / max(len(wave), 1) * 1e6
+            for w, wave in enumerate(waves, start=1)
+        ]
+    for mode, tally in zip(modes, tallies, strict=True):
+        report(mode, tally, waves, k, base_cost if mode != "deferred" else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Waves decided when they close (``republication.pool: release``).
+
+With one pool per release, a wave's new and changed respondents are grouped together when the
+wave closes, and its returning respondents reach their groups' quorum only once their
+group-mates have arrived, anywhere in the wave. Deciding every record again in each window it
+waits would cost a state read, its keyed digests and its classification per window, for most of
+a wave. So the engine sets a wave's records aside, undecided and unread, until the wave is due:
+closed (a record of a later wave has been seen), one of its records past its hold time, or the
+last flush. The caller keeps handing them back held, first in the window, as with every held
+record; the due wave is then decided in one window, with every record of it in hand.
+
+The engine remembers what it parked — the records themselves, else their ids — so a window
+reads only its new records' waves; an engine without that memory (a restart) reads them all,
+to the same outcome.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.grouping.registry import is_wave
+from gateway.grouping.release import ReleaseClock
+
+# the release keys of the records at these positions
+ReleasesAt = Callable[[Sequence[int]], list[str]]
+
+
+@dataclass(slots=True)
+class Parking:
+    max_hold_seconds: float
+    records: list[object] = field(default_factory=list)  # parked last time, in order
+    rids: list[str] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)
+    oldest: dict[str, float] = field(default_factory=dict)  # wave -> earliest arrival parked
+
+    def split(
+        self,
+        records: Sequence[object],
+        arrived: Callable[[int], float],
+        rids_at: Callable[[Sequence[int]], list[str]],
+        releases_at: ReleasesAt,
+        clock: ReleaseClock,
+        *,
+        now: float,
+        flush_all: bool,
+    ) -> list[int]:
+        """The positions of the records whose wave is not due yet (records of a window
+        release never wait)."""
+        n = len(self.records)
+        if n and len(records) >= n and all(map(operator.is_, records[:n], self.records)):
+            known = n  # the records parked last time come back first, as they were
+        elif n and len(records) >= n and rids_at(range(n)) == self.rids:
+            known = n
+        else:
+            known = 0
+        fresh = range(known, len(records))
+        releases = self.releases[:known] + releases_at(fresh)
+        clock.see(releases[known:])
+        oldest = dict(self.oldest) if known else {}
+        for i in fresh:
+            r = releases[i]
+            if is_wave(r):
+                at = arrived(i)
+                if at < oldest.get(r, at + 1):
+                    oldest[r] = at
+        if flush_all:
+            due = set(oldest)
+        else:
+            hold = self.max_hold_seconds
+            due = {r for r, at in oldest.items() if now - at >= hold or clock.closed(r)}
+        parked = [i for i, r in enumerate(releases) if r in oldest and r not in due]
+        self.records = [records[i] for i in parked]
+        self.releases = [releases[i] for i in parked]
+        self.rids = rids_at(parked)
+        self.oldest = {r: at for r, at in oldest.items() if r not in due}
+        return parked
