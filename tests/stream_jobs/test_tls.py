@@ -165,6 +165,8 @@ def test_worker_protects_records_over_mutual_tls(
         ssl_cafile=certs["ca.pem"],
         ssl_certfile=certs["client.pem"],
         ssl_keyfile=certs["client.key"],
+        # the policy decides a wave when it closes: the last one is flushed at the stop
+        flush_held_on_shutdown=True,
     )
     asyncio.run(ensure_topics(settings, settings.topics(policy), input_too=True))
     panel = PanelSurvey(respondents=400, waves=2, seed=5, rows=load_rows())
