@@ -472,6 +472,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="the file to create (an existing file is never overwritten)")
     p.set_defaults(func=cmd_secret_create)
 
+    from gateway import risk_cli  # noqa: PLC0415  (sdcMicro-shaped commands: risk, kanon)
+
+    risk_cli.register(sub)
+
     for ep in importlib.metadata.entry_points(group="privgw.commands"):
         try:
             ep.load()(sub)
