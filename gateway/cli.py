@@ -83,6 +83,17 @@ def cmd_protect(args: argparse.Namespace) -> int:
             print(
                 "  NOT covered by the k claim: " + ", ".join(key["unprotected_quasi_identifiers"])
             )
+    freq = summary.get("frequency_risk")
+    if freq:
+        for label in ("original", "published"):
+            f = freq[label]
+            print(
+                f"  frequency risk {label} ({len(freq['keys'])} keys, missing matches any): "
+                f"expected re-identifications {f['expected_reidentifications']:.2f} "
+                f"({f['global_risk_pct']:.3f} %), violating k: "
+                + ", ".join(f"{k}: {v}" for k, v in f["k_anonymity_violations"].items())
+                + f"; SUDA2 records with an MSU {f['suda2']['records_with_msu']}"
+            )
     print(f"  metadata for analysts: {summary['meta']}")
     return 0
 
@@ -137,7 +148,7 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
     nan = float("nan")
     print(
         f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'changed':>8} {'DLD':>8} {'ID':>8} "
-        f"{'DR':>8} {'score':>8} {'whole-key linkage':>18}"
+        f"{'DR':>8} {'score':>8} {'whole-key linkage':>18} {'E(re-id)':>9}"
     )
     print(f"{'':>4} {'numeric QIs':>13} {'':>8} {'categ.':>8} {'numeric QIs only':>26}")
     for r in rows:
@@ -145,7 +156,8 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
             f"{int(r['k']):>4} {r.get('il', nan):>13.3f} {r.get('il1s', nan):>8.4f} "
             f"{r['changed_categories']:>8.4f} {r.get('dld', nan):>8.4f} "
             f"{r.get('interval_disclosure', nan):>8.4f} {r.get('dr', nan):>8.4f} "
-            f"{r.get('score', nan):>8.4f} {r['whole_key_linkage']:>18.4f}"
+            f"{r.get('score', nan):>8.4f} {r['whole_key_linkage']:>18.4f} "
+            f"{r['expected_reidentifications']:>9.3f}"
         )
     workflows.plot_ru_map(rows, args.output)
     print(f"R-U map -> {args.output}")

@@ -701,6 +701,9 @@ class Engine:
                 out = masking.coarsen(
                     [None if v is None else str(v) for v in values], attr.coarsen.unit
                 )
+            elif attr.round_to is not None:  # a weight, rounded as the policy says
+                step = attr.round_to
+                out = [None if v is None else _num(round(float(v) / step) * step) for v in values]
             else:  # keep
                 out = values
             if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:

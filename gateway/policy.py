@@ -34,6 +34,7 @@ class Role(StrEnum):
     QUASI_IDENTIFIER = "quasi_identifier"
     SENSITIVE = "sensitive"
     OTHER = "other"  # carried through unchanged (wave number, timestamps)
+    WEIGHT = "weight"  # the sampling weight: never a key, weights Fk, risk and estimates
 
 
 class AttrType(StrEnum):
@@ -122,6 +123,9 @@ _ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
     (Role.OTHER, AttrType.NUMERIC): frozenset({Method.KEEP, Method.DROP}),
     (Role.OTHER, AttrType.CATEGORICAL): frozenset({Method.KEEP, Method.DROP}),
     (Role.OTHER, AttrType.TIMESTAMP): frozenset({Method.COARSEN, Method.DROP}),
+    (Role.WEIGHT, AttrType.NUMERIC): frozenset({Method.KEEP, Method.DROP}),
+    (Role.WEIGHT, AttrType.CATEGORICAL): frozenset(),
+    (Role.WEIGHT, AttrType.TIMESTAMP): frozenset(),
 }
 
 # A quasi-identifier with one of these methods is part of the k-anonymity claim: it is
@@ -320,10 +324,18 @@ class Attribute(_Strict):
     coding: CodingSpec | None = None
     hierarchy: HierarchySpec | None = None
     coarsen: CoarsenSpec | None = None
+    round_to: SFloat | None = None  # role weight: published rounded to a multiple of this
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
         allowed = _ALLOWED_METHODS[(self.role, self.type)]
+        if self.role is Role.WEIGHT and self.type is not AttrType.NUMERIC:
+            raise ValueError("a weight must be type numeric (the sampling weight of a record)")
+        if self.round_to is not None:
+            if self.role is not Role.WEIGHT or self.method is not Method.KEEP:
+                raise ValueError("round_to only applies to a weight published with method keep")
+            if not (self.round_to > 0 and math.isfinite(self.round_to)):
+                raise ValueError(f"round_to must be a number > 0 (e.g. 1), got {self.round_to}")
         if not allowed:
             raise ValueError(
                 f"a {self.type.value} attribute cannot have role {self.role.value}; a timestamp "
@@ -548,6 +560,12 @@ class Policy(_Strict):
                 f"input.key_field '{key}' is neither input.respondent_id nor an attribute; "
                 "name the field that identifies the respondent (usually input.respondent_id)"
             )
+        weights = [n for n, a in self.attributes.items() if a.role is Role.WEIGHT]
+        if len(weights) > 1:
+            raise ValueError(
+                f"attributes {', '.join(weights)} all have role weight; a file has one sampling "
+                "weight: give the others role other"
+            )
         claim = self.k_claim
         if self.microaggregation.algorithm is MicroaggAlgorithm.RANKING and (
             len(claim) > 1 or any(self.attributes[n].type is not AttrType.NUMERIC for n in claim)
@@ -608,6 +626,11 @@ class Policy(_Strict):
     def numeric_claim(self) -> list[str]:
         """The numeric attributes of the k claim (what the numeric-only measures cover)."""
         return [n for n in self.k_claim if self.attributes[n].type is AttrType.NUMERIC]
+
+    @property
+    def weight(self) -> str | None:
+        """The sampling weight attribute (role ``weight``), if the policy names one."""
+        return next((n for n, a in self.attributes.items() if a.role is Role.WEIGHT), None)
 
     @property
     def randomized(self) -> list[str]:

@@ -13,11 +13,12 @@ import orjson
 import pandas as pd
 from numpy.typing import NDArray
 
-from gateway import key_risk, quality
+from gateway import key_risk, quality, release_risk
 from gateway.attack import averaging_attack, intersection_attack
 from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
 from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
+from gateway.frequency_risk import measure_risk, weights_of
 from gateway.microaggregation import microaggregate
 from gateway.mixed_microaggregation import (
     QIKind,
@@ -88,6 +89,7 @@ def protect_file(
     whole_key = whole_key_evaluation(df, protected, policy, src, out) if policy.k_claim else {}
     return {
         "whole_key": whole_key,
+        "frequency_risk": release_risk.release_risk(df, protected, policy),
         "records": rep.records_in,
         "published": rep.published,
         "suppressed": rep.suppressed,
@@ -243,7 +245,24 @@ def evaluate_files(
         if retention:
             result["retention"] = retention
         result.update(whole_key_evaluation(orig, prot, policy, original, protected))
+        result.update(_weighted_and_frequency(orig, prot, policy, cols))
     return result
+
+
+def _weighted_and_frequency(
+    orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy, numeric: Sequence[str]
+) -> dict[str, Any]:
+    """The frequency risk of the release and, with a weight, the weighted estimates."""
+    out: dict[str, Any] = {}
+    freq = release_risk.release_risk(orig, prot, policy)
+    if freq:
+        out["frequency_risk"] = freq
+    weight = policy.weight
+    if weight is not None and weight in orig.columns and numeric:
+        w = weights_of(orig, weight)
+        assert w is not None
+        out["weighted_estimates"] = release_risk.weighted_estimates(orig, prot, numeric, w)
+    return out
 
 
 def _is_missing(v: object, tokens: Set[str] = frozenset()) -> bool:
@@ -366,7 +385,11 @@ def ru_map(
     df = read_table(src, as_text=True)
     records_from_frame(df, policy, src)  # validates the file against the policy
     before = claim_frame(df, policy, published=False)
-    before = before[before.notna().all(axis=1)].reset_index(drop=True)
+    complete = before.notna().all(axis=1).to_numpy()
+    before = before[complete].reset_index(drop=True)
+    weight = policy.weight
+    all_w = weights_of(df, weight) if weight is not None and weight in df.columns else None
+    w = all_w[complete] if all_w is not None else None
     columns = claim_columns(policy)
     numeric = [c.name for c in columns if c.kind is QIKind.NUMERIC]
     pct = p_pct if p_pct is not None else policy.risk.interval_pct
@@ -401,6 +424,9 @@ def ru_map(
         changed = changed_categories(before, after, policy)
         row["changed_categories"] = float(np.mean(list(changed.values()))) if changed else 0.0
         row["whole_key_linkage"] = key_risk.mixed_linkage(before, after, columns).share_linked
+        freq = measure_risk(after.assign(__w__=w) if w is not None else after, claim,
+                            "__w__" if w is not None else None)  # fmt: skip
+        row["expected_reidentifications"] = freq.expected_reidentifications
         rows.append(row)
     return rows
 
