@@ -73,6 +73,43 @@ def cmd_risk(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kanon(args: argparse.Namespace) -> int:
+    from gateway.risk_files import kanon_file  # noqa: PLC0415
+
+    keys = _names(args.keys, "--keys")
+    importance = None
+    if args.importance:
+        try:
+            importance = [int(v) for v in args.importance.split(",")]
+        except ValueError:
+            raise PrivgwError(
+                f"--importance must be {len(keys)} whole numbers, one per key in --keys order "
+                "(1 = most important, suppressed last), e.g. 1,2,3"
+            ) from None
+        if sorted(importance) != list(range(1, len(keys) + 1)):
+            raise PrivgwError(
+                f"--importance must rank the {len(keys)} keys 1..{len(keys)} in --keys order, "
+                f"got {args.importance}"
+            )
+    check_output(args.output, inputs=(args.input,))
+    s = kanon_file(args.input, keys, k=_check_k(args.k), out=args.output, importance=importance)
+    if args.json:
+        from gateway.cli import _print_json  # noqa: PLC0415
+
+        _print_json(s)
+        return 0
+    print(
+        f"{s['k']}-anonymity on ({', '.join(s['keys'])}), a missing value matching any: "
+        f"{s['violations_before']} -> {s['violations_after']} records violating; "
+        f"{s['suppressed_cells']} cells suppressed in {s['suppressed_records']} records "
+        f"({s['seconds']:.3f} s) -> {args.output}"
+    )
+    imp = dict(zip(s["keys"], s["importance"], strict=True))
+    for name, cells in s["suppressed_per_key"].items():
+        print(f"  {name} (importance {imp[name]}): {cells} suppressed")
+    return 0
+
+
 def register(sub: Any) -> None:
     """Add ``risk`` and ``kanon`` to the ``privgw`` subcommands."""
     from gateway.cli import add_command  # noqa: PLC0415
@@ -98,3 +135,23 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--output", help="per-record table (.csv or .jsonl), input order")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_risk)
+
+    p = add_command(
+        sub,
+        "kanon",
+        "local suppression to k-anonymity of a categorical key, a missing value matching any "
+        "category (sdcMicro's kAnon())",
+        "privgw kanon testdata.csv --keys urbrur,roof,walls,water,electcon,relat,sex --k 3 "
+        "-o testdata.k3.csv",
+    )
+    p.add_argument("input", help="input file (.csv or .jsonl)")
+    p.add_argument("--keys", required=True, help="comma-separated categorical key columns")
+    p.add_argument("--k", type=int, required=True, help="k of k-anonymity (≥ 2)")
+    p.add_argument(
+        "--importance",
+        help="rank of each key in --keys order, 1 = most important (suppressed last); default: "
+        "fewer categories = more important, as sdcMicro",
+    )
+    p.add_argument("-o", "--output", required=True, help="output file, suppressed cells empty")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_kanon)

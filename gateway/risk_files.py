@@ -84,3 +84,45 @@ def risk_file(
     if out is not None:
         write_table(per_record(freq, suda), out)
     return summary
+
+
+def kanon_file(
+    src: str | Path,
+    keys: Sequence[str],
+    *,
+    k: int,
+    out: str | Path,
+    importance: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """``privgw kanon``: local suppression of ``keys`` to k (missing matches anything); the
+    file is written with the suppressed cells empty, every other cell as read."""
+    import time  # noqa: PLC0415
+
+    from gateway.frequency_risk import sample_frequencies  # noqa: PLC0415
+    from gateway.local_suppression import default_importance, suppress_to_k  # noqa: PLC0415
+
+    frame = read_table(src, as_text=True)
+    frame = frame.where(frame != "", None)
+    codes = key_codes(frame, keys)
+    fk_before, _ = sample_frequencies(codes)
+    start = time.perf_counter()
+    result = suppress_to_k(codes, k, importance)
+    seconds = time.perf_counter() - start
+    published = frame.copy()
+    for j, name in enumerate(keys):
+        column = published[name].astype(object)
+        column[result.suppressed[:, j]] = None
+        published[name] = column
+    write_table(published, out)
+    return {
+        "records": len(frame),
+        "keys": list(keys),
+        "k": k,
+        "importance": list(importance) if importance is not None else default_importance(codes),
+        "violations_before": int((fk_before < k).sum()),
+        "violations_after": int((result.fk < k).sum()),
+        "suppressed_cells": result.cells,
+        "suppressed_records": result.records,
+        "suppressed_per_key": result.per_key(keys),
+        "seconds": seconds,
+    }
