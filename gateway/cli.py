@@ -64,7 +64,16 @@ def cmd_protect(args: argparse.Namespace) -> int:
     for name, value in summary["retention"].items():
         print(f"  retention {name}: {_fmt(value)}")
     key = summary["whole_key"]
-    if key:
+    if key.get("method") == "recode_suppress":
+        print(
+            f"  recoding + local suppression on ({', '.join(key['keys'])}): "
+            f"{key['suppressed_cells']} cells suppressed in {key['suppressed_records']} records; "
+            f"every record matches ≥ {key['min_matches']} records (a missing value matching "
+            f"any); records whose exact tuple is shared by < k: {key['strict_records_below_k']}"
+        )
+        for name, cells in key["suppressed_per_key"].items():
+            print(f"  suppressed {name}: {cells}")
+    elif key:
         before, after, link = key["whole_key_original"], key["whole_key"], key["whole_key_linkage"]
         print(
             f"  whole key ({len(key['k_claim'])} quasi-identifiers): smallest class "

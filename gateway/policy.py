@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from enum import StrEnum
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Self
 
@@ -76,6 +77,9 @@ class MissingHandling(StrEnum):
 class MicroaggAlgorithm(StrEnum):
     MDAV = "mdav"
     RANKING = "ranking"  # univariate individual ranking
+    # global recoding (hierarchies, bins) then local suppression to k: no wrong values, some
+    # missing ones (sdcMicro's globalRecode + kAnon); the file workflow (gateway/recode_suppress)
+    RECODE_SUPPRESS = "recode_suppress"
 
 
 class HoldTimeout(StrEnum):
@@ -325,6 +329,7 @@ class Attribute(_Strict):
     hierarchy: HierarchySpec | None = None
     coarsen: CoarsenSpec | None = None
     round_to: SFloat | None = None  # role weight: published rounded to a multiple of this
+    bins: list[SFloat] | None = None  # recode_suppress: a numeric key recoded to intervals
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -336,6 +341,11 @@ class Attribute(_Strict):
                 raise ValueError("round_to only applies to a weight published with method keep")
             if not (self.round_to > 0 and math.isfinite(self.round_to)):
                 raise ValueError(f"round_to must be a number > 0 (e.g. 1), got {self.round_to}")
+        if self.bins is not None:
+            if self.type is not AttrType.NUMERIC or self.role is not Role.QUASI_IDENTIFIER:
+                raise ValueError("bins only apply to a numeric quasi_identifier")
+            if not self.bins or any(b >= c for b, c in pairwise(self.bins)):
+                raise ValueError("bins must be increasing break points, e.g. [25, 35, 45, 55]")
         if not allowed:
             raise ValueError(
                 f"a {self.type.value} attribute cannot have role {self.role.value}; a timestamp "
@@ -497,6 +507,8 @@ class MicroaggSpec(_Strict):
     k: SInt = 5
     algorithm: MicroaggAlgorithm = MicroaggAlgorithm.MDAV
     standardize: SBool = True
+    # recode_suppress: the k claim's attributes, most important (suppressed last) first
+    importance: list[str] | None = None
 
     @field_validator("k")
     @classmethod
@@ -560,6 +572,7 @@ class Policy(_Strict):
                 f"input.key_field '{key}' is neither input.respondent_id nor an attribute; "
                 "name the field that identifies the respondent (usually input.respondent_id)"
             )
+        self._validate_recode_suppress()
         weights = [n for n, a in self.attributes.items() if a.role is Role.WEIGHT]
         if len(weights) > 1:
             raise ValueError(
@@ -575,6 +588,33 @@ class Policy(_Strict):
                 "gives no k-anonymity on the tuple of several quasi-identifiers; use mdav"
             )
         return self
+
+    def _validate_recode_suppress(self) -> None:
+        spec, claim = self.microaggregation, self.k_claim
+        recode = spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
+        binned = [n for n, a in self.attributes.items() if a.bins is not None]
+        if binned and not recode:
+            raise ValueError(
+                f"bins ({', '.join(binned)}) only apply with microaggregation.algorithm "
+                "recode_suppress; remove them or choose that algorithm"
+            )
+        if spec.importance is not None and not recode:
+            raise ValueError("microaggregation.importance only applies to recode_suppress")
+        if not recode:
+            return
+        unbinned = [
+            n for n in claim if self.attributes[n].type is AttrType.NUMERIC and n not in binned
+        ]
+        if unbinned:
+            raise ValueError(
+                f"recode_suppress recodes numeric keys to intervals: give bins to "
+                f"{', '.join(unbinned)}"
+            )
+        if spec.importance is not None and sorted(spec.importance) != sorted(claim):
+            raise ValueError(
+                f"microaggregation.importance must list each attribute of the k claim once "
+                f"({', '.join(claim)}), most important first"
+            )
 
     @model_validator(mode="after")
     def _distinct_topics(self) -> Self:

@@ -13,7 +13,7 @@ import orjson
 import pandas as pd
 from numpy.typing import NDArray
 
-from gateway import key_risk, quality, release_risk
+from gateway import key_risk, quality, recode_suppress, release_risk
 from gateway.attack import averaging_attack, intersection_attack
 from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
@@ -26,7 +26,15 @@ from gateway.mixed_microaggregation import (
     claim_inputs,
     mixed_microaggregate,
 )
-from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, Role, RRMode
+from gateway.policy import (
+    MISSING_LABEL,
+    AttrType,
+    Method,
+    MicroaggAlgorithm,
+    Policy,
+    Role,
+    RRMode,
+)
 from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource
 from gateway.reconstruction import reconstruct
@@ -66,8 +74,9 @@ def protect_file(
     records = records_from_frame(df, policy, src)
     if not records:
         raise InputDataError(f"{src}: no data rows")
+    recoding = policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
     engine = Engine(
-        policy,
+        recode_suppress.engine_policy(policy) if recoding else policy,
         randomness=SeededSource(seed),
         frequencies=_frequencies(records, policy),
         consistency_override=True,  # one release of a file: nothing to average over
@@ -82,11 +91,22 @@ def protect_file(
     progress.close()
     protected = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
     protected = protected[[c for c in columns if c in df.columns]]
-    write_table(protected, out)
     meta = engine.metadata()
+    whole_key: dict[str, Any] = {}
+    if recoding:  # the keys: recoded and suppressed here, the engine published the rest
+        release = recode_suppress.protect_keys(claim_frame(df, policy, published=False), policy)
+        for name in release.keys:
+            protected[name] = release.published[name].to_numpy()
+        whole_key = release.summary()
+        whole_key["strict_records_below_k"] = recode_suppress.strict_classes_below_k(
+            protected, release.keys, policy.microaggregation.k
+        )
+        meta["k_claim"] = {**whole_key, "k": policy.microaggregation.k}
+    elif policy.k_claim:
+        whole_key = whole_key_evaluation(df, protected, policy, src, out)
+    write_table(protected, out)
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     rep = result.report
-    whole_key = whole_key_evaluation(df, protected, policy, src, out) if policy.k_claim else {}
     return {
         "whole_key": whole_key,
         "frequency_risk": release_risk.release_risk(df, protected, policy),
