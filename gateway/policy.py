@@ -67,6 +67,10 @@ class RRMode(StrEnum):
     UNIFORM = "uniform"
     FINE_GRAIN = "fine_grain"
     MATRIX = "matrix"
+    # invariant PRAM (Kooiman, Willenborg & Gouweleeuw 1997): a uniform P of the given
+    # strength, then R = Q·P with Q its Bayes reverse under the reference distribution π
+    # (rr.weights, else the file's frequencies, else equal), so that R·π = π
+    INVARIANT = "invariant"
 
 
 class MissingHandling(StrEnum):
@@ -228,7 +232,10 @@ class RRSpec(_Strict):
                     "or rho1+rho2 instead of retention"
                 )
             if self.mode is RRMode.UNIFORM and self.weights is not None:
-                raise ValueError("rr.weights only applies to mode fine_grain")
+                raise ValueError(
+                    "rr.weights only applies to modes fine_grain and invariant (as the "
+                    "reference distribution)"
+                )
         if self.weights is not None:
             for cat, w in self.weights.items():
                 if not (w >= 0 and math.isfinite(w)):

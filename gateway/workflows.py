@@ -53,7 +53,7 @@ def _frequencies(records: Sequence[ValidRecord], policy: Policy) -> dict[str, di
     for name in policy.randomized:
         attr = policy.attributes[name]
         assert attr.rr is not None
-        if attr.rr.mode is not RRMode.FINE_GRAIN or attr.rr.weights is not None:
+        if attr.rr.mode not in (RRMode.FINE_GRAIN, RRMode.INVARIANT) or attr.rr.weights:
             continue
         counts = dict.fromkeys(attr.domain, 0.0)
         for r in records:
@@ -493,7 +493,7 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
             mech = from_spec(attr, freqs.get(name))
             entry.update(_mechanism_report(mech))
             assert attr.rr is not None
-            if attr.rr.mode is RRMode.FINE_GRAIN and attr.rr.weights is None:
+            if attr.rr.mode in (RRMode.FINE_GRAIN, RRMode.INVARIANT) and attr.rr.weights is None:
                 entry["note"] = (
                     f"no rr.weights: the matrix of {data}'s value frequencies, as `privgw "
                     "protect` builds it for that file"
@@ -716,7 +716,7 @@ def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
         for name in policy.randomized:
             attr = policy.attributes[name]
             assert attr.rr is not None
-            if attr.rr.mode is RRMode.FINE_GRAIN and attr.rr.weights is None:
+            if attr.rr.mode in (RRMode.FINE_GRAIN, RRMode.INVARIANT) and attr.rr.weights is None:
                 raise InputDataError(
                     f"{mp} is missing and '{name}' uses fine-grain weights from the data: the "
                     "matrix is only in that file"
