@@ -86,6 +86,19 @@ def cmd_protect(args: argparse.Namespace) -> int:
             f"{link['standard_error']:.4f} (exact categorical key, then nearest numeric: "
             f"{link['exact_key_linkage']:.4f})"
         )
+        grouping = key.get("grouping", {})
+        if "strata" in grouping:
+            st = grouping["strata"]
+            print(
+                f"  strata: {st['strata']}, {st['small_strata']} below k "
+                f"({st['records_in_small_strata']} records, {st['small_strata_handling']})"
+            )
+        if "l_diversity" in grouping:
+            ld = grouping["l_diversity"]
+            print(
+                f"  l-diversity of {ld['attribute']} (l = {ld['l']}): "
+                f"{ld['groups_below_l_before']} groups below l merged in {ld['merges']} merges"
+            )
         for name, share in key["changed_categories"].items():
             print(f"  changed categories {name}: {_fmt(share)}")
         if key["unprotected_quasi_identifiers"]:
@@ -117,12 +130,19 @@ def cmd_microaggregate(args: argparse.Namespace) -> int:
         columns=cols,
         algorithm=args.algorithm,
         standardize=not args.no_standardize,
+        strata=[c.strip() for c in args.strata.split(",") if c.strip()] if args.strata else None,
     )
     print(
         f"microaggregated {s['records']} records on {', '.join(s['columns'])} with k={args.k}: "
         f"{s['groups']} groups of {s['min_group_size']}..{s['max_group_size']}, "
         f"100·SSE/SST = {s['sse_sst_pct']:.2f} -> {args.output}"
     )
+    if "strata" in s:
+        st = s["strata"]
+        print(
+            f"  within {st['strata']} strata; {st['small_strata']} below k "
+            f"({st['records_in_small_strata']} records) pooled"
+        )
     return 0
 
 
@@ -395,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", help="comma-separated columns (default: all numeric)")
     p.add_argument("--algorithm", choices=["mdav", "ranking"], default="mdav")
     p.add_argument("--no-standardize", action="store_true", help="distances on raw values")
+    p.add_argument("--strata", help="comma-separated strata columns: groups never cross a stratum")
     p.set_defaults(func=cmd_microaggregate)
 
     p = add_command(

@@ -469,6 +469,11 @@ class Engine:
         ``measure_risk=False``: a risk-sampled window returns its microaggregated records
         (``WindowResult.aggregated``) without measuring them — a shard of a window
         (:mod:`gateway.shards`), measured once the shards' results are merged."""
+        if policy.file_only:  # grouping the stream does not run yet: refuse, never ignore
+            raise PolicyError(
+                f"{', '.join(policy.file_only)}: the file workflow (privgw protect) runs it, the "
+                "stream engine does not yet; remove it from a policy for privgw run"
+            )
         if policy.consistency.mode is ConsistencyMode.NONE and not consistency_override:
             raise PolicyError(
                 "consistency.mode none gives every release fresh randomness, which an "

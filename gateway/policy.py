@@ -510,12 +510,35 @@ class WindowSpec(_Strict):
         return self
 
 
+class SmallStrata(StrEnum):
+    MERGE = "merge"  # strata below k pooled (the pool, if still below k, joins the smallest)
+    SUPPRESS = "suppress"  # their records published with the quasi-identifiers suppressed
+
+
+class LDiversitySpec(_Strict):
+    """Groups merged until each publishes ``l`` distinct values of ``attribute``."""
+
+    attribute: str
+    l: SInt = 2  # noqa: E741 - the l of l-diversity
+
+    @field_validator("l")
+    @classmethod
+    def _l(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"l_diversity.l must be ≥ 2, got {v}; l = 1 asks for nothing")
+        return v
+
+
 class MicroaggSpec(_Strict):
     k: SInt = 5
     algorithm: MicroaggAlgorithm = MicroaggAlgorithm.MDAV
     standardize: SBool = True
     # recode_suppress: the k claim's attributes, most important (suppressed last) first
     importance: list[str] | None = None
+    # groups never cross a stratum (the tuple of these attributes' values); file workflow
+    strata: list[str] | None = None
+    small_strata: SmallStrata = SmallStrata.MERGE
+    l_diversity: LDiversitySpec | None = None  # file workflow (privgw protect)
 
     @field_validator("k")
     @classmethod
@@ -607,6 +630,25 @@ class Policy(_Strict):
             )
         if spec.importance is not None and not recode:
             raise ValueError("microaggregation.importance only applies to recode_suppress")
+        for name in spec.strata or []:
+            attr = self.attributes.get(name)
+            if attr is None or attr.role in (Role.WEIGHT, Role.IDENTIFIER):
+                raise ValueError(
+                    f"microaggregation.strata names {name!r}: a stratum is an attribute of the "
+                    "policy that is neither an identifier nor the weight (e.g. a region)"
+                )
+        ldiv = spec.l_diversity
+        if ldiv is not None:
+            attr = self.attributes.get(ldiv.attribute)
+            if attr is None or attr.role is not Role.SENSITIVE or attr.method is Method.DROP:
+                raise ValueError(
+                    f"microaggregation.l_diversity.attribute {ldiv.attribute!r} must be a "
+                    "published sensitive attribute of the policy"
+                )
+        if recode and (spec.strata or ldiv is not None):
+            raise ValueError(
+                "recode_suppress takes neither strata nor l_diversity; use algorithm mdav"
+            )
         if not recode:
             return
         unbinned = [
@@ -673,6 +715,19 @@ class Policy(_Strict):
     def numeric_claim(self) -> list[str]:
         """The numeric attributes of the k claim (what the numeric-only measures cover)."""
         return [n for n in self.k_claim if self.attributes[n].type is AttrType.NUMERIC]
+
+    @property
+    def file_only(self) -> list[str]:
+        """Settings the stream engine does not run (the file workflow does)."""
+        spec = self.microaggregation
+        out = []
+        if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
+            out.append("microaggregation.algorithm recode_suppress")
+        if spec.strata:
+            out.append("microaggregation.strata")
+        if spec.l_diversity is not None:
+            out.append("microaggregation.l_diversity")
+        return out
 
     @property
     def weight(self) -> str | None:

@@ -95,7 +95,12 @@ def engine_policy(policy: Policy) -> Policy:
             }
         )
     spec = policy.microaggregation.model_copy(
-        update={"algorithm": MicroaggAlgorithm.MDAV, "importance": None}
+        update={
+            "algorithm": MicroaggAlgorithm.MDAV,
+            "importance": None,
+            "strata": None,
+            "l_diversity": None,
+        }
     )
     return policy.model_copy(update={"attributes": attrs, "microaggregation": spec})
 

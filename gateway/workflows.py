@@ -19,7 +19,9 @@ from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
 from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
 from gateway.frequency_risk import measure_risk, weights_of
-from gateway.microaggregation import microaggregate
+from gateway.grouping import file_claim
+from gateway.grouping.strata import stratified_groups, stratum_ids
+from gateway.microaggregation import group_means, mdav_groups, microaggregate
 from gateway.mixed_microaggregation import (
     QIKind,
     claim_columns,
@@ -76,7 +78,7 @@ def protect_file(
         raise InputDataError(f"{src}: no data rows")
     recoding = policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
     engine = Engine(
-        recode_suppress.engine_policy(policy) if recoding else policy,
+        recode_suppress.engine_policy(policy) if policy.file_only else policy,
         randomness=SeededSource(seed),
         frequencies=_frequencies(records, policy),
         consistency_override=True,  # one release of a file: nothing to average over
@@ -102,6 +104,22 @@ def protect_file(
             protected, release.keys, policy.microaggregation.k
         )
         meta["k_claim"] = {**whole_key, "k": policy.microaggregation.k}
+    elif policy.file_only:  # strata and l-diversity: grouped here, the rest by the engine
+        spec = policy.microaggregation
+        tokens = set(policy.input.missing_tokens)
+        strata = [_missing_to_none(df[s].tolist(), tokens) for s in spec.strata or []]
+        ldiv = spec.l_diversity
+        grouped = file_claim.group_claim(
+            claim_frame(df, policy, published=False),
+            policy,
+            strata,
+            protected[ldiv.attribute] if ldiv is not None else None,
+        )
+        for name in grouped.published.columns:
+            protected[name] = grouped.published[name].to_numpy()
+        meta["k_claim"] = grouped.report
+        whole_key = whole_key_evaluation(df, protected, policy, src, out)
+        whole_key["grouping"] = grouped.report
     elif policy.k_claim:
         whole_key = whole_key_evaluation(df, protected, policy, src, out)
     write_table(protected, out)
@@ -162,6 +180,7 @@ def microaggregate_file(
     columns: Sequence[str] | None = None,
     algorithm: str = "mdav",
     standardize: bool = True,
+    strata: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """MDAV (or individual ranking) on the given or all numeric columns, nothing else changed."""
     df = read_table(src)
@@ -179,7 +198,26 @@ def microaggregate_file(
     x = numeric_matrix(df, cols, src)
     if not np.isfinite(x).all():
         raise InputDataError(f"{src}: the columns to microaggregate have missing values")
-    masked, labels = microaggregate(x, k, algorithm=algorithm, standardize=standardize)
+    strata_report: dict[str, Any] = {}
+    if strata:  # MDAV within each stratum (sdcMicro's strata_variables); small strata pooled
+        for name in strata:
+            if name not in df.columns:
+                raise InputDataError(f"--strata: no column {name!r} in {src}; fix the name")
+        if algorithm != "mdav":
+            raise InputDataError("--strata works with --algorithm mdav")
+        ids = stratum_ids([df[name].tolist() for name in strata], len(df))
+        res = stratified_groups(
+            ids, k, lambda rows: mdav_groups(x[rows], k, standardize=standardize)
+        )
+        labels = res.labels
+        masked = group_means(x, labels)
+        strata_report = {
+            "strata": res.strata,
+            "small_strata": res.small_strata,
+            "records_in_small_strata": res.records_in_small_strata,
+        }
+    else:
+        masked, labels = microaggregate(x, k, algorithm=algorithm, standardize=standardize)
     result = df.copy()
     for j, c in enumerate(cols):
         result[c] = masked[:, j]
@@ -193,6 +231,7 @@ def microaggregate_file(
         "min_group_size": int(sizes.min()),
         "max_group_size": int(sizes.max()),
         "sse_sst_pct": quality.sse_sst_pct(x, masked),
+        **({"strata": strata_report} if strata_report else {}),
     }
 
 
