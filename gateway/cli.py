@@ -8,6 +8,7 @@ import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -150,7 +151,30 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy) if args.policy else None
     if args.p is not None and not 0.0 < args.p <= 100.0:  # also nan
         raise PrivgwError(f"--p must be a percentage in (0, 100], e.g. 10; got {args.p}")
+    if args.report:
+        if policy is None:
+            raise PrivgwError("--report needs --policy (it names the attributes to tabulate)")
+        check_output(
+            args.report,
+            suffixes=frozenset({".html"}),
+            inputs=(args.original, args.protected),
+            setting="--report",
+        )
     result = workflows.evaluate_files(args.original, args.protected, policy, p_pct=args.p)
+    if args.report:
+        from gateway.utility_report import build_report  # noqa: PLC0415 - matplotlib
+
+        assert policy is not None
+        page = build_report(
+            args.original,
+            args.protected,
+            policy,
+            result,
+            policy_path=args.policy,
+            out=args.report,
+        )
+        Path(args.report).write_text(page, encoding="utf-8")
+        print(f"utility report -> {args.report}", file=sys.stderr)
     if args.json:
         _print_json(result)
         return 0
@@ -429,6 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", help="policy (selects attributes, adds RR retention)")
     p.add_argument("--p", type=float, default=None, help="interval disclosure p%% (default 10)")
     p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument(
+        "--report",
+        help="write one self-contained HTML page (tables, plots, the commands) for analysts",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = add_command(
