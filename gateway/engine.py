@@ -868,6 +868,12 @@ class Engine:
             out["key_smallest_class"] = float(min(c for c, _ in classes))
             out["key_share_below_k"] = sum(m for c, m in classes if c < k) / n
             out["key_uniques"] = float(sum(m for c, m in classes if c == 1))
+            # sdcMicro's risk_ER without weights: Σ 1/fk over the release's records, fk the
+            # tuple's class over the history (the bound above: a release may hold only some
+            # of a class, whose other members an intruder with the history still sees)
+            expected = sum(m / c for c, m in classes)
+            out["key_expected_reidentifications"] = expected
+            out["key_global_risk"] = expected / n
         formed = {gid for gid, _ in qi.groups}
         if formed:
             in_formed = [a and g in formed for a, g in zip(grouped, gids, strict=True)]
