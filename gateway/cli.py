@@ -8,6 +8,7 @@ import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -64,7 +65,16 @@ def cmd_protect(args: argparse.Namespace) -> int:
     for name, value in summary["retention"].items():
         print(f"  retention {name}: {_fmt(value)}")
     key = summary["whole_key"]
-    if key:
+    if key.get("method") == "recode_suppress":
+        print(
+            f"  recoding + local suppression on ({', '.join(key['keys'])}): "
+            f"{key['suppressed_cells']} cells suppressed in {key['suppressed_records']} records; "
+            f"every record matches ≥ {key['min_matches']} records (a missing value matching "
+            f"any); records whose exact tuple is shared by < k: {key['strict_records_below_k']}"
+        )
+        for name, cells in key["suppressed_per_key"].items():
+            print(f"  suppressed {name}: {cells}")
+    elif key:
         before, after, link = key["whole_key_original"], key["whole_key"], key["whole_key_linkage"]
         print(
             f"  whole key ({len(key['k_claim'])} quasi-identifiers): smallest class "
@@ -77,11 +87,35 @@ def cmd_protect(args: argparse.Namespace) -> int:
             f"{link['standard_error']:.4f} (exact categorical key, then nearest numeric: "
             f"{link['exact_key_linkage']:.4f})"
         )
+        grouping = key.get("grouping", {})
+        if "strata" in grouping:
+            st = grouping["strata"]
+            print(
+                f"  strata: {st['strata']}, {st['small_strata']} below k "
+                f"({st['records_in_small_strata']} records, {st['small_strata_handling']})"
+            )
+        if "l_diversity" in grouping:
+            ld = grouping["l_diversity"]
+            print(
+                f"  l-diversity of {ld['attribute']} (l = {ld['l']}): "
+                f"{ld['groups_below_l_before']} groups below l merged in {ld['merges']} merges"
+            )
         for name, share in key["changed_categories"].items():
             print(f"  changed categories {name}: {_fmt(share)}")
         if key["unprotected_quasi_identifiers"]:
             print(
                 "  NOT covered by the k claim: " + ", ".join(key["unprotected_quasi_identifiers"])
+            )
+    freq = summary.get("frequency_risk")
+    if freq:
+        for label in ("original", "published"):
+            f = freq[label]
+            print(
+                f"  frequency risk {label} ({len(freq['keys'])} keys, missing matches any): "
+                f"expected re-identifications {f['expected_reidentifications']:.2f} "
+                f"({f['global_risk_pct']:.3f} %), violating k: "
+                + ", ".join(f"{k}: {v}" for k, v in f["k_anonymity_violations"].items())
+                + f"; SUDA2 records with an MSU {f['suda2']['records_with_msu']}"
             )
     print(f"  metadata for analysts: {summary['meta']}")
     return 0
@@ -97,12 +131,19 @@ def cmd_microaggregate(args: argparse.Namespace) -> int:
         columns=cols,
         algorithm=args.algorithm,
         standardize=not args.no_standardize,
+        strata=[c.strip() for c in args.strata.split(",") if c.strip()] if args.strata else None,
     )
     print(
         f"microaggregated {s['records']} records on {', '.join(s['columns'])} with k={args.k}: "
         f"{s['groups']} groups of {s['min_group_size']}..{s['max_group_size']}, "
         f"100·SSE/SST = {s['sse_sst_pct']:.2f} -> {args.output}"
     )
+    if "strata" in s:
+        st = s["strata"]
+        print(
+            f"  within {st['strata']} strata; {st['small_strata']} below k "
+            f"({st['records_in_small_strata']} records) pooled"
+        )
     return 0
 
 
@@ -110,7 +151,30 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy) if args.policy else None
     if args.p is not None and not 0.0 < args.p <= 100.0:  # also nan
         raise PrivgwError(f"--p must be a percentage in (0, 100], e.g. 10; got {args.p}")
+    if args.report:
+        if policy is None:
+            raise PrivgwError("--report needs --policy (it names the attributes to tabulate)")
+        check_output(
+            args.report,
+            suffixes=frozenset({".html"}),
+            inputs=(args.original, args.protected),
+            setting="--report",
+        )
     result = workflows.evaluate_files(args.original, args.protected, policy, p_pct=args.p)
+    if args.report:
+        from gateway.utility_report import build_report  # noqa: PLC0415 - matplotlib
+
+        assert policy is not None
+        page = build_report(
+            args.original,
+            args.protected,
+            policy,
+            result,
+            policy_path=args.policy,
+            out=args.report,
+        )
+        Path(args.report).write_text(page, encoding="utf-8")
+        print(f"utility report -> {args.report}", file=sys.stderr)
     if args.json:
         _print_json(result)
         return 0
@@ -137,7 +201,7 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
     nan = float("nan")
     print(
         f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'changed':>8} {'DLD':>8} {'ID':>8} "
-        f"{'DR':>8} {'score':>8} {'whole-key linkage':>18}"
+        f"{'DR':>8} {'score':>8} {'whole-key linkage':>18} {'E(re-id)':>9}"
     )
     print(f"{'':>4} {'numeric QIs':>13} {'':>8} {'categ.':>8} {'numeric QIs only':>26}")
     for r in rows:
@@ -145,7 +209,8 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
             f"{int(r['k']):>4} {r.get('il', nan):>13.3f} {r.get('il1s', nan):>8.4f} "
             f"{r['changed_categories']:>8.4f} {r.get('dld', nan):>8.4f} "
             f"{r.get('interval_disclosure', nan):>8.4f} {r.get('dr', nan):>8.4f} "
-            f"{r.get('score', nan):>8.4f} {r['whole_key_linkage']:>18.4f}"
+            f"{r.get('score', nan):>8.4f} {r['whole_key_linkage']:>18.4f} "
+            f"{r['expected_reidentifications']:>9.3f}"
         )
     workflows.plot_ru_map(rows, args.output)
     print(f"R-U map -> {args.output}")
@@ -376,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--columns", help="comma-separated columns (default: all numeric)")
     p.add_argument("--algorithm", choices=["mdav", "ranking"], default="mdav")
     p.add_argument("--no-standardize", action="store_true", help="distances on raw values")
+    p.add_argument("--strata", help="comma-separated strata columns: groups never cross a stratum")
     p.set_defaults(func=cmd_microaggregate)
 
     p = add_command(
@@ -389,6 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", help="policy (selects attributes, adds RR retention)")
     p.add_argument("--p", type=float, default=None, help="interval disclosure p%% (default 10)")
     p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument(
+        "--report",
+        help="write one self-contained HTML page (tables, plots, the commands) for analysts",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = add_command(
@@ -473,6 +543,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", help="the file to create (an existing file is never overwritten)")
     p.set_defaults(func=cmd_secret_create)
+
+    from gateway import risk_cli  # noqa: PLC0415  (sdcMicro-shaped commands: risk, kanon)
+
+    risk_cli.register(sub)
 
     for ep in importlib.metadata.entry_points(group="privgw.commands"):
         try:

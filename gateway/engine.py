@@ -473,6 +473,11 @@ class Engine:
         ``measure_risk=False``: a risk-sampled window returns its microaggregated records
         (``WindowResult.aggregated``) without measuring them — a shard of a window
         (:mod:`gateway.shards`), measured once the shards' results are merged."""
+        if policy.file_only:  # grouping the stream does not run yet: refuse, never ignore
+            raise PolicyError(
+                f"{', '.join(policy.file_only)}: the file workflow (privgw protect) runs it, the "
+                "stream engine does not yet; remove it from a policy for privgw run"
+            )
         if policy.consistency.mode is ConsistencyMode.NONE and not consistency_override:
             raise PolicyError(
                 "consistency.mode none gives every release fresh randomness, which an "
@@ -817,6 +822,9 @@ class Engine:
                 out = masking.coarsen(
                     [None if v is None else str(v) for v in values], attr.coarsen.unit
                 )
+            elif attr.round_to is not None:  # a weight, rounded as the policy says
+                step = attr.round_to
+                out = [None if v is None else _num(round(float(v) / step) * step) for v in values]
             else:  # keep
                 out = values
             if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:
@@ -979,6 +987,12 @@ class Engine:
             out["key_smallest_class"] = float(min(c for c, _ in classes))
             out["key_share_below_k"] = sum(m for c, m in classes if c < k) / n
             out["key_uniques"] = float(sum(m for c, m in classes if c == 1))
+            # sdcMicro's risk_ER without weights: Σ 1/fk over the release's records, fk the
+            # tuple's class over the history (the bound above: a release may hold only some
+            # of a class, whose other members an intruder with the history still sees)
+            expected = sum(m / c for c, m in classes)
+            out["key_expected_reidentifications"] = expected
+            out["key_global_risk"] = expected / n
         formed = {gid for gid, _ in qi.groups}
         if formed:
             in_formed = [a and g in formed for a, g in zip(grouped, gids, strict=True)]

@@ -24,6 +24,19 @@ quasi-identifier tuple and the published file is k-anonymous on all of them toge
   takes its best allowed member combination, and if every member's is forbidden, publishes
   the attributes of the rules it breaks suppressed (None).
 
+**What is privgw's own, not the paper's.** Domingo-Ferrer & Torra define the nominal distance
+as plain 0/1 (unscaled) and form each MDAV group around records found by that distance, with
+the mode as the group's value. Here the 0/1 distance is scaled by 1/√(1 − Σ f_c²) (above), and
+MDAV's "centroid" and "farthest record" steps use the mean of the one-hot rows (the category
+frequencies within the remaining records), not the mode; only the published value is the mode.
+Why: unscaled, a nominal attribute with many rare categories (native country) would weigh as
+much as one with two equal ones (sex), and a 0/1 difference (at most 1) against standardised
+numbers (differences of several units) would let the numbers decide nearly every group; the
+scaling gives every attribute the same expected contribution. The one-hot mean makes MDAV's
+centroid a point of the same space as the records, so the distances stay Euclidean and
+``mdav_groups`` runs unchanged (the mode would make the centroid jump between categories).
+Published groups are still k-anonymous on the whole tuple, whatever the distance.
+
 The distance is the squared Euclidean distance between the embedded rows, so MDAV runs on the
 embedded matrix unchanged (:func:`gateway.microaggregation.mdav_groups` with unit weights).
 With numeric attributes only, the partition is sdcMicro 5.8.1's record for record (the

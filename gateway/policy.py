@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import math
 from enum import StrEnum
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Any, Self
 
@@ -35,6 +36,7 @@ class Role(StrEnum):
     QUASI_IDENTIFIER = "quasi_identifier"
     SENSITIVE = "sensitive"
     OTHER = "other"  # carried through unchanged (wave number, timestamps)
+    WEIGHT = "weight"  # the sampling weight: never a key, weights Fk, risk and estimates
 
 
 class AttrType(StrEnum):
@@ -66,6 +68,10 @@ class RRMode(StrEnum):
     UNIFORM = "uniform"
     FINE_GRAIN = "fine_grain"
     MATRIX = "matrix"
+    # invariant PRAM (Kooiman, Willenborg & Gouweleeuw 1997): a uniform P of the given
+    # strength, then R = Q·P with Q its Bayes reverse under the reference distribution π
+    # (rr.weights, else the file's frequencies, else equal), so that R·π = π
+    INVARIANT = "invariant"
 
 
 class MissingHandling(StrEnum):
@@ -76,6 +82,9 @@ class MissingHandling(StrEnum):
 class MicroaggAlgorithm(StrEnum):
     MDAV = "mdav"
     RANKING = "ranking"  # univariate individual ranking
+    # global recoding (hierarchies, bins) then local suppression to k: no wrong values, some
+    # missing ones (sdcMicro's globalRecode + kAnon); the file workflow (gateway/recode_suppress)
+    RECODE_SUPPRESS = "recode_suppress"
 
 
 class HoldTimeout(StrEnum):
@@ -148,6 +157,9 @@ _ALLOWED_METHODS: dict[tuple[Role, AttrType], frozenset[Method]] = {
     (Role.OTHER, AttrType.NUMERIC): frozenset({Method.KEEP, Method.DROP}),
     (Role.OTHER, AttrType.CATEGORICAL): frozenset({Method.KEEP, Method.DROP}),
     (Role.OTHER, AttrType.TIMESTAMP): frozenset({Method.COARSEN, Method.DROP}),
+    (Role.WEIGHT, AttrType.NUMERIC): frozenset({Method.KEEP, Method.DROP}),
+    (Role.WEIGHT, AttrType.CATEGORICAL): frozenset(),
+    (Role.WEIGHT, AttrType.TIMESTAMP): frozenset(),
 }
 
 # A quasi-identifier with one of these methods is part of the k-anonymity claim: it is
@@ -246,7 +258,10 @@ class RRSpec(_Strict):
                     "or rho1+rho2 instead of retention"
                 )
             if self.mode is RRMode.UNIFORM and self.weights is not None:
-                raise ValueError("rr.weights only applies to mode fine_grain")
+                raise ValueError(
+                    "rr.weights only applies to modes fine_grain and invariant (as the "
+                    "reference distribution)"
+                )
         if self.weights is not None:
             for cat, w in self.weights.items():
                 if not (w >= 0 and math.isfinite(w)):
@@ -346,10 +361,24 @@ class Attribute(_Strict):
     coding: CodingSpec | None = None
     hierarchy: HierarchySpec | None = None
     coarsen: CoarsenSpec | None = None
+    round_to: SFloat | None = None  # role weight: published rounded to a multiple of this
+    bins: list[SFloat] | None = None  # recode_suppress: a numeric key recoded to intervals
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
         allowed = _ALLOWED_METHODS[(self.role, self.type)]
+        if self.role is Role.WEIGHT and self.type is not AttrType.NUMERIC:
+            raise ValueError("a weight must be type numeric (the sampling weight of a record)")
+        if self.round_to is not None:
+            if self.role is not Role.WEIGHT or self.method is not Method.KEEP:
+                raise ValueError("round_to only applies to a weight published with method keep")
+            if not (self.round_to > 0 and math.isfinite(self.round_to)):
+                raise ValueError(f"round_to must be a number > 0 (e.g. 1), got {self.round_to}")
+        if self.bins is not None:
+            if self.type is not AttrType.NUMERIC or self.role is not Role.QUASI_IDENTIFIER:
+                raise ValueError("bins only apply to a numeric quasi_identifier")
+            if not self.bins or any(b >= c for b, c in pairwise(self.bins)):
+                raise ValueError("bins must be increasing break points, e.g. [25, 35, 45, 55]")
         if not allowed:
             raise ValueError(
                 f"a {self.type.value} attribute cannot have role {self.role.value}; a timestamp "
@@ -507,6 +536,25 @@ class WindowSpec(_Strict):
         return self
 
 
+class SmallStrata(StrEnum):
+    MERGE = "merge"  # strata below k pooled (the pool, if still below k, joins the smallest)
+    SUPPRESS = "suppress"  # their records published with the quasi-identifiers suppressed
+
+
+class LDiversitySpec(_Strict):
+    """Groups merged until each publishes ``l`` distinct values of ``attribute``."""
+
+    attribute: str
+    l: SInt = 2  # noqa: E741 - the l of l-diversity
+
+    @field_validator("l")
+    @classmethod
+    def _l(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"l_diversity.l must be ≥ 2, got {v}; l = 1 asks for nothing")
+        return v
+
+
 class MicroaggSpec(_Strict):
     k: SInt = 5
     algorithm: MicroaggAlgorithm = MicroaggAlgorithm.MDAV
@@ -514,6 +562,12 @@ class MicroaggSpec(_Strict):
     # forbidden combinations of nominal quasi-identifiers: attribute -> categories; a published
     # tuple breaks a rule when every named attribute has one of the listed values
     edit_rules: list[dict[str, list[str]]] = Field(default_factory=list)
+    # recode_suppress: the k claim's attributes, most important (suppressed last) first
+    importance: list[str] | None = None
+    # groups never cross a stratum (the tuple of these attributes' values); file workflow
+    strata: list[str] | None = None
+    small_strata: SmallStrata = SmallStrata.MERGE
+    l_diversity: LDiversitySpec | None = None  # file workflow (privgw protect)
 
     @field_validator("k")
     @classmethod
@@ -598,6 +652,13 @@ class Policy(_Strict):
                 f"input.key_field '{key}' is neither input.respondent_id nor an attribute; "
                 "name the field that identifies the respondent (usually input.respondent_id)"
             )
+        self._validate_recode_suppress()
+        weights = [n for n, a in self.attributes.items() if a.role is Role.WEIGHT]
+        if len(weights) > 1:
+            raise ValueError(
+                f"attributes {', '.join(weights)} all have role weight; a file has one sampling "
+                "weight: give the others role other"
+            )
         claim = self.k_claim
         self._check_republication()
         self._check_edit_rules()
@@ -654,6 +715,52 @@ class Policy(_Strict):
                         f"publish ({', '.join(sorted(known))}); {len(unknown)} unknown"
                     )
 
+    def _validate_recode_suppress(self) -> None:
+        spec, claim = self.microaggregation, self.k_claim
+        recode = spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
+        binned = [n for n, a in self.attributes.items() if a.bins is not None]
+        if binned and not recode:
+            raise ValueError(
+                f"bins ({', '.join(binned)}) only apply with microaggregation.algorithm "
+                "recode_suppress; remove them or choose that algorithm"
+            )
+        if spec.importance is not None and not recode:
+            raise ValueError("microaggregation.importance only applies to recode_suppress")
+        for name in spec.strata or []:
+            attr = self.attributes.get(name)
+            if attr is None or attr.role in (Role.WEIGHT, Role.IDENTIFIER):
+                raise ValueError(
+                    f"microaggregation.strata names {name!r}: a stratum is an attribute of the "
+                    "policy that is neither an identifier nor the weight (e.g. a region)"
+                )
+        ldiv = spec.l_diversity
+        if ldiv is not None:
+            attr = self.attributes.get(ldiv.attribute)
+            if attr is None or attr.role is not Role.SENSITIVE or attr.method is Method.DROP:
+                raise ValueError(
+                    f"microaggregation.l_diversity.attribute {ldiv.attribute!r} must be a "
+                    "published sensitive attribute of the policy"
+                )
+        if recode and (spec.strata or ldiv is not None):
+            raise ValueError(
+                "recode_suppress takes neither strata nor l_diversity; use algorithm mdav"
+            )
+        if not recode:
+            return
+        unbinned = [
+            n for n in claim if self.attributes[n].type is AttrType.NUMERIC and n not in binned
+        ]
+        if unbinned:
+            raise ValueError(
+                f"recode_suppress recodes numeric keys to intervals: give bins to "
+                f"{', '.join(unbinned)}"
+            )
+        if spec.importance is not None and sorted(spec.importance) != sorted(claim):
+            raise ValueError(
+                f"microaggregation.importance must list each attribute of the k claim once "
+                f"({', '.join(claim)}), most important first"
+            )
+
     @model_validator(mode="after")
     def _distinct_topics(self) -> Self:
         """Each topic has one role: dead letters (raw input) in the output would publish raw
@@ -704,6 +811,24 @@ class Policy(_Strict):
     def numeric_claim(self) -> list[str]:
         """The numeric attributes of the k claim (what the numeric-only measures cover)."""
         return [n for n in self.k_claim if self.attributes[n].type is AttrType.NUMERIC]
+
+    @property
+    def file_only(self) -> list[str]:
+        """Settings the stream engine does not run (the file workflow does)."""
+        spec = self.microaggregation
+        out = []
+        if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
+            out.append("microaggregation.algorithm recode_suppress")
+        if spec.strata:
+            out.append("microaggregation.strata")
+        if spec.l_diversity is not None:
+            out.append("microaggregation.l_diversity")
+        return out
+
+    @property
+    def weight(self) -> str | None:
+        """The sampling weight attribute (role ``weight``), if the policy names one."""
+        return next((n for n, a in self.attributes.items() if a.role is Role.WEIGHT), None)
 
     @property
     def randomized(self) -> list[str]:

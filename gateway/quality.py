@@ -242,11 +242,14 @@ def il1s(x: ArrayLike, xm: ArrayLike) -> float:
 
         IL1s = 1/(n·p) · Σ_j Σ_i |x_ij − x'_ij| / (√2 · S_j)
 
-    with S_j the sample sd (ddof=1) of original attribute j. This is the formula of
-    Hundepool et al., Handbook on SDC §3.5, and the n·p normalisation of sdcMicro's
-    ``dUtility(method="IL1")``. Note that sdcMicro's code (R/dUtility.R) computes
-    ``abs((x - xm)/sd(x) * sqrt(2))``, i.e. multiplies by √2 instead of dividing, so its
-    numbers are exactly 2× ours. Identity masking gives 0. Constant columns are dropped.
+    with S_j the sample sd (ddof=1) of original attribute j: the formula of Hundepool et al.,
+    Handbook on SDC §3.5 (Yancey, Winkler & Creecy 2002), averaged **per cell**.
+    sdcMicro: its early ``dUtility(method="IL1")`` computed ``abs((x - xm)/sd(x) * sqrt(2))``
+    averaged over the n·p cells (2× this figure); since its 2018 revision sdcMicro divides by
+    √2 as here (5.8.1 documents ``IL1s`` as "scaled by the standard deviation of original
+    variables times the square root of 2") and reports the **sum over the cells**, n·p times
+    this figure; this per-cell average is the figure sdcMicro keeps as ``IL1old``.
+    Identity masking gives 0. Constant columns are dropped.
     """
     return _il1s(_prepare(x, xm))
 

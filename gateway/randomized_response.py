@@ -446,6 +446,28 @@ def from_matrix(categories: Sequence[str], matrix: ArrayLike) -> RRMechanism:
     return RRMechanism(categories=cats, matrix=_validated_matrix(matrix, cats), mode=RRMode.MATRIX)
 
 
+def invariant(base: RRMechanism, reference: Mapping[str, float] | None = None) -> RRMechanism:
+    """Invariant PRAM (Kooiman, Willenborg & Gouweleeuw 1997; Gouweleeuw et al., "Post
+    randomisation for statistical disclosure control", JOS 14(4), 1998; sdcMicro ``pram``).
+
+    With π the reference distribution (``reference``: category weights, normalised; equal if
+    None), λ = P·π the distribution P publishes and Q[i][l] = P[l][i]·π_i / λ_l the Bayes
+    reverse (the probability of true i given published l), R = Q·P, i.e. R[i'][i] = Σ_l
+    Q[i'][l]·P[l][i]. R is column-stochastic and R·π = Q·λ = π: the published marginal equals
+    π in expectation, so an analyst reads marginals without inverting anything. R is P followed
+    by a post-processing of P's output, so γ(R) ≤ γ(P): its γ and ε are reported like every
+    matrix's, from R itself. Categories with π = 0 are published from the others only."""
+    m = base.m
+    pi = _weight_vector(reference, base.categories, "reference") if reference else np.ones(m)
+    pi = pi / pi.sum()
+    p = base.matrix
+    lam = p @ pi
+    q = np.where(lam[None, :] > 0, p.T * pi[:, None] / np.where(lam > 0, lam, 1.0)[None, :], 0.0)
+    r = q @ p
+    r = r / r.sum(axis=0, keepdims=True)  # exact column sums despite rounding
+    return RRMechanism(categories=base.categories, matrix=r, mode=RRMode.INVARIANT)
+
+
 def from_spec(attr: Attribute, frequencies: Mapping[str, float] | None = None) -> RRMechanism:
     """Build the mechanism an attribute's ``rr`` settings describe, over ``attr.domain``.
 
@@ -465,6 +487,9 @@ def from_spec(attr: Attribute, frequencies: Mapping[str, float] | None = None) -
         return from_matrix(domain, rr.matrix)
     if rr.mode is RRMode.UNIFORM:
         return uniform(domain, retention=rr.retention, epsilon=rr.epsilon, gamma=rr.gamma, rho=rho)
+    if rr.mode is RRMode.INVARIANT:
+        base = uniform(domain, retention=rr.retention, epsilon=rr.epsilon, gamma=rr.gamma, rho=rho)
+        return invariant(base, rr.weights if rr.weights is not None else frequencies)
     if rr.retention is not None:
         raise MechanismError(
             "rr.mode fine_grain solves for per-value retention: give epsilon, gamma or "

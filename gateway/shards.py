@@ -130,6 +130,10 @@ def merge_key_measures(parts: Sequence[Mapping[str, float]]) -> dict[str, float]
         out["key_smallest_class"] = min(smallest)
         below = sum(p.get("key_share_below_k", 0.0) * p["key_records"] for p in parts)
         out["key_share_below_k"] = below / out["key_records"]
+    expected = [p["key_expected_reidentifications"] for p in parts if "key_smallest_class" in p]
+    if expected:  # Σ 1/fk over the shards' records (their classes are their own)
+        out["key_expected_reidentifications"] = sum(expected)
+        out["key_global_risk"] = sum(expected) / out["key_records"]
     for name in {n for p in parts for n in p if n.startswith("ldiv_min:")}:
         out[name] = min(p[name] for p in parts if name in p)
     return out

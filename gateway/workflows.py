@@ -13,19 +13,30 @@ import orjson
 import pandas as pd
 from numpy.typing import NDArray
 
-from gateway import key_risk, quality
+from gateway import key_risk, quality, recode_suppress, release_risk
 from gateway.attack import averaging_attack, intersection_attack
 from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
 from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
-from gateway.microaggregation import microaggregate
+from gateway.frequency_risk import measure_risk, weights_of
+from gateway.grouping import file_claim
+from gateway.grouping.strata import stratified_groups, stratum_ids
+from gateway.microaggregation import group_means, mdav_groups, microaggregate
 from gateway.mixed_microaggregation import (
     QIKind,
     claim_columns,
     claim_inputs,
     mixed_microaggregate,
 )
-from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, Role, RRMode
+from gateway.policy import (
+    MISSING_LABEL,
+    AttrType,
+    Method,
+    MicroaggAlgorithm,
+    Policy,
+    Role,
+    RRMode,
+)
 from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource
 from gateway.reconstruction import reconstruct
@@ -44,7 +55,7 @@ def _frequencies(records: Sequence[ValidRecord], policy: Policy) -> dict[str, di
     for name in policy.randomized:
         attr = policy.attributes[name]
         assert attr.rr is not None
-        if attr.rr.mode is not RRMode.FINE_GRAIN or attr.rr.weights is not None:
+        if attr.rr.mode not in (RRMode.FINE_GRAIN, RRMode.INVARIANT) or attr.rr.weights:
             continue
         counts = dict.fromkeys(attr.domain, 0.0)
         for r in records:
@@ -65,8 +76,9 @@ def protect_file(
     records = records_from_frame(df, policy, src)
     if not records:
         raise InputDataError(f"{src}: no data rows")
+    recoding = policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
     engine = Engine(
-        policy,
+        recode_suppress.engine_policy(policy) if policy.file_only else policy,
         randomness=SeededSource(seed),
         frequencies=_frequencies(records, policy),
         consistency_override=True,  # one release of a file: nothing to average over
@@ -81,13 +93,41 @@ def protect_file(
     progress.close()
     protected = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
     protected = protected[[c for c in columns if c in df.columns]]
-    write_table(protected, out)
     meta = engine.metadata()
+    whole_key: dict[str, Any] = {}
+    if recoding:  # the keys: recoded and suppressed here, the engine published the rest
+        release = recode_suppress.protect_keys(claim_frame(df, policy, published=False), policy)
+        for name in release.keys:
+            protected[name] = release.published[name].to_numpy()
+        whole_key = release.summary()
+        whole_key["strict_records_below_k"] = recode_suppress.strict_classes_below_k(
+            protected, release.keys, policy.microaggregation.k
+        )
+        meta["k_claim"] = {**whole_key, "k": policy.microaggregation.k}
+    elif policy.file_only:  # strata and l-diversity: grouped here, the rest by the engine
+        spec = policy.microaggregation
+        tokens = set(policy.input.missing_tokens)
+        strata = [_missing_to_none(df[s].tolist(), tokens) for s in spec.strata or []]
+        ldiv = spec.l_diversity
+        grouped = file_claim.group_claim(
+            claim_frame(df, policy, published=False),
+            policy,
+            strata,
+            protected[ldiv.attribute] if ldiv is not None else None,
+        )
+        for name in grouped.published.columns:
+            protected[name] = grouped.published[name].to_numpy()
+        meta["k_claim"] = grouped.report
+        whole_key = whole_key_evaluation(df, protected, policy, src, out)
+        whole_key["grouping"] = grouped.report
+    elif policy.k_claim:
+        whole_key = whole_key_evaluation(df, protected, policy, src, out)
+    write_table(protected, out)
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     rep = result.report
-    whole_key = whole_key_evaluation(df, protected, policy, src, out) if policy.k_claim else {}
     return {
         "whole_key": whole_key,
+        "frequency_risk": release_risk.release_risk(df, protected, policy),
         "records": rep.records_in,
         "published": rep.published,
         "suppressed": rep.suppressed,
@@ -140,6 +180,7 @@ def microaggregate_file(
     columns: Sequence[str] | None = None,
     algorithm: str = "mdav",
     standardize: bool = True,
+    strata: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """MDAV (or individual ranking) on the given or all numeric columns, nothing else changed."""
     df = read_table(src)
@@ -157,7 +198,26 @@ def microaggregate_file(
     x = numeric_matrix(df, cols, src)
     if not np.isfinite(x).all():
         raise InputDataError(f"{src}: the columns to microaggregate have missing values")
-    masked, labels = microaggregate(x, k, algorithm=algorithm, standardize=standardize)
+    strata_report: dict[str, Any] = {}
+    if strata:  # MDAV within each stratum (sdcMicro's strata_variables); small strata pooled
+        for name in strata:
+            if name not in df.columns:
+                raise InputDataError(f"--strata: no column {name!r} in {src}; fix the name")
+        if algorithm != "mdav":
+            raise InputDataError("--strata works with --algorithm mdav")
+        ids = stratum_ids([df[name].tolist() for name in strata], len(df))
+        res = stratified_groups(
+            ids, k, lambda rows: mdav_groups(x[rows], k, standardize=standardize)
+        )
+        labels = res.labels
+        masked = group_means(x, labels)
+        strata_report = {
+            "strata": res.strata,
+            "small_strata": res.small_strata,
+            "records_in_small_strata": res.records_in_small_strata,
+        }
+    else:
+        masked, labels = microaggregate(x, k, algorithm=algorithm, standardize=standardize)
     result = df.copy()
     for j, c in enumerate(cols):
         result[c] = masked[:, j]
@@ -171,6 +231,7 @@ def microaggregate_file(
         "min_group_size": int(sizes.min()),
         "max_group_size": int(sizes.max()),
         "sse_sst_pct": quality.sse_sst_pct(x, masked),
+        **({"strata": strata_report} if strata_report else {}),
     }
 
 
@@ -243,7 +304,24 @@ def evaluate_files(
         if retention:
             result["retention"] = retention
         result.update(whole_key_evaluation(orig, prot, policy, original, protected))
+        result.update(_weighted_and_frequency(orig, prot, policy, cols))
     return result
+
+
+def _weighted_and_frequency(
+    orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy, numeric: Sequence[str]
+) -> dict[str, Any]:
+    """The frequency risk of the release and, with a weight, the weighted estimates."""
+    out: dict[str, Any] = {}
+    freq = release_risk.release_risk(orig, prot, policy)
+    if freq:
+        out["frequency_risk"] = freq
+    weight = policy.weight
+    if weight is not None and weight in orig.columns and numeric:
+        w = weights_of(orig, weight)
+        assert w is not None
+        out["weighted_estimates"] = release_risk.weighted_estimates(orig, prot, numeric, w)
+    return out
 
 
 def _is_missing(v: object, tokens: Set[str] = frozenset()) -> bool:
@@ -366,7 +444,11 @@ def ru_map(
     df = read_table(src, as_text=True)
     records_from_frame(df, policy, src)  # validates the file against the policy
     before = claim_frame(df, policy, published=False)
-    before = before[before.notna().all(axis=1)].reset_index(drop=True)
+    complete = before.notna().all(axis=1).to_numpy()
+    before = before[complete].reset_index(drop=True)
+    weight = policy.weight
+    all_w = weights_of(df, weight) if weight is not None and weight in df.columns else None
+    w = all_w[complete] if all_w is not None else None
     columns = claim_columns(policy)
     numeric = [c.name for c in columns if c.kind is QIKind.NUMERIC]
     pct = p_pct if p_pct is not None else policy.risk.interval_pct
@@ -401,6 +483,9 @@ def ru_map(
         changed = changed_categories(before, after, policy)
         row["changed_categories"] = float(np.mean(list(changed.values()))) if changed else 0.0
         row["whole_key_linkage"] = key_risk.mixed_linkage(before, after, columns).share_linked
+        freq = measure_risk(after.assign(__w__=w) if w is not None else after, claim,
+                            "__w__" if w is not None else None)  # fmt: skip
+        row["expected_reidentifications"] = freq.expected_reidentifications
         rows.append(row)
     return rows
 
@@ -447,7 +532,7 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
             mech = from_spec(attr, freqs.get(name))
             entry.update(_mechanism_report(mech))
             assert attr.rr is not None
-            if attr.rr.mode is RRMode.FINE_GRAIN and attr.rr.weights is None:
+            if attr.rr.mode in (RRMode.FINE_GRAIN, RRMode.INVARIANT) and attr.rr.weights is None:
                 entry["note"] = (
                     f"no rr.weights: the matrix of {data}'s value frequencies, as `privgw "
                     "protect` builds it for that file"
@@ -670,7 +755,7 @@ def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
         for name in policy.randomized:
             attr = policy.attributes[name]
             assert attr.rr is not None
-            if attr.rr.mode is RRMode.FINE_GRAIN and attr.rr.weights is None:
+            if attr.rr.mode in (RRMode.FINE_GRAIN, RRMode.INVARIANT) and attr.rr.weights is None:
                 raise InputDataError(
                     f"{mp} is missing and '{name}' uses fine-grain weights from the data: the "
                     "matrix is only in that file"

@@ -95,6 +95,17 @@ _KEY_MEASURES = {
         "key_uniques",
         "published records alone in their whole-key class, last sampled window",
     ),
+    "key_expected_reidentifications": (
+        "key_expected_reidentifications",
+        "expected re-identifications in the last sampled window: sum over its published "
+        "records of 1/fk, fk the whole-key class over the history (sdcMicro's risk_ER, "
+        "unweighted)",
+    ),
+    "key_global_risk": (
+        "key_global_risk_ratio",
+        "mean individual re-identification risk 1/fk of the last sampled window's published "
+        "records on the whole key (at most 1/k while the k claim holds)",
+    ),
 }
 _LDIV_PREFIX = "ldiv_min:"  # + sensitive attribute name
 

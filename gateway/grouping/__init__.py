@@ -1,9 +1,11 @@
-"""Grouping across releases: who publishes which quasi-identifier tuple, wave after wave.
+"""Grouping: who publishes which quasi-identifier tuple, within a window and across releases.
 
 * :mod:`gateway.grouping.release` — what a release is (a wave, or an output window) and when one
-  is closed;
+  is closed; :mod:`gateway.grouping.parking` — waves decided when they close;
 * :mod:`gateway.grouping.registry` — a group's stored entry: its tuple, members, live count and
   the publication masks that give every member's linked candidate set;
 * :mod:`gateway.grouping.republish` — the republication modes ``regroup`` and ``cohort``:
-  per-release quorum, departures, re-formation of groups among new and changed records.
+  per-release quorum, departures, re-formation of groups among new and changed records;
+* :mod:`gateway.grouping.strata` and :mod:`gateway.grouping.l_diversity` — groups that never
+  cross a stratum, groups merged until they hold l distinct sensitive values (file workflow).
 """

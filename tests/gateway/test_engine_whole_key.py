@@ -273,6 +273,13 @@ def test_file_run_is_k_anonymous_and_reports_the_whole_key() -> None:
     assert m["key_records"] == 200
     assert 3 <= m["key_smallest_class"] <= min(sizes.values())
     assert m["key_share_below_k"] == 0.0 and m["key_uniques"] == 0.0
+    # the release's expected re-identifications: Σ 1/fk over the published rows (one
+    # release holding every class whole: fk is the class in the release)
+    assert m["key_expected_reidentifications"] == pytest.approx(
+        sum(1 / sizes[tuple(r[a] for a in CLAIM)] for r in rows), rel=1e-12
+    )
+    assert m["key_global_risk"] == pytest.approx(len(sizes) / 200, rel=1e-12)
+    assert m["key_global_risk"] <= 1 / 3
     # l-diversity within the groups: brute force over the published rows
     groups: dict[tuple[Any, ...], set[Any]] = defaultdict(set)
     for r in rows:

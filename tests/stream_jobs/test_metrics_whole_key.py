@@ -47,6 +47,9 @@ def test_whole_key_figures_are_the_sampled_windows_measures(tmp_path: Path) -> N
     assert value("privgw_key_smallest_class") == measures["key_smallest_class"] >= k
     assert value("privgw_key_share_below_k_ratio") == measures["key_share_below_k"] == 0
     assert value("privgw_key_uniques") == measures["key_uniques"] == 0
+    er = measures["key_expected_reidentifications"]
+    assert value("privgw_key_expected_reidentifications") == er > 0
+    assert value("privgw_key_global_risk_ratio") == measures["key_global_risk"] <= 1 / k
     assert value("privgw_key_class_violations_total") == 0
     sensitive = ("occupation", "income", "capital_gain", "capital_loss")
     for name in sensitive:
