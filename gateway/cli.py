@@ -245,6 +245,8 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
             "quasi_identifier or drop it"
         )
     print(f"consistency: {report['consistency']}")
+    if claim:
+        print(f"republication: {report['republication']['statement']}")
     for name, entry in report["attributes"].items():
         print(f"\n{name}: {entry['role']} {entry['type']}, {entry['method']}")
         if "gamma" in entry:

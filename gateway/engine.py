@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from gateway import masking, quality
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
+from gateway.grouping.guarantees import republication_statement
 from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
@@ -574,6 +575,8 @@ class Engine:
             "published_outside_k_claim": p.published_outside_claim,
             "methods": {n: a.method.value for n, a in p.attributes.items()},
             "consistency": p.consistency.mode.value,
+            "republication": republication_statement(p),
+            "edit_rules": p.microaggregation.edit_rules,
             "randomized_response": {
                 a: {**m.to_dict(), "matrix_version": self._mech_versions[a]}
                 for a, m in self.mechanisms.items()

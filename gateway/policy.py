@@ -612,6 +612,9 @@ class RiskSpec(_Strict):
     interval_pct: SFloat = 10.0  # p% of n around each rank for interval disclosure
     max_dld: SFloat = 0.5  # alert threshold on record-linkage risk (share 0..1)
     max_interval_disclosure: SFloat = 0.9
+    # alert threshold on the share of published respondents whose linked candidate set
+    # (followed across releases) is below k; 1.0: never (regroup lets movers fall below k)
+    max_linked_below_k: SFloat = 1.0
     sample_every: SInt = 1  # compute risk on every n-th window
 
     @model_validator(mode="after")
@@ -620,6 +623,7 @@ class RiskSpec(_Strict):
             raise ValueError(f"risk.interval_pct must be in (0, 100], got {self.interval_pct}")
         _check_probability("risk.max_dld", self.max_dld)
         _check_probability("risk.max_interval_disclosure", self.max_interval_disclosure)
+        _check_probability("risk.max_linked_below_k", self.max_linked_below_k)
         if self.sample_every < 1:
             raise ValueError(f"risk.sample_every must be ≥ 1, got {self.sample_every}")
         return self

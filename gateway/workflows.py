@@ -20,6 +20,7 @@ from gateway.errors import InputDataError
 from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
 from gateway.frequency_risk import measure_risk, weights_of
 from gateway.grouping import file_claim
+from gateway.grouping.guarantees import republication_statement
 from gateway.grouping.strata import stratified_groups, stratum_ids
 from gateway.microaggregation import group_means, mdav_groups, microaggregate
 from gateway.mixed_microaggregation import (
@@ -570,6 +571,7 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
         # published beside the claim (role other): outside it, whatever their method
         "published_outside_k_claim": policy.published_outside_claim,
         "consistency": policy.consistency.mode.value,
+        "republication": republication_statement(policy),
         "attributes": attrs,
     }
 

@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -52,6 +53,8 @@ from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
 from gateway.validation import DLQReason
 from stream_jobs.monitor import Monitor, start_monitor
+from stream_jobs.republication_metrics import LINKED_GUARANTEE, RepublicationFigures
+from stream_jobs.republication_metrics import families as republication_families
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.windows import Flush
 from stream_jobs.worker import GatewayWorker
@@ -149,6 +152,7 @@ class GatewayMetrics:
         self.key_class_violations = 0
         self.key_last: dict[str, float] = {}
         self.ldiv_last: dict[str, float] = {}
+        self.republication = RepublicationFigures(k=0, guarantee=False)
         self._collector: _WorkerCollector | None = None
 
     @classmethod
@@ -168,6 +172,9 @@ class GatewayMetrics:
         policy = worker.policy
         self._k = policy.microaggregation.k
         self._attributes = frozenset(policy.attributes)  # labels: policy names only
+        self.republication = RepublicationFigures(
+            k=self._k, guarantee=LINKED_GUARANTEE[policy.republication.mode]
+        )
         rr = worker.engine.metadata()["randomized_response"]
         rr_attrs = len(rr) if isinstance(rr, dict) else 0
         self._sticky_attrs = (
@@ -210,6 +217,7 @@ class GatewayMetrics:
                         ratio if prev is None else prev + EWMA_ALPHA * (ratio - prev)
                     )
                 self._observe_key(report.measures)
+                self.republication.observe(report.measures)
 
     def _observe_key(self, measures: Mapping[str, float]) -> None:
         """Whole-key figures of a sampled window (caller holds the lock). A class below k is a
@@ -368,6 +376,7 @@ class _WorkerCollector(Collector):
         )
         threshold.add_metric(["dld"], policy.risk.max_dld)
         threshold.add_metric(["interval_disclosure"], policy.risk.max_interval_disclosure)
+        threshold.add_metric(["linked_below_k"], policy.risk.max_linked_below_k)
         yield threshold
         with m._lock:
             last, average = dict(m.last), dict(m.average)
@@ -411,6 +420,9 @@ class _WorkerCollector(Collector):
         for name, value in sorted(ldiv.items()):
             ldiv_family.add_metric([name], value)
         yield ldiv_family
+        with m._lock:
+            figures = replace(m.republication, last=dict(m.republication.last))
+        yield from republication_families(p, self._worker.policy, figures)
 
     def _health(self) -> Iterator[Any]:
         """Lag and liveness from the monitor, which keeps measuring when the loop is stuck."""

@@ -149,7 +149,8 @@ class Republisher:
                 self._hold_or_suppress(win, i)
         for i in later:  # another tuple of a respondent decided here: the next window's
             self._hold_or_suppress(win, i)
-        self._measure(win)
+        if sampled:
+            self._measure(win)
         return d, win.groups
 
     # -- the window's records --------------------------------------------------------------

@@ -18,6 +18,7 @@ from gateway import microaggregation as ma
 from gateway import mixed_microaggregation as mmx
 from gateway.microaggregation import mdav_groups
 from gateway.mixed_microaggregation import (
+    EditRule,
     QIColumn,
     QIKind,
     claim_columns,
@@ -238,3 +239,40 @@ def test_look_up_path_on_adult_with_the_policy_quasi_identifiers() -> None:
     np.testing.assert_array_equal(looked, _dense_labels(x, 5))
     direct = ma._mdav_labels(np.array(x), 5, np.ones(x.shape[1]), x.shape[0])
     np.testing.assert_array_equal(looked, direct)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from(["F", "M"]), st.sampled_from(["husband", "wife", "other"])),
+        min_size=6,
+        max_size=60,
+    ),
+    k=st.integers(2, 5),
+)
+def test_edit_rules_are_never_broken_and_groups_publish_a_members_combination(
+    rows: list[tuple[str, str]], k: int
+) -> None:
+    if len(rows) < k:
+        return
+    columns = [
+        QIColumn("sex", QIKind.NOMINAL, ("F", "M")),
+        QIColumn("rel", QIKind.NOMINAL, ("husband", "wife", "other")),
+    ]
+    rules = [
+        EditRule.of({"rel": ["husband"], "sex": ["F"]}),
+        EditRule.of({"rel": ["wife"], "sex": ["M"]}),
+    ]
+    values = [[r[0] for r in rows], [r[1] for r in rows]]
+    published, labels = mixed_microaggregate(columns, values, k, rules=rules)
+    for g in set(labels.tolist()):
+        members = [i for i, lab in enumerate(labels.tolist()) if lab == g]
+        combo = {"sex": published[0][members[0]], "rel": published[1][members[0]]}
+        if None in combo.values():  # every member's combination broke a rule: suppressed
+            assert all(
+                any(rule.breaks(dict(zip(("sex", "rel"), rows[i], strict=True))) for rule in rules)
+                for i in members
+            )
+            continue
+        assert not any(rule.breaks(combo) for rule in rules)
+        assert tuple(combo.values()) in {rows[i] for i in members}  # a member's combination

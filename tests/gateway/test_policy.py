@@ -261,3 +261,65 @@ def test_noise_may_follow_coding_on_a_sensitive_number() -> None:
         "coding: {top: 100, bottom: 0}, noise: {sd: 5}}\n"
     )
     assert p.attributes["pay"].coding is not None and p.attributes["pay"].noise is not None
+
+
+# -- republication: the mode, what a release is, edit rules ------------------------------------
+PANEL = BASE + """\
+  sex: {role: quasi_identifier, type: categorical, method: microaggregation, categories: [F, M]}
+  rel: {role: quasi_identifier, type: categorical, method: microaggregation,
+        categories: [husband, wife, other]}
+  wave: {role: other, type: numeric, method: keep}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            "republication: {mode: fresh}\n",
+            "republication.mode: Input should be 'regroup', 'cohort' or 'deferred'",
+        ),
+        (
+            "republication: {wave_attribute: wav}\n",
+            "republication.wave_attribute 'wav' is not an attribute (did you mean 'wave'?)",
+        ),
+        (
+            "republication: {wave_attribute: sex}\n",
+            "republication.wave_attribute 'sex' must be a numeric attribute of role other",
+        ),
+        ("republication: {slack: -1}\n", "republication.slack must be between 0 and"),
+        ("republication: {pool: wave}\n", "republication.pool: Input should be 'window' or 'release'"),
+        (
+            "microaggregation: {k: 3, edit_rules: [{rel: [husband], age: [F]}]}\n",
+            "edit_rules[0] names 'age', which is not a nominal quasi-identifier of the k claim",
+        ),
+        (
+            "microaggregation: {k: 3, edit_rules: [{rel: [husbnd], sex: [F]}]}\n",
+            "edit_rules[0].rel must list categories it can publish (husband, other, wife); 1 "
+            "unknown",
+        ),
+        ("microaggregation: {k: 3, edit_rules: [{}]}\n", "edit_rules[0] names no attribute"),
+        ("risk: {max_linked_below_k: 2}\n", "risk.max_linked_below_k must be a probability"),
+    ],
+)
+def test_bad_republication_settings_are_named(extra: str, expected: str) -> None:
+    text = PANEL.replace("microaggregation: {k: 3}\n", "") if "microaggregation" in extra else PANEL
+    with pytest.raises(PolicyError) as err:
+        policy_from_yaml(extra + text)
+    assert expected in str(err.value), str(err.value)
+
+
+def test_republication_defaults_and_the_shipped_panel_policy() -> None:
+    rep = policy_from_yaml(PANEL).republication
+    assert (rep.mode.value, rep.wave_attribute, rep.pool.value, rep.slack) == (
+        "regroup",
+        None,
+        "window",
+        0,
+    )
+    adult = load_policy(ADULT)
+    assert adult.republication.wave_attribute == "wave"
+    assert adult.republication.pool.value == "release"
+    assert adult.microaggregation.edit_rules  # Husband with Female and the like never published
+    # the bundled copy `privgw demo` uses is the same policy
+    assert (ROOT / "stream_jobs" / "data" / "adult.yaml").read_text() == ADULT.read_text()

@@ -1,0 +1,66 @@
+"""What each republication mode guarantees and what it costs, in words and as flags: the one
+statement ``check-policy``, the metadata topic and docs/consistency.md give."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.policy import GroupingPool, Policy, RepublicationMode
+
+_MODES = {
+    RepublicationMode.REGROUP: (
+        "a respondent whose categories change is regrouped in the release it changes in, among "
+        "that release's new and changed respondents; one whose numbers change stays, and its "
+        "group's tuple is recomputed from its publishers' current values; a group left with "
+        "fewer than k live members is re-formed. Published tuples follow the truth. A "
+        "respondent that moved can be linked across releases to fewer than k candidates (the "
+        "intersection of its old and new classes): its sensitive values are then protected by "
+        "randomized response and noise alone; the share is measured and exported"
+    ),
+    RepublicationMode.COHORT: (
+        "a group (cohort) keeps its members for good; the first publishers of each release "
+        "recompute its tuple from their current values, and a member publishes its tuple only "
+        "while the respondents sharing it in every release it published in stay k or more "
+        "(else it waits, then is published with its quasi-identifiers suppressed). Every "
+        "linked candidate set stays at k or more, also under attrition; a changed category "
+        "is outvoted by its cohort's members, so nominal marginals lag the truth"
+    ),
+    RepublicationMode.DEFERRED: (
+        "the behaviour before republication modes: a changed respondent stays in its group "
+        "while its departure would leave fewer than k live members, republishing its first "
+        "tuple; no per-release k under attrition and tuples that drift from the truth"
+    ),
+}
+
+
+def republication_statement(policy: Policy) -> dict[str, Any]:
+    """The policy's republication mode, its settings and guarantees (JSON-ready)."""
+    rep = policy.republication
+    k = policy.microaggregation.k
+    wave = rep.wave_attribute
+    release = f"a wave (records with the same {wave})" if wave is not None else "an output window"
+    deferred = rep.mode is RepublicationMode.DEFERRED
+    pool = (
+        "when its release closes (a later wave, its hold time, or the last flush)"
+        if rep.pool is GroupingPool.RELEASE and wave is not None and not deferred
+        else "in each window, once k of them wait"
+    )
+    return {
+        "mode": rep.mode.value,
+        "wave_attribute": wave,
+        "pool": rep.pool.value,
+        "slack": rep.slack,
+        "release": release,
+        "k_per_release": not deferred,
+        "k_over_history": True,
+        "linked_sets_at_least_k": rep.mode is RepublicationMode.COHORT,
+        "follows_changes": rep.mode is RepublicationMode.REGROUP,
+        "statement": (
+            f"{rep.mode.value}: {_MODES[rep.mode]}. A release is {release}; every published "
+            f"tuple is shared by at least {k} respondents "
+            + ("over the whole history" if deferred else "within its release and over the history")
+            + f"; new and changed respondents are grouped {pool}"
+            + (f", in groups of at least {k + rep.slack} (slack {rep.slack})" if rep.slack else "")
+            + "."
+        ),
+    }

@@ -1,0 +1,120 @@
+"""The republication figures of the metrics (issue 29): linked candidate sets, freshness and
+per-release classes of the engine's sampled windows, the mode and its guarantee, and counted,
+logged (counts only) violations."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.keyed import Keyring
+from gateway.policy import policy_from_yaml
+from state.sqlite_store import SQLiteStore
+from stream_jobs.metrics import GatewayMetrics
+from stream_jobs.settings import WorkerSettings
+from stream_jobs.windows import Flush, FlushReason
+from stream_jobs.worker import GatewayWorker
+
+SECRET = Keyring(b"republication-metrics-secret-0123")
+NO_FLUSH = Flush([], 0, {}, FlushReason.COUNT)
+POLICY = """
+name: republication-metrics
+input: {topic: r.in, respondent_id: rid}
+output: {topic: r.out}
+microaggregation: {k: 3}
+republication: {mode: MODE, wave_attribute: wave}
+attributes:
+  age:    {role: quasi_identifier, type: numeric, method: microaggregation}
+  region: {role: quasi_identifier, type: categorical, method: microaggregation,
+           categories: [north, south]}
+  wave:   {role: other, type: numeric, method: keep}
+"""
+
+
+def _wave(wave: int, regions: dict[int, str]) -> list[ValidRecord]:
+    return [
+        ValidRecord(
+            f"r{i}",
+            {"age": 20 + i, "region": regions.get(i, "north"), "wave": wave},
+            SourceRef("in", 0, 100 * wave + i),
+            0.0,
+        )
+        for i in range(12)
+    ]
+
+
+def _run(mode: str, tmp_path: Path) -> tuple[CollectorRegistry, dict[str, float], Engine]:
+    policy = policy_from_yaml(POLICY.replace("MODE", mode))
+    with SQLiteStore(tmp_path / f"{mode}.db") as store:
+        engine = Engine(policy, keyring=SECRET, store=store)
+        worker = GatewayWorker(policy, WorkerSettings(metrics_port=0), engine)
+        registry = CollectorRegistry()
+        metrics = GatewayMetrics.create(registry)
+        metrics.attach(worker)
+        # wave 2: two respondents move south (a changed category)
+        for wave, regions in ((1, {}), (2, {0: "south", 5: "south"})):
+            report = engine.protect_window(_wave(wave, regions), now=0.0, flush_all=True).report
+            metrics.observe(report, NO_FLUSH, 0.0)
+    return registry, dict(report.measures), engine
+
+
+@pytest.mark.parametrize("mode", ["regroup", "cohort"])
+def test_republication_figures_are_the_sampled_windows_measures(mode: str, tmp_path: Path) -> None:
+    registry, m, _ = _run(mode, tmp_path)
+    value = registry.get_sample_value
+    assert m["linked_records"] == 12
+    assert value("privgw_linked_candidates_smallest") == m["linked_smallest"]
+    assert value("privgw_linked_below_k_ratio") == m["linked_below_k"] / 12
+    assert value("privgw_stale_ratio") == m["stale_records"] / 12
+    assert value("privgw_release_smallest_class") == m["release_smallest_class"] >= 3
+    assert value("privgw_republication_mode", {"mode": mode}) == 1
+    assert value("privgw_republication_linked_guarantee") == (mode == "cohort")
+    assert value("privgw_linked_guarantee_violations_total") == 0
+    assert value("privgw_release_class_violations_total") == 0
+    if mode == "cohort":  # cohorts keep everyone's linked set (tests/gateway/test_attack.py
+        # checks the figures against the intersection attack in both modes)
+        assert m["linked_smallest"] >= 3 and m["linked_below_k"] == 0
+
+
+def test_broken_promises_are_counted_and_logged_with_counts_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    policy = policy_from_yaml(POLICY.replace("MODE", "cohort"))
+    with SQLiteStore(tmp_path / "s.db") as store:
+        engine = Engine(policy, keyring=SECRET, store=store)
+        worker = GatewayWorker(policy, WorkerSettings(metrics_port=0), engine)
+        registry = CollectorRegistry()
+        metrics = GatewayMetrics.create(registry)
+        metrics.attach(worker)
+        # a sampled window as the engine would report it, had it broken both promises
+        broken = {
+            "linked_records": 10.0,
+            "linked_below_k": 1.0,
+            "linked_smallest": 2.0,
+            "stale_records": 0.0,
+            "stale_age_max": 0.0,
+            "release_smallest_class": 2.0,
+        }
+        report = dataclasses.replace(
+            engine.protect_window([], now=0.0, flush_all=True).report,
+            risk_sampled=True,
+            measures=broken,
+        )
+        with caplog.at_level(logging.ERROR, logger="stream_jobs.republication_metrics"):
+            metrics.observe(report, NO_FLUSH, 0.0)
+    value = registry.get_sample_value
+    assert value("privgw_release_class_violations_total") == 1
+    assert value("privgw_linked_guarantee_violations_total") == 1
+    assert value("privgw_linked_below_k_ratio") == pytest.approx(0.1)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [
+        "release violation: a sampled window published a class of 2 < k = 3 respondents "
+        "within its release",
+        "linkage violation: the republication mode promises linked candidate sets of k = 3, a "
+        "sampled window published a respondent linked to 2",
+    ]
