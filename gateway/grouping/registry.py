@@ -152,8 +152,13 @@ def linked_size(group: Group, j: int, carried: Sequence[bytes] | None) -> int:
     mask = group.linked_mask(j)
     if carried is None:
         return mask.bit_count()
-    own = group.members[j]
-    return 1 + len(group.digests(mask).intersection(carried) - {own})
+    if not carried:  # linked to itself alone: intersections cannot grow it back
+        return 1
+    others = set(carried)
+    members = group.members
+    return 1 + sum(
+        1 for i in range(len(members)) if i != j and mask >> i & 1 and members[i] in others
+    )
 
 
 def carried_after_leaving(group: Group, j: int, carried: Sequence[bytes] | None) -> list[bytes]:

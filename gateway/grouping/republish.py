@@ -471,6 +471,8 @@ class Republisher:
             carried = st.get("x")
             if carried is None:  # never moved: its set lies within its group
                 sizes.append(grp.linked_mask(g[2]).bit_count())
+            elif not carried:  # linked to itself alone since it moved
+                sizes.append(1)
             else:
                 sizes.append(linked_size(grp, g[2], carried))
         m = d.measures
