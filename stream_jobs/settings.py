@@ -131,6 +131,12 @@ class WorkerSettings(BaseSettings):
         gt=0,
         description="warn once when the input topic still holds no record this long after start",
     )
+    client_log_interval_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Kafka client (aiokafka) warnings and errors, e.g. while the broker is "
+        "away: the first is logged, the next ones of this period counted into one line",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="log level of the worker"
     )

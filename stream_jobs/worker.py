@@ -66,6 +66,7 @@ from stream_jobs.kafka import (
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.settings import Topics, WorkerSettings
+from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
@@ -241,6 +242,11 @@ class GatewayWorker:
         self.engine_shards = 1  # engines the respondents are split over (gateway.shards)
         self.key_fingerprint: str | None = None  # of the secret in force (Keyring.fingerprint)
         self.refused: PrivgwError | None = None  # why the worker stopped before processing
+        # whether the broker answers (stream_jobs.monitor's probe; a stop waits for it or not)
+        self.broker_reachable: Callable[[], bool] = lambda: True
+        self._deadline = StopDeadline()
+        # offsets a stop without the broker left uncommitted: (first, next) per partition
+        self.left_uncommitted: dict[TP, tuple[int, int]] = {}
         self._clock = clock
         self._validator = Validator(
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
@@ -361,11 +367,16 @@ class GatewayWorker:
                         self._gc.tick(time.monotonic())
                     if not self.ready.is_set() and self._consumer.assignment():
                         self.ready.set()
+        except BrokerAway:  # a stop gave up waiting for the broker: nothing more goes out
+            pass
         finally:
             await self._shutdown()
 
     def request_stop(self) -> None:
         self._stopping.set()
+        self._deadline.arm(
+            self.settings.shutdown_grace_seconds, broker_reachable=self.broker_reachable
+        )
 
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, partition)s this worker owns now; any thread may ask."""
@@ -389,6 +400,9 @@ class GatewayWorker:
         await self._stopped.wait()
 
     async def _shutdown(self) -> None:
+        deadline = self._deadline
+        if self._stopping.is_set() and not self.broker_reachable():
+            deadline.give_up()
         try:
             if self._consumer is not None:
                 async with self._lock:
@@ -397,28 +411,66 @@ class GatewayWorker:
                             "the engine failed on a window: nothing more is protected or "
                             "committed; its records and those after them are read again"
                         )
-                    elif self._has_pending():
-                        await self._flush(
-                            FlushReason.SHUTDOWN, flush_all=self.settings.flush_held_on_shutdown
-                        )
-                    await self._settled()
-                if self._buffer.held:
+                    elif self._has_pending() and not deadline.given_up:
+                        with contextlib.suppress(BrokerAway):
+                            await deadline.race(
+                                self._flush(
+                                    FlushReason.SHUTDOWN,
+                                    flush_all=self.settings.flush_held_on_shutdown,
+                                )
+                            )
+                    with contextlib.suppress(BrokerAway):
+                        await deadline.race(self._settled())
+                if deadline.given_up:
+                    self._stopped_without_broker()
+                elif self._buffer.held:
                     log.info(
                         "%d held records left uncommitted for the next owner",
                         len(self._buffer.held),
                     )
-                with contextlib.suppress(Exception):
-                    await self._consumer.stop()
+                await self._stop_client(self._consumer, deadline.given_up)
             if self._producer is not None:
-                with contextlib.suppress(Exception):
-                    await self._producer.stop()
+                await self._stop_client(self._producer, deadline.given_up)
         finally:
+            deadline.close()
             self._engine_thread.shutdown(wait=True)
             for close in self.closers:
                 with contextlib.suppress(Exception):
                     close()
             self._gc.stop()
             self._stopped.set()
+
+    def _stopped_without_broker(self) -> None:
+        """Say what a stop that gave up waiting for the broker left for the next start."""
+        self._inflight = None
+        self.left_uncommitted = self._buffer.uncommitted()
+        if self.left_uncommitted:
+            log.warning(
+                "stopped without the broker: %s consumed since the last commit are left "
+                "uncommitted and are read again at the next start (state and outputs written "
+                "so far are republished identically; nothing is lost)",
+                describe_uncommitted(self.left_uncommitted),
+            )
+        else:
+            log.info("stopped while the broker was unreachable; every consumed offset committed")
+
+    @staticmethod
+    async def _stop_client(client: Any, gave_up: bool) -> None:
+        """A client's stop, which waits for the broker: bounded once the worker gave up.
+        aiokafka's consumer lets the CancelledError of its own dead coordinator task escape
+        from ``stop``: only a cancellation of this task is passed on."""
+        try:
+            if gave_up:
+                await asyncio.wait_for(client.stop(), CLIENT_STOP_S)
+            else:
+                await client.stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.debug("%s stopped with its own tasks cancelled", client.__class__.__name__)
+        except Exception as err:  # stopping anyway
+            log.debug("%s stop failed: %s", client.__class__.__name__, err.__class__.__name__)
 
     def _has_pending(self) -> bool:
         """Anything a flush would produce or commit: records, dead letters, forwards."""
@@ -787,7 +839,7 @@ class GatewayWorker:
         delay = _RETRY_FIRST_S
         while futures:
             try:
-                await asyncio.gather(*futures)
+                await self._deadline.race(asyncio.gather(*futures))
                 self.stats.broker_ok = True
                 break
             except KafkaError as err:
@@ -797,8 +849,10 @@ class GatewayWorker:
         delay = _RETRY_FIRST_S
         while commits:
             try:
-                await self._consumer.commit(
-                    {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
+                await self._deadline.race(
+                    self._consumer.commit(
+                        {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
+                    )
                 )
             except (CommitFailedError, IllegalStateError) as err:
                 # the partitions moved to another member meanwhile: it replays from the last
@@ -817,8 +871,11 @@ class GatewayWorker:
     async def _back_off(self, err: KafkaError, what: str, delay: float) -> float:
         """Wait ``delay`` before trying again if ``err`` is worth waiting out (else re-raise it);
         returns the next delay."""
-        if self._stopping.is_set() or not _transient(err):
+        if not _transient(err):
             raise err
+        if self._stopping.is_set():  # a stop does not wait out the broker: read again later
+            self._deadline.give_up()
+            raise BrokerAway from err
         log.warning("%s (%s); trying again in %.1f s", what, err.__class__.__name__, delay)
         self.stats.retries += 1
         self.stats.broker_ok = False  # not ready; still live: waiting out the broker is
