@@ -306,6 +306,7 @@ class _Stores:
 def cmd_run(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError  # noqa: PLC0415
 
+    from state.failures import check_state_dir  # noqa: PLC0415
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
     from stream_jobs.kafka import check_bootstrap, check_input_topic, ensure_topics  # noqa: PLC0415
@@ -347,6 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # the user's mistakes first, each in one line, before any process or client starts
         if settings.state_backend == "partitioned":
             _require_rocksdb()
+        check_state_dir(Path(settings.state_dir))  # path and condition named (state.failures)
         check_metrics_port(settings)
         asyncio.run(check_bootstrap(settings))
         try:  # exit 2 before any engine starts
