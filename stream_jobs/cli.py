@@ -122,6 +122,14 @@ def register(sub: Any) -> None:
         "a privacy event, logged and counted; the new fingerprint is stored (env "
         "PRIVGW_ROTATE_SECRET)",
     )
+    p.add_argument(
+        "--allow-missing-partition-state",
+        action="store_true",
+        default=None,
+        help="sqlite backend: accept partitions another worker processed (their state is "
+        "elsewhere; their respondents are regrouped, with a warning); without it the worker "
+        "stops (env PRIVGW_ALLOW_MISSING_PARTITION_STATE)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = add_command(
@@ -253,9 +261,17 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     worker = GatewayWorker(policy, settings, engine)
     worker.key_fingerprint = keyring.fingerprint()
     if settings.state_backend != "partitioned":  # partitions are checked as they are assigned
+        from stream_jobs.partition_state import PartitionStateGuard  # noqa: PLC0415
+
         try:
             outcome = check_key_fingerprint(
                 store, worker.key_fingerprint, rotate=settings.rotate_secret, where=str(state_dir)
+            )
+            # state per worker: a partition that arrives without it stops the worker
+            worker.partition_guard = PartitionStateGuard(
+                state_dir,
+                allow_missing=settings.allow_missing_partition_state,
+                has_state=store.count() > 0,
             )
         except BaseException:
             store.close()
@@ -337,6 +353,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             engine=args.engine,
             engine_shards=args.engine_shards,
             rotate_secret=args.rotate_secret,
+            allow_missing_partition_state=args.allow_missing_partition_state,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         configure_logging(settings)

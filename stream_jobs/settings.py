@@ -81,6 +81,12 @@ class WorkerSettings(BaseSettings):
         "partition with a changelog topic, restored when the partition is assigned",
     )
 
+    allow_missing_partition_state: bool = Field(
+        False,
+        description="sqlite backend: accept input partitions whose records another worker "
+        "protected (their state is in its state dir): their respondents are regrouped, with a "
+        "warning naming them; without it the worker stops before processing them",
+    )
     rotate_secret: bool = Field(
         False,
         description="accept a state written with another deployment secret (key fingerprint): "
@@ -339,6 +345,7 @@ FLAGS: dict[str, str] = {
     "stall_timeout_seconds": "--stall-timeout-seconds",
     "log_format": "--log-format",
     "rotate_secret": "--rotate-secret",
+    "allow_missing_partition_state": "--allow-missing-partition-state",
 }
 
 

@@ -65,6 +65,7 @@ from stream_jobs.kafka import (
 )
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
+from stream_jobs.partition_state import PartitionStateGuard
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
@@ -247,6 +248,8 @@ class GatewayWorker:
         self._deadline = StopDeadline()
         # offsets a stop without the broker left uncommitted: (first, next) per partition
         self.left_uncommitted: dict[TP, tuple[int, int]] = {}
+        # sqlite backend: whether assigned partitions come with their state
+        self.partition_guard: PartitionStateGuard | None = None
         self._clock = clock
         self._validator = Validator(
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
@@ -502,6 +505,7 @@ class GatewayWorker:
         log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
         store = self.state_store
         if not _partitioned(store):
+            await self._guard_partitions(assigned)
             return
         # The state of a partition is rebuilt from its changelog before any of its records is
         # processed: under the lock, so no window runs meanwhile, and the epoch moves again
@@ -525,6 +529,18 @@ class GatewayWorker:
                 if self.key_fingerprint is not None:
                     await self._check_key_fingerprint(store, wanted)
             self._epoch += 1
+
+    async def _guard_partitions(self, assigned: Sequence[TopicPartition]) -> None:
+        """Stop before processing partitions whose state is in another worker's state dir
+        (stream_jobs.partition_state); a batch fetched meanwhile is dropped (the epoch)."""
+        guard = self.partition_guard
+        if guard is None or self.refused is not None:
+            return
+        refused = await guard.check(self._consumer, assigned)
+        if refused is not None:
+            log.error("%s", refused)
+            self.refused = refused
+            self.request_stop()
 
     async def _check_key_fingerprint(self, store: PartitionedStore, wanted: list[int]) -> None:
         """The restored partitions' key fingerprint against the secret's (off the loop: a
@@ -847,6 +863,8 @@ class GatewayWorker:
                 with contextlib.suppress(KafkaError):
                     futures = await send()
         delay = _RETRY_FIRST_S
+        if commits and self.partition_guard is not None:
+            self.partition_guard.before_commit(commits)
         while commits:
             try:
                 await self._deadline.race(
