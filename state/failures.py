@@ -259,3 +259,25 @@ def _file_system_condition(path: Path) -> StateCondition | None:
     if st.f_bavail == 0:
         return StateCondition.DISK_FULL
     return None
+
+
+def check_existing_state_dir(path: Path) -> None:
+    """For commands that read a worker's state: ``path`` must be an existing directory (one
+    line naming it otherwise; nothing is created)."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise StateDirError(
+            f"state directory {path}: {StateCondition.MISSING.value}; give the directory the "
+            "worker's --state-dir / PRIVGW_STATE_DIR names",
+            StateCondition.MISSING,
+        ) from None
+    except OSError as err:
+        raise os_error(err, path) from None
+    if not stat.S_ISDIR(mode):
+        raise StateDirError(
+            f"state directory {path}: {StateCondition.NOT_A_DIRECTORY.value}; "
+            f"{_FIXES[StateCondition.NOT_A_DIRECTORY]}",
+            StateCondition.NOT_A_DIRECTORY,
+        )

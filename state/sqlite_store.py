@@ -225,6 +225,42 @@ class SQLiteStore:
                     con.execute("ROLLBACK")
                 raise
 
+    def meta(self, name: str) -> str | None:
+        """A fact about the state (``privgw_meta``), e.g. the policy it was written under."""
+        with self._lock:
+            row = (
+                self._connection()
+                .execute("SELECT value FROM privgw_meta WHERE name = ?", (name,))
+                .fetchone()
+            )
+        return None if row is None else str(row[0])
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Record a fact about the state; durable when it returns."""
+        with self._lock:
+            con = self._connection()
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                try:
+                    con.execute(
+                        "INSERT OR REPLACE INTO privgw_meta (name, value) VALUES (?, ?)",
+                        (name, value),
+                    )
+                    con.execute("COMMIT")
+                except BaseException:
+                    if con.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            con.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc, self.path, f"recording its {name}") from None
+
+    def keys(self) -> list[bytes]:
+        """Every key (a snapshot, in insertion order): batched reads of the whole state."""
+        with self._lock:
+            self._connection()
+            return list(self._ids)
+
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All entries (a snapshot, in key order), for inspection and tests."""
         with self._lock:

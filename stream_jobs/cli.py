@@ -130,6 +130,13 @@ def register(sub: Any) -> None:
         "elsewhere; their respondents are regrouped, with a warning); without it the worker "
         "stops (env PRIVGW_ALLOW_MISSING_PARTITION_STATE)",
     )
+    p.add_argument(
+        "--policy-upgrade",
+        metavar="VERSION",
+        help="accept this policy version as an upgrade of the one the state was written "
+        "under, migrating the state at start (privgw policy diff shows what changes; env "
+        "PRIVGW_POLICY_UPGRADE)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = add_command(
@@ -178,6 +185,10 @@ def register(sub: Any) -> None:
         help="rewrite drifted counts; only with the worker stopped (it caches the file's keys)",
     )
     p.set_defaults(func=cmd_state_check)
+
+    from stream_jobs.upgrade_cli import register as register_upgrades  # noqa: PLC0415
+
+    register_upgrades(sub)
 
 
 # -- shared ------------------------------------------------------------------------------
@@ -329,6 +340,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stream_jobs.logs import configure_logging  # noqa: PLC0415
     from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
     from stream_jobs.monitor import start_monitor  # noqa: PLC0415
+    from stream_jobs.upgrade_cli import check_policy_on_state  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     keyring = _keyring()
@@ -354,6 +366,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             engine_shards=args.engine_shards,
             rotate_secret=args.rotate_secret,
             allow_missing_partition_state=args.allow_missing_partition_state,
+            policy_upgrade=args.policy_upgrade,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         configure_logging(settings)
@@ -366,6 +379,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if settings.state_backend == "partitioned":
             _require_rocksdb()
         check_state_dir(Path(settings.state_dir))  # path and condition named (state.failures)
+        upgrade = check_policy_on_state(policy, settings)  # a changed policy: refused or migrated
         check_metrics_port(settings)
         asyncio.run(check_bootstrap(settings))
         try:  # exit 2 before any engine starts
@@ -376,6 +390,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--bootstrap / PRIVGW_BOOTSTRAP and the PRIVGW_SECURITY_PROTOCOL settings"
             ) from None
         worker = build_worker(policy, settings, keyring)
+        worker.meta_extra = upgrade.announcement()
+        worker.policy_events = upgrade.record.counts()
         _banner(worker, settings, keyring)
         monitor = start_monitor(worker, settings)
         start_exporter(worker, settings, store=worker.state_store, monitor=monitor)

@@ -7,7 +7,9 @@ what do the engine's processes use, how much room is left for the state.
   the engine's child processes (``process_*`` covers the worker's own process only; with the
   default engine process most of the CPU is the child's), read from ``/proc`` on Linux;
 * ``privgw_state_disk_free_bytes`` and ``privgw_state_disk_size_bytes``: the file system that
-  holds the state directory, for an alert before it is full (a full disk stops the worker).
+  holds the state directory, for an alert before it is full (a full disk stops the worker);
+* ``privgw_policy_upgrades_total{action}``: policy upgrades applied to the state
+  (state.policy_record), persisted with it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ class OperationsCollector(Collector):
         return self
 
     def collect(self) -> Iterator[Any]:
+        # one part failing must not fail the scrape (the gateway's own figures come with it)
+        for part in (self._broker, self._engine, self._disk, self._upgrades):
+            try:
+                yield from part()
+            except Exception as err:
+                log.warning("%s not exported: %s", part.__name__, err.__class__.__name__)
+
+    def _broker(self) -> Iterator[Any]:
         p = self._prefix
         if self._monitor is not None:
             broker = self._monitor.broker
@@ -79,8 +89,18 @@ class OperationsCollector(Collector):
                 "seconds since the broker last answered a metadata probe",
                 value=broker.silent_for(),
             )
-        yield from self._engine()
-        yield from self._disk()
+
+    def _upgrades(self) -> Iterator[Any]:
+        p = self._prefix
+        upgrades = CounterMetricFamily(
+            f"{p}_policy_upgrades",
+            "policy upgrades applied to this worker's state, by action (safe, regroup, "
+            "fresh_draws: a privacy event); kept with the state, so they survive restarts",
+            labels=["action"],
+        )
+        for action, count in sorted(getattr(self._worker, "policy_events", {}).items()):
+            upgrades.add_metric([action], count)
+        yield upgrades
 
     def _engine(self) -> Iterator[Any]:
         p = self._prefix

@@ -81,6 +81,13 @@ class WorkerSettings(BaseSettings):
         "partition with a changelog topic, restored when the partition is assigned",
     )
 
+    policy_upgrade: str | None = Field(
+        None,
+        description="the policy version (16 hex digits) accepted as an upgrade of the policy "
+        "the state was written under: the state is migrated at start (re-grouping, fresh "
+        "draws; see privgw policy diff); a state written under another policy is refused "
+        "without it",
+    )
     allow_missing_partition_state: bool = Field(
         False,
         description="sqlite backend: accept input partitions whose records another worker "
@@ -346,6 +353,7 @@ FLAGS: dict[str, str] = {
     "log_format": "--log-format",
     "rotate_secret": "--rotate-secret",
     "allow_missing_partition_state": "--allow-missing-partition-state",
+    "policy_upgrade": "--policy-upgrade",
 }
 
 

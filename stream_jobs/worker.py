@@ -250,6 +250,10 @@ class GatewayWorker:
         self.left_uncommitted: dict[TP, tuple[int, int]] = {}
         # sqlite backend: whether assigned partitions come with their state
         self.partition_guard: PartitionStateGuard | None = None
+        # the policy's history on this state (state.policy_record): upgrades by action, and
+        # what the metadata topic announces about them
+        self.policy_events: dict[str, int] = {}
+        self.meta_extra: dict[str, object] = {}
         self._clock = clock
         self._validator = Validator(
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
@@ -301,7 +305,7 @@ class GatewayWorker:
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
         if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
-        key, value, headers = meta_message(self.engine.metadata())
+        key, value, headers = meta_message({**self.engine.metadata(), **self.meta_extra})
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s)
         if s.workers is None:
