@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gateway.policy_upgrade import UpgradeAction
 from stream_jobs.monitor import Monitor
 from stream_jobs.worker import GatewayWorker
 
@@ -98,8 +99,9 @@ class OperationsCollector(Collector):
             "fresh_draws: a privacy event); kept with the state, so they survive restarts",
             labels=["action"],
         )
-        for action, count in sorted(getattr(self._worker, "policy_events", {}).items()):
-            upgrades.add_metric([action], count)
+        counts = getattr(self._worker, "policy_events", {})
+        for action in UpgradeAction:  # every action, 0 included: the alerts need the series
+            upgrades.add_metric([action.value], counts.get(action.value, 0))
         yield upgrades
 
     def _engine(self) -> Iterator[Any]:
