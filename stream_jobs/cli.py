@@ -147,13 +147,23 @@ def register(sub: Any) -> None:
         "--rate 500/s --waves 5 --respondents 2000",
     )
     p.add_argument("--bootstrap", default=None, help="Kafka bootstrap (env PRIVGW_BOOTSTRAP)")
-    p.add_argument("--topic", default="survey.responses")
+    p.add_argument(
+        "--topic",
+        default="survey.responses",
+        help="the input topic to write to, keyed by respondent id (survey.responses)",
+    )
     p.add_argument("--rate", default="0", help="records per second, e.g. 500/s (0 = max)")
-    p.add_argument("--waves", type=int, default=3)
-    p.add_argument("--respondents", type=int, default=1000)
+    p.add_argument(
+        "--waves", type=int, default=3, help="waves: each respondent answers once per wave (3)"
+    )
+    p.add_argument(
+        "--respondents", type=int, default=1000, help="respondents in the first wave (1000)"
+    )
     p.add_argument("--change-share", type=float, default=0.05, help="share changing per wave")
     p.add_argument("--new-share", type=float, default=0.05, help="new respondents per wave")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the simulation: same seed, same records (0)"
+    )
     p.add_argument("--data", help="Adult CSV (default ../shared/data/adult.csv or bundled)")
     p.set_defaults(func=cmd_simulate)
 
@@ -167,8 +177,8 @@ def register(sub: Any) -> None:
     p.add_argument("--data-dir", default="privgw-data", help="where outputs go (privgw-data)")
     p.add_argument("--policy", help="policy (default deploy/policies/adult.yaml or bundled)")
     p.add_argument("--rate", default="5000", help="simulator records per second (5000)")
-    p.add_argument("--waves", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--waves", type=int, default=4, help="waves of the simulated panel (4)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated panel (0)")
     p.set_defaults(func=cmd_demo)
 
     p = add_command(
