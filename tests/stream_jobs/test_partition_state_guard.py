@@ -28,10 +28,14 @@ def _records(n: int, seed: int) -> list[tuple[bytes | None, bytes | None]]:
     return [encode(r) for r in panel.records()]
 
 
-def _published(bootstrap: str, topic: str, wanted: set[bytes], worker: object, log: Path) -> None:
+def _published(
+    bootstrap: str, topic: str, wanted: set[bytes], worker: object, log: Path, *, total: int
+) -> None:
+    """Wait until ``wanted`` are in ``topic``, which then holds ``total`` distinct records."""
     deadline = time.monotonic() + 60
     while True:
-        seen = {m.headers["record_id"] for m in consume_all(bootstrap, topic, timeout=5)}
+        out = consume_all(bootstrap, topic, expected=total, timeout=3)
+        seen = {m.headers["record_id"] for m in out}
         if wanted <= seen:
             return
         assert worker.poll() is None, log.read_text()[-3000:]  # type: ignore[attr-defined]
@@ -60,7 +64,7 @@ def test_a_worker_refuses_partitions_another_worker_processed_unless_told(
     log = tmp_path / "a.log"
     a = start_worker(broker.bootstrap, unique_name, policy, a_state, log,
                      "--workers", "2", "--worker-index", "0")  # fmt: skip
-    _published(broker.bootstrap, out_topic, ids[0] | ids[2], a, log)
+    _published(broker.bootstrap, out_topic, ids[0] | ids[2], a, log, total=len(ids[0] | ids[2]))
     a.send_signal(signal.SIGTERM)
     assert a.wait(30) == 0
     assert set(PartitionLedger(a_state).offsets) == {(in_topic, 0), (in_topic, 2)}
@@ -74,7 +78,7 @@ def test_a_worker_refuses_partitions_another_worker_processed_unless_told(
     assert f"{in_topic}/0, {in_topic}/2 were assigned" in line, line
     assert f"{in_topic}/1" not in line.split("were assigned")[0]
     assert str(b_state) in line and "--allow-missing-partition-state" in line
-    out = consume_all(broker.bootstrap, out_topic)
+    out = consume_all(broker.bootstrap, out_topic, timeout=3)
     assert not [m for m in out if m.headers["record_id"] in ids[1]], "processed before refusing"
 
     # told to accept it: a warning names them, and everything is protected
@@ -83,7 +87,7 @@ def test_a_worker_refuses_partitions_another_worker_processed_unless_told(
                      "--allow-missing-partition-state")  # fmt: skip
     more = produce(broker.bootstrap, in_topic, _records(300, seed=2))
     wanted = ids[1] | {f"{in_topic}/{s.partition}/{s.offset}".encode() for s in more}
-    _published(broker.bootstrap, out_topic, wanted, b, log)
+    _published(broker.bootstrap, out_topic, wanted, b, log, total=len(wanted | ids[0] | ids[2]))
     b.send_signal(signal.SIGTERM)
     assert b.wait(30) == 0
     warning = [x for x in log.read_text().splitlines() if "arrive without their state" in x]
