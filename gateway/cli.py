@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from gateway.fileio import PICTURE_SUFFIXES, check_output
 from gateway.policy import load_policy
 
 log = logging.getLogger("privgw")
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that went away
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -316,9 +318,11 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
         return 0
     for name, est in result.items():
         groups = est.get("groups", [])
+        # the attribute's header always: without a combined estimate (versions that publish
+        # different categories) its groups' tables came out under the attribute before
+        versions = f"; {len(groups)} matrices" if len(groups) > 1 else ""
+        print(f"{name} (n = {est['n']}{versions}):")
         if "categories" in est:
-            versions = f"; {len(groups)} matrices" if len(groups) > 1 else ""
-            print(f"{name} (n = {est['n']}{versions}):")
             _print_estimate(est)
         for g in groups if len(groups) > 1 or "categories" not in est else ():
             print(f"  policy versions {', '.join(g['policy_versions'])} (n = {g['n']}):")
@@ -437,11 +441,16 @@ def build_parser() -> argparse.ArgumentParser:
         "MDAV microaggregation of numeric columns (sdcMicro's microaggregation() equivalent)",
         "privgw microaggregate census.csv --k 3 -o census.k3.csv",
     )
-    p.add_argument("input")
+    p.add_argument("input", help="input file (.csv or .jsonl)")
     p.add_argument("--k", type=int, required=True, help="minimum group size (≥ 2)")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", required=True, help="output file (.csv or .jsonl)")
     p.add_argument("--columns", help="comma-separated columns (default: all numeric)")
-    p.add_argument("--algorithm", choices=["mdav", "ranking"], default="mdav")
+    p.add_argument(
+        "--algorithm",
+        choices=["mdav", "ranking"],
+        default="mdav",
+        help="mdav (multivariate, default) or ranking (individual ranking, column by column)",
+    )
     p.add_argument("--no-standardize", action="store_true", help="distances on raw values")
     p.add_argument("--strata", help="comma-separated strata columns: groups never cross a stratum")
     p.set_defaults(func=cmd_microaggregate)
@@ -452,8 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
         "information loss and disclosure risk of a protected file",
         "privgw evaluate census.csv census.k3.csv --json",
     )
-    p.add_argument("original")
-    p.add_argument("protected")
+    p.add_argument("original", help="the original file (.csv or .jsonl)")
+    p.add_argument("protected", help="its protected version (same records, same order)")
     p.add_argument("--policy", help="policy (selects attributes, adds RR retention)")
     p.add_argument("--p", type=float, default=None, help="interval disclosure p%% (default 10)")
     p.add_argument("--json", action="store_true", help="one JSON object")
@@ -469,8 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
         "R-U map: information loss vs disclosure risk per k",
         "privgw ru-map adult.csv --policy deploy/policies/adult.yaml --k 2,3,4,5,6,8,10 -o ru.png",
     )
-    p.add_argument("input")
-    p.add_argument("--policy", required=True)
+    p.add_argument("input", help="input file (.csv or .jsonl)")
+    p.add_argument("--policy", required=True, help="policy YAML (its k is replaced by each k)")
     p.add_argument("--k", default="2,3,4,5,6,8,10", help="comma-separated k values")
     p.add_argument("-o", "--output", required=True, help="PNG picture")
     p.set_defaults(func=cmd_ru_map)
@@ -481,12 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
         "validate a policy and print what it guarantees",
         "privgw check-policy deploy/policies/adult.yaml",
     )
-    p.add_argument("policy")
+    p.add_argument("policy", help="policy YAML")
     p.add_argument(
         "--data",
         help="input file: show the fine-grain matrices `protect` builds from its frequencies",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_check_policy)
 
     p = add_command(
@@ -497,7 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
         "  privgw reconstruct --bootstrap 127.0.0.1:9092 --topic survey.protected",
     )
     p.add_argument("protected", nargs="?", help="protected file (reads PROTECTED.meta.json too)")
-    p.add_argument("--policy")
+    p.add_argument(
+        "--policy",
+        help="policy YAML (with a file: needed; with --topic: finds its metadata topic)",
+    )
     p.add_argument("--bootstrap", help="read the protected topic and its .meta topic instead")
     p.add_argument(
         "--topic",
@@ -509,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="metadata topic (with --topic; default: the policy's meta topic when --policy "
         "names that output topic, else TOPIC.meta)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_reconstruct)
 
     p = add_command(
@@ -525,8 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, help="k (default: from metadata)")
     p.add_argument("--t", default="1,5,20,100", help="numbers of releases T")
     p.add_argument("--bootstrap", help="read the history from a protected topic instead")
-    p.add_argument("--topic")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--topic", help="protected topic to read (with --bootstrap)")
+    p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_attack)
 
     p = add_command(
@@ -569,7 +581,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler: Handler = args.func
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`privgw check-policy … | head -1`): quiet, as `cat` would be,
+        # and stdout pointed at /dev/null so that the interpreter's last flush stays quiet too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except PrivgwError as err:
         print(f"privgw: error: {err}", file=sys.stderr)
         return 2

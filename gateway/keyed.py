@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import hmac
 import os
@@ -286,12 +287,24 @@ def generate_secret_file(path: str | os.PathLike[str]) -> None:
     Refuses to overwrite: replacing the secret changes every key, digest and draw.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    parent = target.parent
+    if not parent.is_dir():  # no directory is created: a mistyped path would hide the secret
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise SecretError(
+            f"{parent} {what}: create the directory for the secret first (with the access "
+            f"rights the secret needs), or give another path for {target.name}"
+        )
     try:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise SecretError(
             f"{target} already exists; not overwriting a secret (every key depends on it)"
+        ) from None
+    except OSError as err:  # the errno names the condition, never the secret
+        code = errno.errorcode.get(err.errno or 0, str(err.errno))
+        raise SecretError(
+            f"{target} cannot be created ({err.__class__.__name__} {code}): check the "
+            "directory's permissions and file system"
         ) from None
     with os.fdopen(fd, "wb") as f:
         os.fchmod(f.fileno(), 0o600)  # whatever the umask

@@ -30,6 +30,7 @@ a lock. Not safe to share between processes (and the exclusive lock prevents it)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -38,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 
 from state.errors import StateStoreError, check_entries, check_keys
+from state.failures import os_error, sqlite_error
 
 _SCHEMA_VERSION = 3
 _GET_CHUNK = 4096
@@ -69,18 +71,28 @@ class SQLiteStore:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+        except OSError as err:  # named: path, condition, errno (state.failures)
+            raise os_error(err, self.path, "state file") from None
         self._con: sqlite3.Connection | None = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=0.0
         )
         try:
             self._setup(self._con)
-        except sqlite3.OperationalError as exc:
+            limit = self._con.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            self._chunk = max(1, min(_GET_CHUNK, limit))
+            self._ids: dict[bytes, int] = {}
+            for row_id, key in self._con.execute("SELECT id, key FROM state ORDER BY id"):
+                self._ids[key] = row_id  # (a later row would win; put_many never writes one)
+            row = self._con.execute("SELECT max(id) FROM state").fetchone()
+            self._next_id = int(row[0] or 0) + 1
+        except sqlite3.Error as exc:
             self._con.close()
             self._con = None
             if "locked" in str(exc):
@@ -88,14 +100,7 @@ class SQLiteStore:
                     f"state store {self.path} is in use by another process "
                     "(only one worker may open it)"
                 ) from None
-            raise StateStoreError(f"cannot open state store {self.path}: {exc}") from None
-        limit = self._con.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-        self._chunk = max(1, min(_GET_CHUNK, limit))
-        self._ids: dict[bytes, int] = {}
-        for row_id, key in self._con.execute("SELECT id, key FROM state ORDER BY id"):
-            self._ids[key] = row_id  # (a later row would win; put_many never writes one)
-        row = self._con.execute("SELECT max(id) FROM state").fetchone()
-        self._next_id = int(row[0] or 0) + 1
+            raise sqlite_error(exc, self.path, "opening it") from None
 
     @staticmethod
     def _setup(con: sqlite3.Connection) -> None:
@@ -137,10 +142,14 @@ class SQLiteStore:
             ids = self._ids
             wanted = sorted({i for k in keys if (i := ids.get(k)) is not None})
             chunk = self._chunk
-            for start in range(0, len(wanted), chunk):
-                part = wanted[start : start + chunk]
-                marks = ",".join("?" * len(part))
-                out.update(con.execute(f"SELECT key, value FROM state WHERE id IN ({marks})", part))
+            try:
+                for start in range(0, len(wanted), chunk):
+                    part = wanted[start : start + chunk]
+                    marks = ",".join("?" * len(part))
+                    sql = f"SELECT key, value FROM state WHERE id IN ({marks})"
+                    out.update(con.execute(sql, part))
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc, self.path, "reading respondents' state") from None
         return out
 
     def put_many(self, entries: Mapping[bytes, bytes]) -> None:
@@ -163,17 +172,21 @@ class SQLiteStore:
                 else:
                     updates.append((value, row_id))
             updates.sort(key=lambda u: u[1])  # page order
-            con.execute("BEGIN IMMEDIATE")
             try:
-                if updates:
-                    con.executemany(_UPDATE, updates)
-                if inserts:
-                    con.executemany(_INSERT, inserts)
-                con.execute("COMMIT")
-            except BaseException:
-                if con.in_transaction:
-                    con.execute("ROLLBACK")
-                raise
+                con.execute("BEGIN IMMEDIATE")
+                try:
+                    if updates:
+                        con.executemany(_UPDATE, updates)
+                    if inserts:
+                        con.executemany(_INSERT, inserts)
+                    con.execute("COMMIT")
+                except BaseException:
+                    if con.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):  # the first error is the one
+                            con.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc, self.path, "writing a window's state") from None
             ids.update(fresh)  # only once the batch is durable
             self._next_id = next_id
 
@@ -211,6 +224,42 @@ class SQLiteStore:
                 if con.in_transaction:
                     con.execute("ROLLBACK")
                 raise
+
+    def meta(self, name: str) -> str | None:
+        """A fact about the state (``privgw_meta``), e.g. the policy it was written under."""
+        with self._lock:
+            row = (
+                self._connection()
+                .execute("SELECT value FROM privgw_meta WHERE name = ?", (name,))
+                .fetchone()
+            )
+        return None if row is None else str(row[0])
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Record a fact about the state; durable when it returns."""
+        with self._lock:
+            con = self._connection()
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                try:
+                    con.execute(
+                        "INSERT OR REPLACE INTO privgw_meta (name, value) VALUES (?, ?)",
+                        (name, value),
+                    )
+                    con.execute("COMMIT")
+                except BaseException:
+                    if con.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            con.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc, self.path, f"recording its {name}") from None
+
+    def keys(self) -> list[bytes]:
+        """Every key (a snapshot, in insertion order): batched reads of the whole state."""
+        with self._lock:
+            self._connection()
+            return list(self._ids)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All entries (a snapshot, in key order), for inspection and tests."""

@@ -25,10 +25,14 @@ import faust
 import mode
 from faust.app.base import BootStrategy
 
+from gateway.errors import PrivgwError
 from stream_jobs.settings import WorkerSettings
+from stream_jobs.shutdown import EXIT_BROKER_AWAY
 from stream_jobs.worker import GatewayWorker
 
 log = logging.getLogger(__name__)
+
+_CANCEL_WAIT_S = 2.0  # for the worker's task once cancelled, and for the app's own stop
 
 
 class _Boot(BootStrategy):
@@ -86,12 +90,21 @@ class GatewayService(mode.Service):  # type: ignore[misc]
             raise
         except BaseException as err:  # surfaced by serve(); no message text (values)
             self.error = err
-            log.error("worker failed: %s", err.__class__.__name__)
+            # privgw's own messages name settings, paths and conditions, never values
+            why = f": {err}" if isinstance(err, PrivgwError) else ""
+            log.error("worker failed: %s%s", err.__class__.__name__, why)
 
     async def on_stop(self) -> None:
         self.worker.request_stop()
-        if self._task is not None:
-            await self._task
+        task = self._task
+        if task is not None:  # its shutdown bounds its own waits (stream_jobs.shutdown)
+            await asyncio.wait({task}, timeout=self.worker.settings.shutdown_grace_seconds)
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Past the grace period: the worker's task is cancelled, not waited for."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
 
     async def wait_done(self) -> None:
         if self._task is not None:
@@ -107,7 +120,9 @@ async def serve(
 ) -> int:
     """Run the worker in its Faust app until ``stop`` is set, SIGINT/SIGTERM, or a failure.
 
-    Returns an exit code: 0 after a clean stop, 1 when the worker failed.
+    Returns an exit code: 0 after a clean stop, 1 when the worker failed, 75
+    (``EXIT_BROKER_AWAY``) when it stopped without the broker confirming everything (what it
+    left uncommitted is read again at the next start; the log line names it).
     """
     stop = stop or asyncio.Event()
     app = make_app(worker.settings)
@@ -129,14 +144,26 @@ async def serve(
         await asyncio.wait([stopper, done], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
         worker.request_stop()
-        await asyncio.wait_for(asyncio.shield(done), timeout=worker.settings.shutdown_grace_seconds)
+        grace = worker.settings.shutdown_grace_seconds
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout=grace)
+        except TimeoutError:  # the worker bounds its own waits; this is the last resort
+            service.error = service.error or TimeoutError()
+            service.abandon()
+            log.error(
+                "shutdown took longer than PRIVGW_SHUTDOWN_GRACE_SECONDS (%g s): stopping "
+                "without waiting further; uncommitted records are read again at the next start",
+                grace,
+            )
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
         with contextlib.suppress(Exception):
-            await app.stop()
+            await asyncio.wait_for(app.stop(), _CANCEL_WAIT_S * 2)
         _close_idle_consumer_loop(app)
-    return 1 if service.error is not None else 0
+    if service.error is not None:
+        return 1
+    return EXIT_BROKER_AWAY if worker.left_uncommitted else 0
 
 
 def _close_idle_consumer_loop(app: GatewayApp) -> None:

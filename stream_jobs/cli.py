@@ -122,6 +122,21 @@ def register(sub: Any) -> None:
         "a privacy event, logged and counted; the new fingerprint is stored (env "
         "PRIVGW_ROTATE_SECRET)",
     )
+    p.add_argument(
+        "--allow-missing-partition-state",
+        action="store_true",
+        default=None,
+        help="sqlite backend: accept partitions another worker processed (their state is "
+        "elsewhere; their respondents are regrouped, with a warning); without it the worker "
+        "stops (env PRIVGW_ALLOW_MISSING_PARTITION_STATE)",
+    )
+    p.add_argument(
+        "--policy-upgrade",
+        metavar="VERSION",
+        help="accept this policy version as an upgrade of the one the state was written "
+        "under, migrating the state at start (privgw policy diff shows what changes; env "
+        "PRIVGW_POLICY_UPGRADE)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = add_command(
@@ -132,13 +147,23 @@ def register(sub: Any) -> None:
         "--rate 500/s --waves 5 --respondents 2000",
     )
     p.add_argument("--bootstrap", default=None, help="Kafka bootstrap (env PRIVGW_BOOTSTRAP)")
-    p.add_argument("--topic", default="survey.responses")
+    p.add_argument(
+        "--topic",
+        default="survey.responses",
+        help="the input topic to write to, keyed by respondent id (survey.responses)",
+    )
     p.add_argument("--rate", default="0", help="records per second, e.g. 500/s (0 = max)")
-    p.add_argument("--waves", type=int, default=3)
-    p.add_argument("--respondents", type=int, default=1000)
+    p.add_argument(
+        "--waves", type=int, default=3, help="waves: each respondent answers once per wave (3)"
+    )
+    p.add_argument(
+        "--respondents", type=int, default=1000, help="respondents in the first wave (1000)"
+    )
     p.add_argument("--change-share", type=float, default=0.05, help="share changing per wave")
     p.add_argument("--new-share", type=float, default=0.05, help="new respondents per wave")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the simulation: same seed, same records (0)"
+    )
     p.add_argument("--data", help="Adult CSV (default ../shared/data/adult.csv or bundled)")
     p.set_defaults(func=cmd_simulate)
 
@@ -152,8 +177,8 @@ def register(sub: Any) -> None:
     p.add_argument("--data-dir", default="privgw-data", help="where outputs go (privgw-data)")
     p.add_argument("--policy", help="policy (default deploy/policies/adult.yaml or bundled)")
     p.add_argument("--rate", default="5000", help="simulator records per second (5000)")
-    p.add_argument("--waves", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--waves", type=int, default=4, help="waves of the simulated panel (4)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated panel (0)")
     p.set_defaults(func=cmd_demo)
 
     p = add_command(
@@ -170,6 +195,10 @@ def register(sub: Any) -> None:
         help="rewrite drifted counts; only with the worker stopped (it caches the file's keys)",
     )
     p.set_defaults(func=cmd_state_check)
+
+    from stream_jobs.upgrade_cli import register as register_upgrades  # noqa: PLC0415
+
+    register_upgrades(sub)
 
 
 # -- shared ------------------------------------------------------------------------------
@@ -253,9 +282,17 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     worker = GatewayWorker(policy, settings, engine)
     worker.key_fingerprint = keyring.fingerprint()
     if settings.state_backend != "partitioned":  # partitions are checked as they are assigned
+        from stream_jobs.partition_state import PartitionStateGuard  # noqa: PLC0415
+
         try:
             outcome = check_key_fingerprint(
                 store, worker.key_fingerprint, rotate=settings.rotate_secret, where=str(state_dir)
+            )
+            # state per worker: a partition that arrives without it stops the worker
+            worker.partition_guard = PartitionStateGuard(
+                state_dir,
+                allow_missing=settings.allow_missing_partition_state,
+                has_state=store.count() > 0,
             )
         except BaseException:
             store.close()
@@ -306,12 +343,14 @@ class _Stores:
 def cmd_run(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError  # noqa: PLC0415
 
+    from state.failures import check_state_dir  # noqa: PLC0415
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
     from stream_jobs.kafka import check_bootstrap, check_input_topic, ensure_topics  # noqa: PLC0415
     from stream_jobs.logs import configure_logging  # noqa: PLC0415
     from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
     from stream_jobs.monitor import start_monitor  # noqa: PLC0415
+    from stream_jobs.upgrade_cli import check_policy_on_state  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     keyring = _keyring()
@@ -336,6 +375,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             engine=args.engine,
             engine_shards=args.engine_shards,
             rotate_secret=args.rotate_secret,
+            allow_missing_partition_state=args.allow_missing_partition_state,
+            policy_upgrade=args.policy_upgrade,
             **({"session_timeout_ms": 3000} if broker is not None else {}),
         )
         configure_logging(settings)
@@ -347,6 +388,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # the user's mistakes first, each in one line, before any process or client starts
         if settings.state_backend == "partitioned":
             _require_rocksdb()
+        check_state_dir(Path(settings.state_dir))  # path and condition named (state.failures)
+        upgrade = check_policy_on_state(policy, settings)  # a changed policy: refused or migrated
         check_metrics_port(settings)
         asyncio.run(check_bootstrap(settings))
         try:  # exit 2 before any engine starts
@@ -357,6 +400,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--bootstrap / PRIVGW_BOOTSTRAP and the PRIVGW_SECURITY_PROTOCOL settings"
             ) from None
         worker = build_worker(policy, settings, keyring)
+        worker.meta_extra = upgrade.announcement()
+        worker.policy_events = upgrade.record.counts()
         _banner(worker, settings, keyring)
         monitor = start_monitor(worker, settings)
         start_exporter(worker, settings, store=worker.state_store, monitor=monitor)

@@ -81,6 +81,7 @@ def _secret(data_dir: Path) -> bytes:
         return load_secret(os.environ)
     path = data_dir / "secret.key"
     if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)  # the demo's own directory
         generate_secret_file(path)
         print(f"created a new secret in {path} (no {SECRET_ENV} / {SECRET_FILE_ENV} was set)")
     else:

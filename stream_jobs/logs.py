@@ -12,6 +12,7 @@ import time
 
 import orjson
 
+from stream_jobs import client_log
 from stream_jobs.settings import WorkerSettings
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -45,3 +46,5 @@ def configure_logging(settings: WorkerSettings) -> None:
     # aiokafka's DEBUG lines dump whole requests and responses, record bytes included:
     # never let them through, whatever the level (no raw personal value in a log line)
     logging.getLogger("aiokafka").setLevel(max(logging.INFO, root.level))
+    # and while the broker is away, one line per period rather than thousands
+    client_log.install(settings.client_log_interval_seconds)

@@ -53,6 +53,7 @@ from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
 from gateway.validation import DLQReason
 from stream_jobs.monitor import Monitor, start_monitor
+from stream_jobs.ops_metrics import OperationsCollector
 from stream_jobs.republication_metrics import LINKED_GUARANTEE, RepublicationFigures
 from stream_jobs.republication_metrics import families as republication_families
 from stream_jobs.settings import WorkerSettings
@@ -556,6 +557,7 @@ def start_exporter(
     metrics = GatewayMetrics.create(registry or CollectorRegistry(auto_describe=False))
     metrics.attach(worker, store=store, monitor=monitor)
     ProcessCollector(registry=metrics.registry)  # memory, CPU, open files of this process
+    OperationsCollector(worker, monitor).register(metrics.registry)  # broker, engine, disk
     handler = type("PrivgwHandler", (_Handler,), {"registry": metrics.registry, "monitor": monitor})
     try:
         server = ThreadingHTTPServer((settings.metrics_host, settings.metrics_port), handler)

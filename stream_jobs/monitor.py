@@ -8,12 +8,15 @@ judges the worker from what the loop leaves behind (``WorkerStats.loop_tick`` an
 
 * **liveness** (``/healthz``): the loop turned, and the window in the engine (if any) went in,
   less than ``stall_timeout_seconds`` ago. A stall is logged once as a WARNING, its end as INFO.
+  A worker waiting for an unreachable broker is live: a restart would not bring it back.
 * **readiness** (``/readyz``): the clients are up, partitions are assigned, their state is
-  restored, and the broker acknowledges outputs and commits — and the worker is live.
+  restored, the broker answers the monitor's metadata probes (:mod:`stream_jobs.broker_watch`,
+  whether or not records flow) and acknowledges outputs and commits — and the worker is live.
 * **lag**: per assigned partition, the broker's end offset minus the group's committed offset,
   measured every ``lag_interval_seconds``. The development broker's end-offset query misses the
   newest batch (DESIGN §8), so the end is the larger of it and the worker's last fetched high
-  watermark: both are lower bounds of the true end.
+  watermark: both are lower bounds of the true end. When a measurement fails the lag is
+  unknown (NaN), not the last figure and not 0.
 * one INFO **progress** line every ``progress_interval_seconds``, and a warning, once, when the
   input topic still holds no record ``input_idle_warning_seconds`` after start.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +35,8 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from stream_jobs import client_log
+from stream_jobs.broker_watch import BrokerTiming, BrokerWatch
 from stream_jobs.kafka import make_consumer
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.worker import GatewayWorker
@@ -65,7 +71,17 @@ class Monitor:
         self._created = clock()
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
+        # None: not measured yet; False after a failed measurement (the figures are stale)
+        self._lag_known: bool | None = None
         self.lag_measured_at: float | None = None  # wall-clock time of the last measurement
+        self.broker = BrokerWatch(
+            BrokerTiming.for_stall_timeout(
+                settings.stall_timeout_seconds, settings.lag_interval_seconds
+            ),
+            clock=clock,
+        )
+        self._broker_lost_at: float | None = None  # when the unreachable verdict was logged
+        self._client_log = client_log.installed()
         self._stalled_since: float | None = None
         self._input_seen = False
         self._idle_warned = False
@@ -76,6 +92,7 @@ class Monitor:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> Monitor:
+        self.worker.broker_reachable = self.broker.reachable  # its shutdown asks
         self._thread.start()
         self.worker.closers.append(self.stop)
         return self
@@ -107,6 +124,8 @@ class Monitor:
         if in_engine > limit:
             return Verdict(False, f"a window has been in the engine for {in_engine:.0f} s")
         if idle > limit:
+            if not self.broker.reachable():  # waiting out the broker is deliberate
+                return Verdict(True, "waiting for the broker")
             return Verdict(False, f"the processing loop has not turned for {idle:.0f} s")
         return Verdict(True, "progressing")
 
@@ -117,6 +136,10 @@ class Monitor:
             return Verdict(False, f"stalled: {live.reason}")
         if not w.started:
             return Verdict(False, "starting: clients not connected or topics not checked")
+        if not self.broker.reachable():
+            return Verdict(
+                False, f"the broker has not answered for {self.broker.silent_for():.0f} s"
+            )
         if not w.assignment():
             return Verdict(False, "no partitions assigned")
         if w.stats.restore_remaining:
@@ -130,11 +153,16 @@ class Monitor:
     def stalled(self) -> bool:
         return not self.liveness().ok
 
-    def lag(self) -> dict[tuple[str, int], int] | None:
+    def lag(self) -> dict[tuple[str, int], float] | None:
         """Records behind per assigned (topic, partition) at the last measurement (None: not
-        measured yet)."""
+        measured yet); NaN for every assigned partition while it cannot be measured."""
         with self._lock:
-            return dict(self._lag) if self.lag_measured_at is not None else None
+            if self._lag_known is None:
+                return None
+            if not self._lag_known:
+                owned = self.worker.assignment() or list(self._lag)
+                return dict.fromkeys(owned, math.nan)
+            return {tp: float(v) for tp, v in self._lag.items()}
 
     # -- the thread --------------------------------------------------------------------
     def _main(self) -> None:
@@ -144,15 +172,22 @@ class Monitor:
         # two tasks: a lag measurement waiting on an absent broker must not delay the stall
         # check or the progress line
         ticker = asyncio.create_task(self._tick())
+        next_lag = self._clock()
         try:
             while not self._stop.is_set():
-                next_lag = self._clock() + self.settings.lag_interval_seconds
+                next_probe = self._clock() + self.broker.timing.interval
+                measure = self._clock() >= next_lag
+                if measure:
+                    next_lag = self._clock() + self.settings.lag_interval_seconds
                 try:
-                    await asyncio.wait_for(self._measure(), _MEASURE_TIMEOUT_S)
+                    await self._ask_broker(measure=measure)
                 except Exception as err:  # the broker away: try again next interval
-                    log.debug("lag not measured: %s", err.__class__.__name__)
+                    log.debug("broker probe failed: %s", err.__class__.__name__)
+                    with self._lock:
+                        self._lag_known = False
                     await self._close_consumer()
-                while not self._stop.is_set() and self._clock() < next_lag:
+                self._check_broker()  # the verdict's change logged when it happens
+                while not self._stop.is_set() and self._clock() < next_probe:
                     await asyncio.sleep(_TICK_S)
         finally:
             ticker.cancel()
@@ -165,6 +200,9 @@ class Monitor:
         next_progress = self._clock() + interval
         while True:
             self._check_stall()
+            self._check_broker()
+            if self._client_log is not None:
+                self._client_log.flush_summary()
             if interval and self._clock() >= next_progress:
                 next_progress = self._clock() + interval
                 self._log_progress()
@@ -193,12 +231,44 @@ class Monitor:
             )
             self._stalled_since = None
 
-    async def _measure(self) -> None:
-        w, s = self.worker, self.settings
+    def _check_broker(self) -> None:
+        """One WARNING when the broker stops answering, one INFO when it answers again."""
+        reachable = self.broker.reachable()
+        if not reachable and self._broker_lost_at is None:
+            self._broker_lost_at = self._clock()
+            log.warning(
+                "broker unreachable: no answer from %s for %.0f s; /readyz answers 503 and the "
+                "lag is unknown until it answers again (Kafka client errors meanwhile: one "
+                "line per PRIVGW_CLIENT_LOG_INTERVAL_SECONDS)",
+                self.settings.bootstrap,
+                self.broker.silent_for(),
+            )
+        elif reachable and self._broker_lost_at is not None:
+            log.info(
+                "broker answering again after %.0f s unreachable",
+                self._clock() - self._broker_lost_at,
+            )
+            self._broker_lost_at = None
+
+    async def _ask_broker(self, *, measure: bool) -> None:
+        """A metadata probe (whether the broker answers), and the lag when ``measure``."""
+        s = self.settings
         if self._consumer is None:
             # not subscribed: it only asks for offsets, it never joins the group
-            self._consumer = make_consumer(s, group_id=s.group_id)
-            await self._consumer.start()
+            consumer = make_consumer(s, group_id=s.group_id)
+            try:
+                await asyncio.wait_for(consumer.start(), self.broker.timing.timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                raise
+            self._consumer = consumer
+        await self.broker.probe(self._consumer)
+        if measure:
+            await asyncio.wait_for(self._measure(), _MEASURE_TIMEOUT_S)
+
+    async def _measure(self) -> None:
+        w, s = self.worker, self.settings
         consumer = self._consumer
         owned = w.assignment()
         tps = [TopicPartition(t, p) for t, p in owned]
@@ -218,6 +288,7 @@ class Monitor:
                 lag[(tp.topic, tp.partition)] = max(0, end - committed)
         with self._lock:
             self._lag = lag
+            self._lag_known = True
             self.lag_measured_at = time.time()
 
     async def _check_input(self, consumer: Any) -> None:
@@ -263,8 +334,13 @@ class Monitor:
             st.windows,
             st.dlq_total,
             st.held,
-            "unknown" if lag is None else str(sum(lag.values())),
+            _lag_text(lag),
         )
+
+
+def _lag_text(lag: dict[tuple[str, int], float] | None) -> str:
+    total = math.nan if lag is None else sum(lag.values())
+    return "unknown" if math.isnan(total) else f"{total:.0f}"
 
 
 def start_monitor(worker: GatewayWorker, settings: WorkerSettings) -> Monitor:

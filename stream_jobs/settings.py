@@ -81,6 +81,19 @@ class WorkerSettings(BaseSettings):
         "partition with a changelog topic, restored when the partition is assigned",
     )
 
+    policy_upgrade: str | None = Field(
+        None,
+        description="the policy version (16 hex digits) accepted as an upgrade of the policy "
+        "the state was written under: the state is migrated at start (re-grouping, fresh "
+        "draws; see privgw policy diff); a state written under another policy is refused "
+        "without it",
+    )
+    allow_missing_partition_state: bool = Field(
+        False,
+        description="sqlite backend: accept input partitions whose records another worker "
+        "protected (their state is in its state dir): their respondents are regrouped, with a "
+        "warning naming them; without it the worker stops before processing them",
+    )
     rotate_secret: bool = Field(
         False,
         description="accept a state written with another deployment secret (key fingerprint): "
@@ -130,6 +143,12 @@ class WorkerSettings(BaseSettings):
         60.0,
         gt=0,
         description="warn once when the input topic still holds no record this long after start",
+    )
+    client_log_interval_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Kafka client (aiokafka) warnings and errors, e.g. while the broker is "
+        "away: the first is logged, the next ones of this period counted into one line",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="log level of the worker"
@@ -333,6 +352,8 @@ FLAGS: dict[str, str] = {
     "stall_timeout_seconds": "--stall-timeout-seconds",
     "log_format": "--log-format",
     "rotate_secret": "--rotate-secret",
+    "allow_missing_partition_state": "--allow-missing-partition-state",
+    "policy_upgrade": "--policy-upgrade",
 }
 
 

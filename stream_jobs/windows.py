@@ -54,12 +54,14 @@ class WindowBuffer:
     opened_at: float | None = None  # first record consumed since the last flush
     _positions: dict[TP, int] = field(default_factory=dict)
     _committed: dict[TP, int] = field(default_factory=dict)
+    _first: dict[TP, int] = field(default_factory=dict)  # first offset consumed (this run)
 
     # -- input --------------------------------------------------------------------------
     def consumed(self, topic: str, partition: int, offset: int, now: float) -> None:
         """Any consumed record, valid or dead-lettered: its offset is covered by the next
         flush, which is due ``max_seconds`` after the first such record at the latest."""
         tp = (topic, partition)
+        self._first.setdefault(tp, offset)
         if offset + 1 > self._positions.get(tp, -1):
             self._positions[tp] = offset + 1
         if self.opened_at is None:
@@ -74,7 +76,9 @@ class WindowBuffer:
         if not records:
             return
         self.new.extend(records)
-        last = records[-1].source
+        last, first = records[-1].source, records[0].source
+        if first is not None:
+            self._first.setdefault((first.topic, first.partition), first.offset)
         if last is not None:
             self.consumed(last.topic, last.partition, last.offset, records[0].arrived_at)
         elif self.opened_at is None:
@@ -155,6 +159,7 @@ class WindowBuffer:
             return False
         self._positions[tp] = offset
         self._committed.pop(tp, None)
+        self._first[tp] = offset
         return True
 
     def forget(self, partitions: Iterable[TP]) -> int:
@@ -171,7 +176,18 @@ class WindowBuffer:
         for tp in gone:
             self._positions.pop(tp, None)
             self._committed.pop(tp, None)
+            self._first.pop(tp, None)
         return before - len(self.held) - len(self.new)
+
+    def uncommitted(self) -> dict[TP, tuple[int, int]]:
+        """Per partition, the offsets consumed in this run that no commit covers yet:
+        (first, next) — they are read again by the next owner."""
+        out: dict[TP, tuple[int, int]] = {}
+        for tp, position in self._positions.items():
+            start = self._committed.get(tp, self._first.get(tp, position))
+            if position > start:
+                out[tp] = (start, position)
+        return out
 
     @property
     def size(self) -> int:

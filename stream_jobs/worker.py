@@ -65,7 +65,9 @@ from stream_jobs.kafka import (
 )
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
+from stream_jobs.partition_state import PartitionStateGuard
 from stream_jobs.settings import Topics, WorkerSettings
+from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
@@ -241,6 +243,17 @@ class GatewayWorker:
         self.engine_shards = 1  # engines the respondents are split over (gateway.shards)
         self.key_fingerprint: str | None = None  # of the secret in force (Keyring.fingerprint)
         self.refused: PrivgwError | None = None  # why the worker stopped before processing
+        # whether the broker answers (stream_jobs.monitor's probe; a stop waits for it or not)
+        self.broker_reachable: Callable[[], bool] = lambda: True
+        self._deadline = StopDeadline()
+        # offsets a stop without the broker left uncommitted: (first, next) per partition
+        self.left_uncommitted: dict[TP, tuple[int, int]] = {}
+        # sqlite backend: whether assigned partitions come with their state
+        self.partition_guard: PartitionStateGuard | None = None
+        # the policy's history on this state (state.policy_record): upgrades by action, and
+        # what the metadata topic announces about them
+        self.policy_events: dict[str, int] = {}
+        self.meta_extra: dict[str, object] = {}
         self._clock = clock
         self._validator = Validator(
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
@@ -292,7 +305,7 @@ class GatewayWorker:
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
         if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
-        key, value, headers = meta_message(self.engine.metadata())
+        key, value, headers = meta_message({**self.engine.metadata(), **self.meta_extra})
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s)
         if s.workers is None:
@@ -361,11 +374,16 @@ class GatewayWorker:
                         self._gc.tick(time.monotonic())
                     if not self.ready.is_set() and self._consumer.assignment():
                         self.ready.set()
+        except BrokerAway:  # a stop gave up waiting for the broker: nothing more goes out
+            pass
         finally:
             await self._shutdown()
 
     def request_stop(self) -> None:
         self._stopping.set()
+        self._deadline.arm(
+            self.settings.shutdown_grace_seconds, broker_reachable=self.broker_reachable
+        )
 
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, partition)s this worker owns now; any thread may ask."""
@@ -389,6 +407,9 @@ class GatewayWorker:
         await self._stopped.wait()
 
     async def _shutdown(self) -> None:
+        deadline = self._deadline
+        if self._stopping.is_set() and not self.broker_reachable():
+            deadline.give_up()
         try:
             if self._consumer is not None:
                 async with self._lock:
@@ -397,28 +418,66 @@ class GatewayWorker:
                             "the engine failed on a window: nothing more is protected or "
                             "committed; its records and those after them are read again"
                         )
-                    elif self._has_pending():
-                        await self._flush(
-                            FlushReason.SHUTDOWN, flush_all=self.settings.flush_held_on_shutdown
-                        )
-                    await self._settled()
-                if self._buffer.held:
+                    elif self._has_pending() and not deadline.given_up:
+                        with contextlib.suppress(BrokerAway):
+                            await deadline.race(
+                                self._flush(
+                                    FlushReason.SHUTDOWN,
+                                    flush_all=self.settings.flush_held_on_shutdown,
+                                )
+                            )
+                    with contextlib.suppress(BrokerAway):
+                        await deadline.race(self._settled())
+                if deadline.given_up:
+                    self._stopped_without_broker()
+                elif self._buffer.held:
                     log.info(
                         "%d held records left uncommitted for the next owner",
                         len(self._buffer.held),
                     )
-                with contextlib.suppress(Exception):
-                    await self._consumer.stop()
+                await self._stop_client(self._consumer, deadline.given_up)
             if self._producer is not None:
-                with contextlib.suppress(Exception):
-                    await self._producer.stop()
+                await self._stop_client(self._producer, deadline.given_up)
         finally:
+            deadline.close()
             self._engine_thread.shutdown(wait=True)
             for close in self.closers:
                 with contextlib.suppress(Exception):
                     close()
             self._gc.stop()
             self._stopped.set()
+
+    def _stopped_without_broker(self) -> None:
+        """Say what a stop that gave up waiting for the broker left for the next start."""
+        self._inflight = None
+        self.left_uncommitted = self._buffer.uncommitted()
+        if self.left_uncommitted:
+            log.warning(
+                "stopped without the broker: %s consumed since the last commit are left "
+                "uncommitted and are read again at the next start (state and outputs written "
+                "so far are republished identically; nothing is lost)",
+                describe_uncommitted(self.left_uncommitted),
+            )
+        else:
+            log.info("stopped while the broker was unreachable; every consumed offset committed")
+
+    @staticmethod
+    async def _stop_client(client: Any, gave_up: bool) -> None:
+        """A client's stop, which waits for the broker: bounded once the worker gave up.
+        aiokafka's consumer lets the CancelledError of its own dead coordinator task escape
+        from ``stop``: only a cancellation of this task is passed on."""
+        try:
+            if gave_up:
+                await asyncio.wait_for(client.stop(), CLIENT_STOP_S)
+            else:
+                await client.stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.debug("%s stopped with its own tasks cancelled", client.__class__.__name__)
+        except Exception as err:  # stopping anyway
+            log.debug("%s stop failed: %s", client.__class__.__name__, err.__class__.__name__)
 
     def _has_pending(self) -> bool:
         """Anything a flush would produce or commit: records, dead letters, forwards."""
@@ -450,6 +509,7 @@ class GatewayWorker:
         log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
         store = self.state_store
         if not _partitioned(store):
+            await self._guard_partitions(assigned)
             return
         # The state of a partition is rebuilt from its changelog before any of its records is
         # processed: under the lock, so no window runs meanwhile, and the epoch moves again
@@ -473,6 +533,18 @@ class GatewayWorker:
                 if self.key_fingerprint is not None:
                     await self._check_key_fingerprint(store, wanted)
             self._epoch += 1
+
+    async def _guard_partitions(self, assigned: Sequence[TopicPartition]) -> None:
+        """Stop before processing partitions whose state is in another worker's state dir
+        (stream_jobs.partition_state); a batch fetched meanwhile is dropped (the epoch)."""
+        guard = self.partition_guard
+        if guard is None or self.refused is not None:
+            return
+        refused = await guard.check(self._consumer, assigned)
+        if refused is not None:
+            log.error("%s", refused)
+            self.refused = refused
+            self.request_stop()
 
     async def _check_key_fingerprint(self, store: PartitionedStore, wanted: list[int]) -> None:
         """The restored partitions' key fingerprint against the secret's (off the loop: a
@@ -787,7 +859,7 @@ class GatewayWorker:
         delay = _RETRY_FIRST_S
         while futures:
             try:
-                await asyncio.gather(*futures)
+                await self._deadline.race(asyncio.gather(*futures))
                 self.stats.broker_ok = True
                 break
             except KafkaError as err:
@@ -795,10 +867,14 @@ class GatewayWorker:
                 with contextlib.suppress(KafkaError):
                     futures = await send()
         delay = _RETRY_FIRST_S
+        if commits and self.partition_guard is not None:
+            self.partition_guard.before_commit(commits)
         while commits:
             try:
-                await self._consumer.commit(
-                    {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
+                await self._deadline.race(
+                    self._consumer.commit(
+                        {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
+                    )
                 )
             except (CommitFailedError, IllegalStateError) as err:
                 # the partitions moved to another member meanwhile: it replays from the last
@@ -817,8 +893,11 @@ class GatewayWorker:
     async def _back_off(self, err: KafkaError, what: str, delay: float) -> float:
         """Wait ``delay`` before trying again if ``err`` is worth waiting out (else re-raise it);
         returns the next delay."""
-        if self._stopping.is_set() or not _transient(err):
+        if not _transient(err):
             raise err
+        if self._stopping.is_set():  # a stop does not wait out the broker: read again later
+            self._deadline.give_up()
+            raise BrokerAway from err
         log.warning("%s (%s); trying again in %.1f s", what, err.__class__.__name__, delay)
         self.stats.retries += 1
         self.stats.broker_ok = False  # not ready; still live: waiting out the broker is

@@ -1,9 +1,13 @@
-"""docker-compose.yml and deploy/, validated without a Docker engine (none runs here).
+"""docker-compose.yml and deploy/, validated without a Docker engine (none runs here;
+tests/deploy/test_stack.py runs the same topology with real binaries).
 
 What can go wrong without running the stack is checked: the file parses, every mounted host
-path and build context exists, host ports do not clash, every service the others wait for has
-a healthcheck, the worker's environment names only settings the code reads, Prometheus scrapes
-the port the worker serves, and promtool accepts the configuration and the rules.
+path and build context exists, host ports do not clash and are published on 127.0.0.1 unless
+STACK_BIND_ADDRESS opts in, every service the others wait for has a healthcheck, the worker's
+environment names only settings the code reads, Prometheus scrapes the port the worker serves
+and sends alerts to Alertmanager, promtool and amtool accept the configuration and the rules,
+no password is written in the file, the worker's stop grace outlasts its own shutdown grace,
+and long-running services restart.
 """
 
 from __future__ import annotations
@@ -27,10 +31,25 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 SECRET_VARIABLES = {"PRIVGW_SECRET", "PRIVGW_SECRET_FILE"}
 PROMTOOL = shutil.which("promtool")
+AMTOOL = shutil.which("amtool")
+COMPOSE_BIN = shutil.which("docker-compose")
+LONG_RUNNING = {"kafka", "privgw", "prometheus", "alertmanager", "alert-sink", "grafana"}
 
 
-def test_the_stack_has_its_five_parts() -> None:
-    assert {"kafka", "privgw", "simulator", "prometheus", "grafana"} <= set(SERVICES)
+def published(service: str, bind: str = "127.0.0.1") -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of a service's ports, STACK_BIND_ADDRESS
+    interpolated as `docker compose` does (``bind``: its value; default 127.0.0.1)."""
+    out = []
+    for spec in SERVICES[service].get("ports", []):
+        text = str(spec).replace("${STACK_BIND_ADDRESS:-127.0.0.1}", bind)
+        host, host_port, container = text.split(":")
+        out.append((host, host_port, container))
+    return out
+
+
+def test_the_stack_has_its_parts() -> None:
+    assert {"kafka", "privgw", "simulator", "prometheus", "alertmanager", "alert-sink",
+            "grafana"} <= set(SERVICES)  # fmt: skip
     assert SERVICES["kafka"]["image"].startswith("apache/kafka:")
     env = SERVICES["kafka"]["environment"]
     assert "controller" in env["KAFKA_PROCESS_ROLES"]  # KRaft, no ZooKeeper
@@ -52,9 +71,41 @@ def test_mounted_host_paths_and_build_contexts_exist() -> None:
             assert (context / build.get("dockerfile", "Dockerfile")).is_file(), name
 
 
-def test_host_ports_do_not_clash() -> None:
-    ports = [str(p).split(":")[0] for svc in SERVICES.values() for p in svc.get("ports", [])]
-    assert len(ports) == len(set(ports)), ports
+def test_host_ports_do_not_clash_and_stay_on_loopback_by_default() -> None:
+    ports = [p for name in SERVICES for p in published(name)]
+    assert len({p[1] for p in ports}) == len(ports), ports
+    assert {p[0] for p in ports} == {"127.0.0.1"}, ports
+    for name in SERVICES:  # opted in: everything but Kafka's unauthenticated host listener
+        for host, _, _ in published(name, bind="0.0.0.0"):
+            assert host == ("127.0.0.1" if name == "kafka" else "0.0.0.0"), name
+
+
+@pytest.mark.skipif(COMPOSE_BIN is None, reason="needs docker-compose")
+@pytest.mark.parametrize("bind", [None, "0.0.0.0"], ids=["default", "opted-in"])
+def test_docker_compose_config_publishes_nothing_beyond_loopback_unless_told(
+    bind: str | None,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "STACK_BIND_ADDRESS"}
+    if bind is not None:
+        env["STACK_BIND_ADDRESS"] = bind
+    proc = subprocess.run(
+        ["docker-compose", "-f", "docker-compose.yml", "config"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    hosts = {
+        name: [str(p).split(":")[0] for p in svc.get("ports", [])]
+        for name, svc in config["services"].items()
+    }
+    assert any(hosts.values())
+    for name, addresses in hosts.items():
+        expected = "127.0.0.1" if bind is None or name == "kafka" else bind
+        assert all(a == expected for a in addresses), (name, addresses)
 
 
 def test_dependencies_wait_for_health_or_completion() -> None:
@@ -84,7 +135,7 @@ def test_prometheus_scrapes_the_port_the_worker_serves() -> None:
     env = SERVICES["privgw"]["environment"]
     assert env["PRIVGW_METRICS_HOST"] == "0.0.0.0"  # reachable from the Prometheus container
     port = env["PRIVGW_METRICS_PORT"]
-    assert f"{port}:{port}" in SERVICES["privgw"]["ports"]
+    assert ("127.0.0.1", port, port) in published("privgw")
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     targets = [
         t
@@ -233,3 +284,86 @@ def test_secret_init_creates_the_secret_with_the_cli_once(tmp_path: Path) -> Non
     )
     assert again.returncode == 0, again.stderr
     assert target.read_bytes() == secret
+
+
+def test_prometheus_has_no_lifecycle_api_and_alerts_go_to_alertmanager() -> None:
+    command = " ".join(SERVICES["prometheus"]["command"])
+    assert "enable-lifecycle" not in command and "enable-admin-api" not in command
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    [target] = prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
+    assert target == "alertmanager:9093"
+    am = SERVICES["alertmanager"]
+    assert "--cluster.listen-address=" in am["command"]  # no cluster port on every interface
+    mounts = dict(v.split(":")[:2] for v in am["volumes"])
+    assert mounts["./deploy/alertmanager"] == "/etc/alertmanager"
+    config = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    urls = [h["url"] for r in config["receivers"] for h in r.get("webhook_configs", [])]
+    assert urls == ["http://alert-sink:9095/"]
+    assert 'SINK_PORT", "9095"' in SERVICES["alert-sink"]["command"][0]
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="needs Debian's prometheus-alertmanager")
+def test_amtool_accepts_the_alertmanager_config() -> None:
+    assert AMTOOL is not None
+    proc = subprocess.run(
+        [AMTOOL, "check-config", "deploy/alertmanager/alertmanager.yml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_password_is_written_in_the_stack() -> None:
+    text = (ROOT / "docker-compose.yml").read_text().lower()
+    assert "admin_password:" not in text.replace("admin_password__file:", "")
+    grafana = SERVICES["grafana"]
+    path = grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"])
+    assert mounts["grafana-secret"] == str(Path(path).parent)
+    assert grafana["depends_on"]["grafana-secret-init"]["condition"] == (
+        "service_completed_successfully"
+    )
+
+
+def test_grafana_secret_init_generates_the_password_once(tmp_path: Path) -> None:
+    [command] = SERVICES["grafana-secret-init"]["command"]
+    path = SERVICES["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    target = tmp_path / "admin-password"
+    script = command.replace(path, str(target))
+    if os.geteuid() != 0:  # the container runs it as root, to give the file to Grafana
+        script = script.replace("&& chown 472 " + str(target), "")
+    passwords = []
+    for _ in range(2):  # as on a second `up`: kept
+        done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, check=False)
+        assert done.returncode == 0, done.stderr
+        passwords.append(target.read_text())
+    assert passwords[0] == passwords[1]
+    assert len(passwords[0]) == 32 and passwords[0].isalnum()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60}
+    return float(text[:-1]) * units[text[-1]]
+
+
+def test_the_worker_gets_longer_than_its_own_shutdown_grace() -> None:
+    svc = SERVICES["privgw"]
+    grace = float(svc["environment"]["PRIVGW_SHUTDOWN_GRACE_SECONDS"])
+    assert grace == WorkerSettings.model_fields["shutdown_grace_seconds"].default
+    assert _seconds(svc["stop_grace_period"]) >= grace + 10  # clients, engine, exit
+
+
+def test_long_running_services_restart_and_images_are_pinned() -> None:
+    for name in LONG_RUNNING:
+        assert SERVICES[name].get("restart") in {"unless-stopped", "always"}, name
+    for name, svc in SERVICES.items():
+        image = svc.get("image", "")
+        if "build" in svc:
+            continue
+        repo, _, tag = image.partition(":")
+        assert repo and tag and tag != "latest" and any(c.isdigit() for c in tag), name
+    head = (ROOT / "docker-compose.yml").read_text().split("services:")[0]
+    assert "digest" in head  # why not by digest, and how to pin one, is said

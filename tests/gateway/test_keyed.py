@@ -295,6 +295,10 @@ def test_load_secret_too_short_names_the_source_not_the_secret(tmp_path: Path) -
 
 def test_generate_secret_file(tmp_path: Path) -> None:
     f = tmp_path / "sub" / "secret.key"
+    with pytest.raises(SecretError, match="does not exist"):  # no directory is created
+        generate_secret_file(f)
+    assert not f.parent.exists()
+    f.parent.mkdir()
     generate_secret_file(f)
     assert stat.S_IMODE(f.stat().st_mode) == 0o600
     content = f.read_bytes()

@@ -264,12 +264,15 @@ def test_noise_may_follow_coding_on_a_sensitive_number() -> None:
 
 
 # -- republication: the mode, what a release is, edit rules ------------------------------------
-PANEL = BASE + """\
+PANEL = (
+    BASE
+    + """\
   sex: {role: quasi_identifier, type: categorical, method: microaggregation, categories: [F, M]}
   rel: {role: quasi_identifier, type: categorical, method: microaggregation,
         categories: [husband, wife, other]}
   wave: {role: other, type: numeric, method: keep}
 """
+)
 
 
 @pytest.mark.parametrize(
@@ -288,7 +291,10 @@ PANEL = BASE + """\
             "republication.wave_attribute 'sex' must be a numeric attribute of role other",
         ),
         ("republication: {slack: -1}\n", "republication.slack must be between 0 and"),
-        ("republication: {pool: wave}\n", "republication.pool: Input should be 'window' or 'release'"),
+        (
+            "republication: {pool: wave}\n",
+            "republication.pool: Input should be 'window' or 'release'",
+        ),
         (
             "microaggregation: {k: 3, edit_rules: [{rel: [husband], age: [F]}]}\n",
             "edit_rules[0] names 'age', which is not a nominal quasi-identifier of the k claim",

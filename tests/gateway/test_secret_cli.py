@@ -29,6 +29,7 @@ def privgw(*args: str | Path, umask: int = 0o022) -> subprocess.CompletedProcess
 
 def test_secret_create_writes_a_private_secret_and_prints_its_fingerprint(tmp_path: Path) -> None:
     path = tmp_path / "secrets" / "privgw.key"
+    path.parent.mkdir()
     proc = privgw("secret", "create", path, umask=0)  # 0600 whatever the umask
     assert proc.returncode == 0, proc.stderr
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -52,3 +53,18 @@ def test_secret_create_refuses_an_existing_file(tmp_path: Path) -> None:
     assert proc.stderr.startswith("privgw: error:") and "already exists" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert path.read_bytes() == before
+
+
+def test_secret_create_makes_no_directory(tmp_path: Path) -> None:
+    """A missing directory (or a file where it should be) is one line, exit 2, and nothing is
+    created: a mistyped path would leave the secret where nobody looks (issue 30)."""
+    missing = tmp_path / "nonexistent" / "dir" / "x.key"
+    proc = privgw("secret", "create", missing)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("privgw: error:") and "does not exist" in proc.stderr
+    assert str(missing.parent) in proc.stderr
+    assert not (tmp_path / "nonexistent").exists()
+    (tmp_path / "file").write_text("")
+    proc = privgw("secret", "create", tmp_path / "file" / "x.key")
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
