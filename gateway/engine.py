@@ -45,6 +45,7 @@ from gateway.policy import (
 )
 from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource, UniformSource, normals_from_uniforms
+from gateway.routing import StatePartitions
 from gateway.state_api import StateStore
 from gateway.state_codec import decode_state, encode_state
 
@@ -157,6 +158,18 @@ def state_key_partition(key: bytes) -> int | None:
     if len(key) == _PARTITION_BYTES + _DIGEST_BYTES:
         return int.from_bytes(key[:_PARTITION_BYTES], "big")
     return None
+
+
+def _state_partitions(
+    records: Sequence[ValidRecord], partitions: StatePartitions | None
+) -> list[int]:
+    """Each record's state partition: its respondent key's (``partitions``), else the input
+    partition it came from."""
+    fallback = [r.source.partition if r.source is not None else 0 for r in records]
+    if partitions is None:
+        return fallback
+    keys = [partitions.key_of(r.respondent_id, r.values) for r in records]
+    return partitions.of_keys(keys, fallback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,6 +497,10 @@ class Engine:
         self.version = policy.version
         self._keyring = keyring
         self._partition_scope = partition_scope
+        # with partition_scope: each record's state partition, from its respondent's key (set
+        # by the wiring once it knows the partition count); unset, the record's own partition
+        self.state_partitions: StatePartitions | None = None
+        self._parts: list[int] = []  # the window's state partitions (partition_scope)
         self._measure_risk = measure_risk
         self._inputs = KeyedInputs(policy, keyring) if keyring is not None else None
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
@@ -594,6 +611,8 @@ class Engine:
         # respondent, or the record itself when it carries no respondent id
         rkeys: list[bytes | None]
         dkeys: Sequence[bytes | None]
+        if self._partition_scope:
+            self._parts = _state_partitions(records, self.state_partitions)
         if self._inputs is None:
             rkeys = [None] * len(records)
             dkeys = rkeys
@@ -604,8 +623,7 @@ class Engine:
             if self._partition_scope:  # draws stay bound to the respondent alone
                 for i, r in enumerate(records):
                     if r.respondent_id is not None:
-                        src = r.source
-                        part = src.partition if src is not None else 0
+                        part = self._parts[i]
                         rkeys[i] = part.to_bytes(_PARTITION_BYTES, "big") + (rkeys[i] or b"")
         states: dict[bytes, dict[str, Any]] = {}
         if self._store is not None:
@@ -1002,8 +1020,7 @@ class Engine:
         # slots by scope: one scope per window, or one per input partition
         scopes: dict[int | None, list[int]] = {}
         for s_index, i in enumerate(slots):
-            src = records[i].source
-            scope = src.partition if self._partition_scope and src is not None else None
+            scope = self._parts[i] if self._partition_scope else None
             scopes.setdefault(scope, []).append(s_index)
         gid_of_slot: dict[int, str] = {}
         masked_of_slot: dict[int, tuple[object, ...]] = {}

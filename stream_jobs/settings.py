@@ -61,7 +61,8 @@ class WorkerSettings(BaseSettings):
     partitions: int = Field(
         6,
         ge=1,
-        description="partitions of the topics this worker creates (output, DLQ, repartition)",
+        description="partitions of the topics this worker creates (output, DLQ; a repartition "
+        "topic gets the input's)",
     )
     replication_factor: int = Field(
         3,
@@ -250,7 +251,11 @@ class WorkerSettings(BaseSettings):
         inp = self.input_topic or policy.input.topic
         out = self.output_topic or policy.output.topic
         topics = Topics(
-            repartition=f"{inp}.repartition" if policy.input.key_field is not None else None,
+            # re-keying (input.key_field), and the partitioned backend's re-routing of records
+            # that arrived on a partition their key does not pick (stream_jobs.state_routing)
+            repartition=f"{inp}.repartition"
+            if policy.input.key_field is not None or self.state_backend == "partitioned"
+            else None,
             input=inp,
             output=out,
             dlq=self.dlq_topic

@@ -21,7 +21,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -44,6 +44,7 @@ from gateway.engine import (
 )
 from gateway.errors import PrivgwError
 from gateway.policy import Policy
+from gateway.routing import StatePartitions
 from gateway.state_api import (
     KeyFingerprintCheck,
     KeyFingerprintResult,
@@ -51,7 +52,7 @@ from gateway.state_api import (
     check_key_fingerprint,
 )
 from gateway.validation import DLQReason, Rejection, Validator, rejection
-from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
+from stream_jobs.changelog import KafkaChangelog, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.engine_process import PackedRecords
 from stream_jobs.kafka import (
@@ -66,6 +67,7 @@ from stream_jobs.kafka import (
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.settings import Topics, WorkerSettings
+from stream_jobs.state_routing import PartitionCountError, StateRouting, wire_routing
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
@@ -95,6 +97,7 @@ def _transient(err: KafkaError) -> bool:
 
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
+_WRONG_PARTITION = rejection(DLQReason.WRONG_PARTITION)  # its key's state lives elsewhere
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
 
 
@@ -265,6 +268,8 @@ class GatewayWorker:
         self._out_partitions: list[int] = []
         self._dlq_partitions: list[int] = []
         self._repartition_partitions: list[int] = []
+        self._routing: StateRouting | None = None  # the partitioned backend's (state_routing)
+        self._rerouted = False  # warned that records arrive on the wrong partition
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
@@ -294,7 +299,7 @@ class GatewayWorker:
             await self._wire_changelog(self.state_store)
         key, value, headers = meta_message(self.engine.metadata())
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
-        self._consumer = make_consumer(s)
+        self._consumer = make_consumer(s, co_partitioned=self._routing is not None)
         if s.workers is None:
             self._consumer.subscribe(sources, listener=_Rebalance(self))
             await self._consumer.start()
@@ -319,9 +324,17 @@ class GatewayWorker:
         )
 
     async def _wire_changelog(self, store: PartitionedStore) -> None:
-        partitions = len(await self._producer.partitions_for(self.topics.input))
-        if self.settings.create_topics:
-            await ensure_changelog_topic(self.settings, partitions)
+        try:
+            routing = await wire_routing(
+                self.settings, self.topics, self._producer, create=self.settings.create_topics
+            )
+        except PartitionCountError as err:
+            self.refused = err
+            raise
+        self._routing = routing
+        key_of = self._validator.expected_key or (lambda _rid, _values: None)
+        if hasattr(self.engine, "state_partitions"):  # the in-process engine of this backend
+            self.engine.state_partitions = StatePartitions(routing.count, key_of)
         topic, producer = self.settings.changelog_topic, self._producer
         loop = asyncio.get_running_loop()
         store.changelog_for = lambda p: KafkaChangelog(producer, loop, topic, [p])
@@ -455,7 +468,7 @@ class GatewayWorker:
         # processed: under the lock, so no window runs meanwhile, and the epoch moves again
         # after it, so a batch fetched during the restore is dropped and read again.
         async with self._lock:
-            wanted = sorted({tp.partition for tp in assigned} - set(store.partitions))
+            wanted = sorted({p for p in self._state_partitions(assigned)} - set(store.partitions))
             if wanted:
                 t0 = time.perf_counter()
                 restored = await restore_partitions(
@@ -523,11 +536,15 @@ class GatewayWorker:
         store = self.state_store
         if not _partitioned(store):
             return
-        kept = {tp.partition for tp in self._consumer.assignment()} - {
-            tp.partition for tp in revoked
-        }
-        for partition in {tp.partition for tp in revoked} - kept:
+        gone = self._state_partitions(revoked)
+        kept = self._state_partitions(set(self._consumer.assignment()) - set(revoked))
+        for partition in gone - kept:
             store.close_partition(partition)
+
+    def _state_partitions(self, tps: Iterable[TopicPartition]) -> set[int]:
+        """The state partitions that come with ``tps``: those of the routing topic."""
+        routing = self._routing
+        return {tp.partition for tp in tps if routing is None or tp.topic == routing.topic}
 
     async def _rewind_to_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
         assigned = self._consumer.assignment()
@@ -584,7 +601,7 @@ class GatewayWorker:
         validate = self._validator.decode_and_validate
         add_batch = self._buffer.add_partition_batch
         stats = self.stats
-        rekey_from = self.topics.input if self.topics.repartition is not None else None
+        rekey_from = self.topics.input if self._key_field is not None else None
         key_field = self._key_field or ""
         expected_key = self._validator.expected_key
         for tp, messages in batch.items():
@@ -599,6 +616,9 @@ class GatewayWorker:
                     messages[0].offset,
                 )
             valid: list[ValidRecord] = []
+            routed: list[tuple[Any, str | None, dict[str, object]]] | None = (
+                [] if self._routing is not None else None
+            )
             for m in messages:
                 res = validate(m.value, m.key)
                 if res.__class__ is Rejection:
@@ -614,11 +634,16 @@ class GatewayWorker:
                 if wrong:
                     self._reject(_KEY_MISMATCH, m, topic, partition, now)
                     continue
+                if routed is not None:  # protected where its state lives (state_routing)
+                    routed.append((m, rid, values))
+                    continue
                 valid.append(
                     ValidRecord(
                         rid, values, SourceRef(topic, partition, m.offset, m.timestamp), now
                     )
                 )
+            if routed:
+                valid = self._route(routed, topic, partition, now)
             add_batch(valid)
             if self._packs_ahead and valid:
                 self._pack_ahead(valid)
@@ -628,6 +653,47 @@ class GatewayWorker:
                 if highwater is not None:
                     stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
         stats.valid = stats.consumed - stats.dlq_total
+
+    def _route(
+        self,
+        routed: list[tuple[Any, str | None, dict[str, object]]],
+        topic: str,
+        partition: int,
+        now: float,
+    ) -> list[ValidRecord]:
+        """Of a partition's accepted records, those protected here — their key picks this
+        partition's state — and the others forwarded to the repartition topic, or, where there
+        is none or they came from it, dead-lettered (``stream_jobs.state_routing``)."""
+        routing = self._routing
+        assert routing is not None
+        expected_key = self._validator.expected_key
+        keys = [expected_key(rid, values) if expected_key else None for _, rid, values in routed]
+        known = [k for k in keys if k is not None]
+        placed = iter(routing.state_partitions(known) if known else ())
+        owned = (routing.topic, partition) in {
+            (tp.topic, tp.partition) for tp in self._consumer.assignment()
+        }
+        valid: list[ValidRecord] = []
+        for (m, rid, values), key in zip(routed, keys, strict=True):
+            state = next(placed) if key is not None else partition
+            if owned and routing.stays(topic, partition, state):
+                source = SourceRef(topic, partition, m.offset, m.timestamp)
+                valid.append(ValidRecord(rid, values, source, now))
+            elif routing.rekeys and topic != routing.topic and key is not None:
+                if not self._rerouted and routing.direct:
+                    self._rerouted = True
+                    log.warning(
+                        "records of %s arrive on partitions their key does not pick: they go "
+                        "through %s to reach their state (produce with Kafka's default "
+                        "partitioner, murmur2 — librdkafka: partitioner=murmur2_random — to "
+                        "spare the extra hop)",
+                        topic,
+                        routing.topic,
+                    )
+                self._forward_keyed(m, key, topic, now)
+            else:
+                self._reject(_WRONG_PARTITION, m, topic, partition, now)
+        return valid
 
     def _pack_ahead(self, valid: list[ValidRecord]) -> None:
         """Pack the records just buffered for the engine's process now, while it protects the
@@ -654,7 +720,10 @@ class GatewayWorker:
         if key_value is None:
             self._reject(_NO_KEY_VALUE, m, topic, m.partition, now)
             return
-        self._forward.append((str(key_value).encode(), m.value, m.partition, m.offset))
+        self._forward_keyed(m, str(key_value).encode(), topic, now)
+
+    def _forward_keyed(self, m: Any, key: bytes, topic: str, now: float) -> None:
+        self._forward.append((key, m.value, m.partition, m.offset))
         self._buffer.consumed(topic, m.partition, m.offset, now)
         self.stats.repartitioned += 1
 
