@@ -52,7 +52,7 @@ from gateway.state_api import (
     check_key_fingerprint,
 )
 from gateway.validation import DLQReason, Rejection, Validator, rejection
-from stream_jobs.changelog import KafkaChangelog, restore_partitions
+from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.engine_process import PackedRecords
 from stream_jobs.kafka import (
@@ -270,6 +270,7 @@ class GatewayWorker:
         self._repartition_partitions: list[int] = []
         self._routing: StateRouting | None = None  # the partitioned backend's (state_routing)
         self._rerouted = False  # warned that records arrive on the wrong partition
+        self._halted = False  # a partition's state could not be restored (_halt)
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
@@ -357,6 +358,8 @@ class GatewayWorker:
                 if self._inflight is not None and self._inflight.done():
                     await self._settled()  # raises if the window's outputs failed
                 async with self._lock:
+                    if self._halted:
+                        break
                     if epoch != self._epoch:
                         # a rebalance happened while this batch was fetched: it may come from
                         # before it, so it is dropped, and the partitions it advanced are put
@@ -405,7 +408,9 @@ class GatewayWorker:
         try:
             if self._consumer is not None:
                 async with self._lock:
-                    if self._engine_failed:
+                    if self._halted:
+                        pass  # a state that could not be restored: nothing more goes out
+                    elif self._engine_failed:
                         log.error(
                             "the engine failed on a window: nothing more is protected or "
                             "committed; its records and those after them are read again"
@@ -471,12 +476,18 @@ class GatewayWorker:
             wanted = sorted({p for p in self._state_partitions(assigned)} - set(store.partitions))
             if wanted:
                 t0 = time.perf_counter()
-                restored = await restore_partitions(
-                    {p: store.open_partition(p, fresh=True) for p in wanted},
-                    self.settings,
-                    self.settings.changelog_topic,
-                    progress=self._restore_progress,
-                )
+                try:
+                    restored = await restore_partitions(
+                        {p: store.open_partition(p, fresh=True) for p in wanted},
+                        self.settings,
+                        self.settings.changelog_topic,
+                        progress=self._restore_progress,
+                    )
+                except Exception as err:
+                    # the listener's exceptions are only logged by the client, which would go
+                    # on consuming with a partial state: stop here, nothing protected after it
+                    self._halt(err)
+                    return
                 log.info(
                     "restored the state of partitions %s: %d changelog records in %.1f s",
                     wanted,
@@ -527,6 +538,22 @@ class GatewayWorker:
             log.info("key fingerprint %s recorded in the state in %s", fp, where)
         else:
             log.info("key fingerprint %s matches the state in %s", fp, where)
+
+    def _halt(self, err: Exception) -> None:
+        """Stop before anything more is protected, published or committed (a state that could
+        not be restored): the records buffered are left for the next run."""
+        self._halted = True
+        self._epoch += 1  # a batch fetched meanwhile is dropped
+        if isinstance(err, PrivgwError):
+            log.error("%s", err)
+            self.refused = err
+        else:
+            log.error("restoring the state failed (%s): stopping", err.__class__.__name__)
+            self.refused = RestoreError(
+                f"restoring the state from {self.settings.changelog_topic} failed "
+                f"({err.__class__.__name__}); nothing was published"
+            )
+        self.request_stop()
 
     def _restore_progress(self, remaining: int) -> None:
         self.stats.restore_remaining = remaining
