@@ -276,6 +276,9 @@ class WorkerSettings(BaseSettings):
                 ("dead-letter topic (PRIVGW_DLQ_TOPIC / output.dlq_topic)", topics.dlq),
                 ("metadata topic (PRIVGW_META_TOPIC / output.meta_topic)", topics.meta),
                 *([("repartition topic", topics.repartition)] if topics.repartition else []),
+                # reserved for the partitioned backend whichever backend runs now: a switch
+                # later must not find raw records in it
+                ("changelog topic (<--group-id>.state-changelog)", self.changelog_topic),
             ]
         )
         if clash is not None:

@@ -160,3 +160,20 @@ def test_reconstruct_a_missing_topic_says_so(broker: EmbeddedBroker, unique_name
     code, err, took = privgw("reconstruct", "--bootstrap", broker.bootstrap, "--topic", topic)
     assert_one_line(code, err, f"topic {topic} does not exist", "--bootstrap")
     assert took < 30
+
+
+@pytest.mark.parametrize("role", ["dlq_topic", "meta_topic"])
+def test_a_topic_on_the_group_changelog_is_refused(
+    role: str, tmp_path: Path, secret_env: str, broker: EmbeddedBroker
+) -> None:
+    """Issue 32, item 3: ``output.dlq_topic: g.state-changelog`` with ``--group-id g`` sent raw
+    dead letters into the partitioned backend's changelog (and into RocksDB files)."""
+    text = POLICY.read_text()
+    old = "output:\n"
+    assert old in text, "the Adult policy's output section changed: update this test"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text.replace(old, f"output:\n  {role}: g.state-changelog\n", 1))
+    args = run_args(tmp_path, broker.bootstrap, "--group-id", "g", "--state-backend", "partitioned")
+    args[args.index("--policy") + 1] = str(policy)
+    code, err, _ = privgw(*args)
+    assert_one_line(code, err, "changelog topic", "g.state-changelog", "give each its own topic")
