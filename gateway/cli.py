@@ -234,6 +234,8 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
                 meta_topic or f"{args.topic}.meta",
                 n,
             )
+        for why, n in counts.skipped().items():  # a stream is not trusted: never fatal
+            log.warning("%d %s in %s: left out", n, why.replace("_", " "), args.topic)
         result = counts.reconstruct()
         if not result:
             raise PrivgwError(

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from gateway import masking, quality
 from gateway.errors import PolicyError
 from gateway.keyed import KeyedSource, Keyring
+from gateway.mechanism_stamp import stamp_column
 from gateway.microaggregation import microaggregate
 from gateway.mixed_microaggregation import (
     QIKind,
@@ -696,10 +697,15 @@ class Engine:
                 out: list[Any] = qi_columns[name]
             elif attr.method is Method.RANDOMIZED_RESPONSE:
                 vds = _at(value_digests.get(name), pub_idx)
-                out, hits, ret = self._randomize(name, values, dk, view, stored, digests=vds)
+                out, hits, ret, drawn_under = self._randomize(
+                    name, values, dk, view, stored, digests=vds
+                )
                 sticky_hits += hits
                 if ret is not None:
                     retention[name], randomized[name] = ret
+                if self._store is not None:  # each value's matrix (gateway.mechanism_stamp)
+                    col_names.append(stamp_column(name))
+                    columns.append(drawn_under)
             elif attr.method is Method.NOISE:
                 vds = _at(value_digests.get(name), pub_idx)
                 out, hits = self._noise(name, values, dk, view, stored, digests=vds)
@@ -1128,8 +1134,11 @@ class Engine:
         stored: _StoredLookup,
         *,
         digests: list[tuple[bytes, str]] | None,
-    ) -> tuple[list[Any], int, tuple[float, int] | None]:
+    ) -> tuple[list[Any], int, tuple[float, int] | None, list[str | None]]:
+        """The published values, sticky hits, retention, and the matrix version each value
+        was drawn under (a stored draw keeps the version it was drawn with)."""
         mech = self.mechanisms[name]
+        current = self._mech_versions[name]
         codes_of = self._codes[name]
         missing_code = codes_of.get(MISSING_LABEL, -1)
         code_list = [missing_code if v is None else codes_of[str(v)] for v in values]
@@ -1146,6 +1155,9 @@ class Engine:
                 for m, (_, hexed), code in zip(maps, vds, code_list, strict=True)
             ]
             out = [None if f is None else f[0] for f in found]
+            under: list[str | None] = [
+                None if f is None else (f[1] if len(f) > 1 else None) for f in found
+            ]
             fresh = [
                 i
                 for i, (f, code) in enumerate(zip(found, code_list, strict=True))
@@ -1157,6 +1169,7 @@ class Engine:
         else:
             vds = []
             out = [None] * len(values)
+            under = [None] * len(values)
             fresh = [i for i, code in enumerate(code_list) if code >= 0]
             u = self._rand.uniform(f"rr/{name}", len(fresh)) if fresh else np.empty(0)
         if fresh:
@@ -1165,6 +1178,7 @@ class Engine:
             drawn = [None if label == MISSING_LABEL else label for label in labels]
             for i, label in zip(fresh, drawn, strict=True):
                 out[i] = label
+                under[i] = current
             if self._store is not None and vds:
                 self._store_drawn(
                     view,
@@ -1183,7 +1197,7 @@ class Engine:
         randomized = codes >= 0
         n = int(randomized.sum())
         retention = (float(np.mean(published[randomized] == codes[randomized])), n) if n else None
-        return out, hits, retention
+        return out, hits, retention, under
 
     def _noise(
         self,

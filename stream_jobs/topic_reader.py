@@ -19,7 +19,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.errors import PrivgwError
-from gateway.workflows import VersionedCounts
+from gateway.versioned_counts import VersionedCounts
 from stream_jobs.kafka import check_bootstrap, security_kwargs
 from stream_jobs.meta import parse_meta
 from stream_jobs.settings import WorkerSettings
@@ -223,6 +223,7 @@ async def count_protected_async(
                         add(_version_of(m, row), row)
                     else:
                         unreadable += 1
+    counts.unreadable = unreadable
     if unreadable:
         log.warning("%d records of %s are not JSON objects: left out", unreadable, topic)
     return counts
