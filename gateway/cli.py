@@ -50,7 +50,9 @@ def cmd_protect(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.seed is not None and args.seed < 0:
         raise PrivgwError(f"--seed must be a whole number ≥ 0, got {args.seed}")
-    check_output(args.output, inputs=(args.input,))
+    # OUT.meta.json too: a symlink there, or an input of that name, would be overwritten
+    meta = workflows.meta_path(args.output)
+    check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
     summary = workflows.protect_file(args.input, policy, args.output, seed=args.seed)
     print(
         f"protected {summary['published']} of {summary['records']} records -> {args.output} "

@@ -72,7 +72,7 @@ def test_an_output_that_cannot_be_written_is_refused_up_front(
     assert_clear(code, err, *needles)
 
 
-@pytest.mark.parametrize("how", ["same", "relative", "symlink"])
+@pytest.mark.parametrize("how", ["same", "relative", "symlink", "missing-dir"])
 @pytest.mark.parametrize("command", ["protect", "microaggregate"])
 def test_an_output_that_is_the_input_is_refused(
     capsys: pytest.CaptureFixture[str], adult: Path, how: str, command: str
@@ -80,13 +80,32 @@ def test_an_output_that_is_the_input_is_refused(
     before = adult.read_bytes()
     if how == "symlink":
         (adult.parent / "link.csv").symlink_to(adult)
-    out = {"same": adult.name, "relative": f"../{adult.parent.name}/./adult.csv"}.get(
-        how, "link.csv"
-    )
+    out = {
+        "same": adult.name,
+        "relative": f"../{adult.parent.name}/./adult.csv",
+        "missing-dir": "nonexistent/../adult.csv",  # issue 32, item 4: written over the input
+    }.get(how, "link.csv")
     extra = ["--policy", POLICY] if command == "protect" else ["--k", "3", "--columns", "age"]
     code, err = run(capsys, command, adult.name, *extra, "-o", out)
     assert_clear(code, err, f"-o {Path(out)}", "is the input file", "another file")
     assert adult.read_bytes() == before
+    assert not (adult.parent / "nonexistent").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("target", ["input", "policy"])
+def test_a_meta_file_that_is_an_input_is_refused(
+    capsys: pytest.CaptureFixture[str], adult: Path, tmp_path: Path, target: str
+) -> None:
+    """Issue 32, item 4: OUT.meta.json was never checked against the inputs (a symlink there,
+    or an input of that name, was overwritten with the metadata)."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(POLICY.read_text())
+    victim = adult if target == "input" else policy
+    before = victim.read_bytes()
+    (adult.parent / "out.csv.meta.json").symlink_to(victim)
+    code, err = run(capsys, "protect", adult.name, "--policy", policy, "-o", "out.csv")
+    assert_clear(code, err, "out.csv.meta.json is the input file", "another file")
+    assert victim.read_bytes() == before and not (adult.parent / "out.csv").exists()
 
 
 @pytest.mark.parametrize("p", ["0", "150", "nan", "-5"])
