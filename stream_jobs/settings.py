@@ -319,7 +319,10 @@ class WorkerSettings(BaseSettings):
 OTHER_VARIABLES: dict[str, str] = {
     "PRIVGW_SECRET": "the deployment secret that keys pseudonyms and randomness (text, or "
     "hex:/base64: prefixed); set it or PRIVGW_SECRET_FILE",
-    "PRIVGW_SECRET_FILE": "a file holding the deployment secret",
+    "PRIVGW_SECRET_FILE": "a file holding the deployment secret (mode 0600: a file readable "
+    "by group or others is refused)",
+    "PRIVGW_SECRET_FILE_SHARED": "1: accept a secret file readable by group or others, with a "
+    "WARNING at every start (platforms that mount secrets that way)",
 }
 
 # settings that are also flags of `privgw run`
@@ -398,7 +401,7 @@ def configuration_table() -> str:
             f"{_type_name(field.annotation)} | `{shown}` | {field.description or ''} |"
         )
     for name, doc in OTHER_VARIABLES.items():
-        kind = "path" if name.endswith("_FILE") else "secret"
+        kind = "path" if name.endswith("_FILE") else "true/false" if "SHARED" in name else "secret"
         lines.append(f"| `{name}` |  | {kind} |  | {doc} (not a worker setting) |")
     return "\n".join(lines) + "\n"
 

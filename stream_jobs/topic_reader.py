@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from gateway.errors import PrivgwError
 from gateway.versioned_counts import VersionedCounts
 from stream_jobs.kafka import check_bootstrap, security_kwargs
-from stream_jobs.meta import parse_meta
+from stream_jobs.meta import is_announcement, parse_meta
 from stream_jobs.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ async def read_protected_async(
         raise TopicReadError(
             f"--topic {topic}: no metadata in {topic}.meta; has the gateway started on it?"
         )
+    meta_records = [m for m in meta_records if not is_announcement(m.key)] or meta_records
     latest = max(meta_records, key=lambda m: (m.timestamp, m.offset))
     meta = parse_meta(latest.value)
     rows = [
@@ -165,7 +166,7 @@ async def read_metas_async(
     """Every policy version's metadata in ``meta_topic`` (the newest record of each)."""
     metas: dict[str, tuple[tuple[int, int], dict[str, object]]] = {}
     for m in await read_topic(bootstrap, meta_topic, timeout=timeout, quiet=quiet):
-        if m.value is None:
+        if m.value is None or is_announcement(m.key):  # a key fingerprint, not a policy
             continue
         try:
             meta = parse_meta(m.value)

@@ -66,6 +66,7 @@ from stream_jobs.kafka import (
 )
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
+from stream_jobs.secret_announce import announce_fingerprint
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.state_routing import PartitionCountError, StateRouting, wire_routing
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
@@ -271,6 +272,7 @@ class GatewayWorker:
         self._routing: StateRouting | None = None  # the partitioned backend's (state_routing)
         self._rerouted = False  # warned that records arrive on the wrong partition
         self._halted = False  # a partition's state could not be restored (_halt)
+        self._rotation_counted = False  # this run's secret rotation is counted and logged
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
@@ -298,6 +300,21 @@ class GatewayWorker:
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
         if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
+        if self.key_fingerprint is not None:  # before anything is published under it
+            try:
+                persisted, rotated = await announce_fingerprint(
+                    s,
+                    self._producer,
+                    self.topics.meta,
+                    self.key_fingerprint,
+                    logged=self._rotation_counted,
+                )
+            except SecretMismatchError as err:
+                self.refused = err
+                raise
+            self._rotation_counted |= rotated
+            # the count the topic keeps: a restart does not set it back to 0
+            self.stats.secret_rotations = max(self.stats.secret_rotations, persisted)
         key, value, headers = meta_message(self.engine.metadata())
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s, co_partitioned=self._routing is not None)
@@ -523,7 +540,10 @@ class GatewayWorker:
     def key_fingerprint_checked(self, result: KeyFingerprintResult, where: str) -> None:
         """Log what the state's key fingerprint check found; count an accepted rotation."""
         fp, outcome = self.key_fingerprint, result.outcome
-        if outcome is KeyFingerprintCheck.ROTATED:
+        if outcome is KeyFingerprintCheck.ROTATED and self._rotation_counted:
+            log.info("the state in %s now uses key fingerprint %s (rotation counted)", where, fp)
+        elif outcome is KeyFingerprintCheck.ROTATED:
+            self._rotation_counted = True  # one rotation per run, however many partitions
             self.stats.secret_rotations += 1
             log.warning(
                 "privacy event: secret rotated. The state in %s was written with key "
