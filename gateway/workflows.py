@@ -64,6 +64,12 @@ def protect_file(
     records = records_from_frame(df, policy, src)
     if not records:
         raise InputDataError(f"{src}: no data rows")
+    k = policy.microaggregation.k
+    if policy.k_claim and len(records) < k:  # before anything is written
+        raise InputDataError(
+            f"{src}: {len(records)} data rows, fewer than k = {k}: no group of k can be "
+            f"formed; protect at least {k} rows (or lower microaggregation.k)"
+        )
     engine = Engine(
         policy,
         randomness=SeededSource(seed),
@@ -547,7 +553,15 @@ def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
     df = read_table(protected)
     mp = meta_path(protected)
     if mp.exists():
-        meta = orjson.loads(mp.read_bytes())
+        try:
+            meta = orjson.loads(mp.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as err:
+            meta = err
+        if not isinstance(meta, dict):
+            raise InputDataError(
+                f"{mp} is not the JSON object `privgw protect` writes ({meta.__class__.__name__}):"
+                " restore it, or protect the data again to write it anew"
+            )
         if meta.get("policy_version") != policy.version:
             raise InputDataError(
                 f"{mp} was written under policy version {meta.get('policy_version')}, not "

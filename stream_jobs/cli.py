@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -492,8 +493,15 @@ def cmd_state_check(args: argparse.Namespace) -> int:
     # a group and all its members live in one shard's file: each file is audited alone
     status = 0
     for path in shard_paths(state_dir, shards):
-        with SQLiteStore(path) as store:
-            status = max(status, _check_store(store, path, repair=args.repair))
+        try:
+            with SQLiteStore(path) as store:
+                status = max(status, _check_store(store, path, repair=args.repair))
+        except sqlite3.DatabaseError as err:  # not a database, or a damaged one
+            raise PrivgwError(
+                f"--state-dir: {path} is not a readable privgw state database "
+                f"({err.__class__.__name__}); give the worker's state directory, or restore "
+                "the file from a backup"
+            ) from None
     return status
 
 

@@ -200,6 +200,7 @@ async def count_protected_async(
     """The protected ``topic`` folded into per-version category counts as it is read, each
     version counted against its own record in ``meta_topic`` (default ``<topic>.meta``)."""
     meta_topic = meta_topic or f"{topic}.meta"
+    await check_bootstrap(WorkerSettings(bootstrap=bootstrap))  # one line, not a traceback
     if not await _exists(bootstrap, topic):  # the user's topic first: the clearer mistake
         raise TopicReadError(
             f"--topic: topic {topic} does not exist on --bootstrap {bootstrap}; give the "

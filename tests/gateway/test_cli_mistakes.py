@@ -222,3 +222,35 @@ def test_check_policy_shows_the_invertible_matrix_protect_uses(
     est = orjson.loads(capsys.readouterr().out)["c"]
     assert np.all(np.isfinite(est["inversion"])) and np.all(np.isfinite(est["em"]))
     assert abs(est["inversion"][0] - 0.9) < 0.05
+
+
+# -- issue 32, item 9: what ended as "internal error" (exit 70) -------------------------------
+
+
+def test_protect_on_fewer_than_k_rows_is_refused_before_writing(
+    capsys: pytest.CaptureFixture[str], adult: Path
+) -> None:
+    few = adult.parent / "few.csv"
+    few.write_text("\n".join(adult.read_text().splitlines()[:4]) + "\n")
+    code, err = run(capsys, "protect", few, "--policy", POLICY, "-o", "out.csv")
+    assert_clear(code, err, "3 data rows, fewer than k = 5", "at least 5 rows")
+    assert not (adult.parent / "out.csv").exists()
+
+
+@pytest.mark.parametrize("meta", [b"{bad", b"[1, 2]"])
+def test_reconstruct_with_a_corrupt_meta_file_names_it(
+    capsys: pytest.CaptureFixture[str], adult: Path, meta: bytes
+) -> None:
+    code, _ = run(capsys, "protect", adult, "--policy", POLICY, "-o", "p.csv", "--seed", "1")
+    assert code == 0
+    (adult.parent / "p.csv.meta.json").write_bytes(meta)
+    code, err = run(capsys, "reconstruct", "p.csv", "--policy", POLICY)
+    assert_clear(code, err, "p.csv.meta.json is not the JSON object", "protect the data again")
+
+
+def test_secret_create_under_a_file_names_it(
+    capsys: pytest.CaptureFixture[str], adult: Path
+) -> None:
+    (adult.parent / "afile").write_text("")
+    code, err = run(capsys, "secret", "create", "afile/x.key")
+    assert_clear(code, err, "secret create afile/x.key", "afile is a file, not a directory")
