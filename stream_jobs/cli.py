@@ -309,6 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
+    from stream_jobs.engine_heartbeat import start_heartbeat  # noqa: PLC0415
     from stream_jobs.kafka import check_bootstrap, check_input_topic, ensure_topics  # noqa: PLC0415
     from stream_jobs.logs import configure_logging  # noqa: PLC0415
     from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
@@ -360,6 +361,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker = build_worker(policy, settings, keyring)
         _banner(worker, settings, keyring)
         monitor = start_monitor(worker, settings)
+        start_heartbeat(worker, settings.stall_timeout_seconds)
         start_exporter(worker, settings, store=worker.state_store, monitor=monitor)
         t0 = time.monotonic()
         try:

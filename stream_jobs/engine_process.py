@@ -416,6 +416,8 @@ def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) 
         return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())
+    if op == "ping":  # the heartbeat (stream_jobs.engine_heartbeat)
+        return ("ok",)
     if op == "key_fingerprints":
         return ("ok", store.key_fingerprints())
     if op == "set_key_fingerprint":
@@ -565,6 +567,19 @@ class EngineProcess:
         finally:
             self._lock.release()
 
+    def ping(self) -> bool:
+        """The heartbeat: the child answers while no window is in it (True); False when one is
+        (the window's own progress is watched then). Raises ``EngineProcessError`` when the
+        child is gone; blocks while it does not answer (the caller measures how long)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._send(("ping",))
+            self._reply("ping")
+            return True
+        finally:
+            self._lock.release()
+
     def key_fingerprints(self) -> list[str | None]:
         """The key fingerprint the child's store holds (``gateway.state_api``)."""
         with self._lock:
@@ -641,6 +656,10 @@ class EngineShards:
     @property
     def pids(self) -> list[int]:
         return [s.pid for s in self.shards]
+
+    def ping(self) -> bool:
+        """Every shard's heartbeat (:meth:`EngineProcess.ping`); False if one is busy."""
+        return all([s.ping() for s in self.shards])
 
     def metadata(self) -> dict[str, object]:
         return self.shards[0].metadata()

@@ -36,7 +36,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from http.server import ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import urlsplit
 
@@ -51,6 +50,7 @@ from gateway.engine import GROUP_KEY_PREFIX, WindowReport
 from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
 from gateway.validation import DLQReason
+from stream_jobs.bounded_http import BoundedHTTPServer
 from stream_jobs.monitor import Monitor, start_monitor
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.windows import Flush
@@ -551,10 +551,9 @@ def start_exporter(
     ProcessCollector(registry=metrics.registry)  # memory, CPU, open files of this process
     handler = type("PrivgwHandler", (_Handler,), {"registry": metrics.registry, "monitor": monitor})
     try:
-        server = ThreadingHTTPServer((settings.metrics_host, settings.metrics_port), handler)
+        server = BoundedHTTPServer((settings.metrics_host, settings.metrics_port), handler)
     except OSError as err:
         raise PrivgwError(_port_problem(settings, err)) from None
-    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="privgw-exporter", daemon=True).start()
     worker.closers.append(server.shutdown)
     worker.closers.append(server.server_close)

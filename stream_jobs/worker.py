@@ -133,6 +133,10 @@ class WorkerStats:
     loop_tick: float = 0.0
     engine_since: float | None = None
     broker_ok: bool = True
+    # the engine's heartbeat (stream_jobs.engine_heartbeat): since when one waits for its
+    # answer (None: none does), and why the engine process is gone (None: it is not)
+    heartbeat_since: float | None = None
+    engine_gone: str | None = None
 
     @property
     def dlq_total(self) -> int:
