@@ -298,6 +298,9 @@ class _Stores:
         for s in self.stores:
             s.set_key_fingerprint(fingerprint)
 
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        return sum(s.rotate_key_fingerprint(fingerprint) for s in self.stores)
+
     def close(self) -> None:
         for s in self.stores:
             s.close()

@@ -423,6 +423,8 @@ def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) 
     if op == "set_key_fingerprint":
         store.set_key_fingerprint(request[1])
         return ("ok",)
+    if op == "rotate_key_fingerprint":
+        return ("ok", store.rotate_key_fingerprint(request[1]))
     if op == "close":
         store.close()
         return ("ok",)
@@ -591,6 +593,14 @@ class EngineProcess:
             self._send(("set_key_fingerprint", fingerprint))
             self._reply("set_key_fingerprint")
 
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        """The child's store dropped and given ``fingerprint`` (a secret rotation)."""
+        with self._lock:
+            self._send(("rotate_key_fingerprint", fingerprint))
+            dropped = int(self._reply("rotate_key_fingerprint")[1])
+            self._count = 0
+            return dropped
+
     def close(self, timeout: float = 30.0) -> None:
         """Close the store in the child and wait for it to exit."""
         with self._lock:
@@ -721,6 +731,9 @@ class EngineShards:
     def set_key_fingerprint(self, fingerprint: str) -> None:
         for s in self.shards:
             s.set_key_fingerprint(fingerprint)
+
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        return sum(s.rotate_key_fingerprint(fingerprint) for s in self.shards)
 
     def close(self, timeout: float = 30.0) -> None:
         for shard in self.shards:

@@ -553,10 +553,11 @@ class GatewayWorker:
                 "privacy event: secret rotated. The state in %s was written with key "
                 "fingerprint %s and is now used with %s (rotate_secret): every respondent's "
                 "stored values and keyed draws change, so republished values differ from "
-                "earlier releases",
+                "earlier releases; %d entries keyed by the old secret dropped",
                 where,
                 ", ".join(result.previous),
                 fp,
+                result.dropped,
             )
         elif outcome is KeyFingerprintCheck.NEW:
             log.info("key fingerprint %s recorded in the state in %s", fp, where)
