@@ -25,6 +25,7 @@ _WARN_EVERY_S = 60.0
 
 class BoundedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # (5 by default) connections past the cap are closed, not queued
 
     def __init__(self, *args: Any, max_connections: int = MAX_CONNECTIONS, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
