@@ -7,7 +7,9 @@ import argparse
 import importlib.metadata
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,9 @@ def cmd_protect(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.seed is not None and args.seed < 0:
         raise PrivgwError(f"--seed must be a whole number ≥ 0, got {args.seed}")
-    check_output(args.output, inputs=(args.input,))
+    # OUT.meta.json too: a symlink there, or an input of that name, would be overwritten
+    meta = workflows.meta_path(args.output)
+    check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
     summary = workflows.protect_file(args.input, policy, args.output, seed=args.seed)
     print(
         f"protected {summary['published']} of {summary['records']} records -> {args.output} "
@@ -303,6 +307,8 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
                 meta_topic or f"{args.topic}.meta",
                 n,
             )
+        for why, n in counts.skipped().items():  # a stream is not trusted: never fatal
+            log.warning("%d %s in %s: left out", n, why.replace("_", " "), args.topic)
         result = counts.reconstruct()
         if not result:
             raise PrivgwError(
@@ -381,7 +387,16 @@ def cmd_attack(args: argparse.Namespace) -> int:
 def cmd_secret_create(args: argparse.Namespace) -> int:
     from gateway.keyed import SECRET_FILE_ENV, Keyring, generate_secret_file, load_secret  # noqa: PLC0415
 
-    generate_secret_file(args.file)  # refuses an existing file: every key depends on it
+    try:
+        generate_secret_file(args.file)  # refuses an existing file: every key depends on it
+    except OSError as err:  # e.g. a parent that is a file (SecretError is not an OSError)
+        blocker = next((a for a in Path(args.file).parents if a.exists()), None)
+        why = (
+            f"{blocker} is a file, not a directory"
+            if blocker is not None and not blocker.is_dir()
+            else f"it cannot be created ({err.__class__.__name__})"
+        )
+        raise PrivgwError(f"secret create {args.file}: {why}; choose a writable place") from None
     fingerprint = Keyring(load_secret({SECRET_FILE_ENV: str(args.file)})).fingerprint()
     print(
         f"wrote a new secret to {args.file} (mode 0600); key fingerprint {fingerprint}\n"
@@ -570,6 +585,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM before a command's own handling of it (a worker's loop) is in place."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM at any moment ends the command cleanly (exit 0), never with the signal: until
+    the worker installs its own handler, and again after it removes it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -580,6 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler: Handler = args.func
+    _stop_on_sigterm()
     try:
         code = handler(args)
         sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
@@ -590,6 +621,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except Terminated:
+        print("privgw: stopped by SIGTERM before it had started its work", file=sys.stderr)
+        return 0
     except PrivgwError as err:
         print(f"privgw: error: {err}", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
 from gateway.grouping.republish import Republisher, WindowQI
 from gateway.keyed import KeyedSource, Keyring
+from gateway.mechanism_stamp import stamp_column
 from gateway.microaggregation import microaggregate
 from gateway.mixed_microaggregation import (
     EditRule,
@@ -55,6 +56,7 @@ from gateway.policy import (
 )
 from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource, UniformSource, normals_from_uniforms
+from gateway.routing import StatePartitions
 from gateway.state_api import StateStore
 from gateway.state_codec import decode_state, encode_state
 
@@ -168,6 +170,18 @@ def state_key_partition(key: bytes) -> int | None:
     if len(key) == _PARTITION_BYTES + _DIGEST_BYTES:
         return int.from_bytes(key[:_PARTITION_BYTES], "big")
     return None
+
+
+def _state_partitions(
+    records: Sequence[ValidRecord], partitions: StatePartitions | None
+) -> list[int]:
+    """Each record's state partition: its respondent key's (``partitions``), else the input
+    partition it came from."""
+    fallback = [r.source.partition if r.source is not None else 0 for r in records]
+    if partitions is None:
+        return fallback
+    keys = [partitions.key_of(r.respondent_id, r.values) for r in records]
+    return partitions.of_keys(keys, fallback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,6 +508,10 @@ class Engine:
         self.version = policy.version
         self._keyring = keyring
         self._partition_scope = partition_scope
+        # with partition_scope: each record's state partition, from its respondent's key (set
+        # by the wiring once it knows the partition count); unset, the record's own partition
+        self.state_partitions: StatePartitions | None = None
+        self._parts: list[int] = []  # the window's state partitions (partition_scope)
         self._measure_risk = measure_risk
         self._inputs = KeyedInputs(policy, keyring) if keyring is not None else None
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
@@ -704,6 +722,8 @@ class Engine:
         # respondent, or the record itself when it carries no respondent id
         rkeys: list[bytes | None]
         dkeys: Sequence[bytes | None]
+        if self._partition_scope:
+            self._parts = _state_partitions(records, self.state_partitions)
         if self._inputs is None:
             rkeys = [None] * len(records)
             dkeys = rkeys
@@ -714,8 +734,7 @@ class Engine:
             if self._partition_scope:  # draws stay bound to the respondent alone
                 for i, r in enumerate(records):
                     if r.respondent_id is not None:
-                        src = r.source
-                        part = src.partition if src is not None else 0
+                        part = self._parts[i]
                         rkeys[i] = part.to_bytes(_PARTITION_BYTES, "big") + (rkeys[i] or b"")
         states: dict[bytes, dict[str, Any]] = {}
         if self._store is not None:
@@ -802,10 +821,15 @@ class Engine:
                 out: list[Any] = qi_columns[name]
             elif attr.method is Method.RANDOMIZED_RESPONSE:
                 vds = _at(value_digests.get(name), pub_idx)
-                out, hits, ret = self._randomize(name, values, dk, view, stored, digests=vds)
+                out, hits, ret, drawn_under = self._randomize(
+                    name, values, dk, view, stored, digests=vds
+                )
                 sticky_hits += hits
                 if ret is not None:
                     retention[name], randomized[name] = ret
+                if self._store is not None:  # each value's matrix (gateway.mechanism_stamp)
+                    col_names.append(stamp_column(name))
+                    columns.append(drawn_under)
             elif attr.method is Method.NOISE:
                 vds = _at(value_digests.get(name), pub_idx)
                 out, hits = self._noise(name, values, dk, view, stored, digests=vds)
@@ -1138,8 +1162,7 @@ class Engine:
         # slots by scope: one scope per window, or one per input partition
         scopes: dict[int | None, list[int]] = {}
         for s_index, i in enumerate(slots):
-            src = records[i].source
-            scope = src.partition if self._partition_scope and src is not None else None
+            scope = self._parts[i] if self._partition_scope else None
             scopes.setdefault(scope, []).append(s_index)
         gid_of_slot: dict[int, str] = {}
         masked_of_slot: dict[int, tuple[object, ...]] = {}
@@ -1278,9 +1301,7 @@ class Engine:
             digests=digests,
             categories=categories,
             releases=releases,
-            scopes=[r.source.partition if r.source is not None else 0 for r in records]
-            if scoped
-            else [None] * len(records),
+            scopes=list(self._parts) if scoped else [None] * len(records),
             expired=[True] * len(records)
             if flush_all
             else [now - r.arrived_at >= max_hold for r in records],
@@ -1346,8 +1367,11 @@ class Engine:
         stored: _StoredLookup,
         *,
         digests: list[tuple[bytes, str]] | None,
-    ) -> tuple[list[Any], int, tuple[float, int] | None]:
+    ) -> tuple[list[Any], int, tuple[float, int] | None, list[str | None]]:
+        """The published values, sticky hits, retention, and the matrix version each value
+        was drawn under (a stored draw keeps the version it was drawn with)."""
         mech = self.mechanisms[name]
+        current = self._mech_versions[name]
         codes_of = self._codes[name]
         missing_code = codes_of.get(MISSING_LABEL, -1)
         code_list = [missing_code if v is None else codes_of[str(v)] for v in values]
@@ -1364,6 +1388,9 @@ class Engine:
                 for m, (_, hexed), code in zip(maps, vds, code_list, strict=True)
             ]
             out = [None if f is None else f[0] for f in found]
+            under: list[str | None] = [
+                None if f is None else (f[1] if len(f) > 1 else None) for f in found
+            ]
             fresh = [
                 i
                 for i, (f, code) in enumerate(zip(found, code_list, strict=True))
@@ -1375,6 +1402,7 @@ class Engine:
         else:
             vds = []
             out = [None] * len(values)
+            under = [None] * len(values)
             fresh = [i for i, code in enumerate(code_list) if code >= 0]
             u = self._rand.uniform(f"rr/{name}", len(fresh)) if fresh else np.empty(0)
         if fresh:
@@ -1383,6 +1411,7 @@ class Engine:
             drawn = [None if label == MISSING_LABEL else label for label in labels]
             for i, label in zip(fresh, drawn, strict=True):
                 out[i] = label
+                under[i] = current
             if self._store is not None and vds:
                 self._store_drawn(
                     view,
@@ -1401,7 +1430,7 @@ class Engine:
         randomized = codes >= 0
         n = int(randomized.sum())
         retention = (float(np.mean(published[randomized] == codes[randomized])), n) if n else None
-        return out, hits, retention
+        return out, hits, retention, under
 
     def _noise(
         self,

@@ -83,22 +83,20 @@ def check_output(
     suffixes: frozenset[str] = TABLE_SUFFIXES,
     inputs: tuple[str | Path, ...] = (),
     setting: str = "-o",
+    companions: tuple[str | Path, ...] = (),
 ) -> Path:
     """Refuse, before any work, an output the command cannot write or must not write: a
     suffix it does not produce, a directory, a place without write access, or an input file
-    (also under another name: a symlink, a relative path), which would be overwritten."""
+    (also under another name: a symlink, a relative path, ``missing/../input.csv``), which
+    would be overwritten. ``companions``: the other files the command writes beside it
+    (``OUT.meta.json``), checked against the inputs alike."""
     p = Path(out)
     kinds = ", ".join(sorted(suffixes))
     if p.suffix.lower() not in suffixes:
         raise InputDataError(f"{setting} {p}: the file name must end in one of {kinds}")
     if p.is_dir():
         raise InputDataError(f"{setting} {p} is a directory; give a file name ending in {kinds}")
-    for src in inputs:
-        if p.exists() and Path(src).exists() and os.path.samefile(p, src):
-            raise InputDataError(
-                f"{setting} {p} is the input file {src}: it would be overwritten; write the "
-                "output to another file"
-            )
+    check_not_an_input((p, *map(Path, companions)), inputs, setting=setting)
     parent = p.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +113,29 @@ def check_output(
             f"{setting} {p}: no permission to write there; choose a writable place"
         )
     return p
+
+
+def check_not_an_input(
+    outputs: tuple[Path, ...], inputs: tuple[str | Path, ...], *, setting: str = "-o"
+) -> None:
+    """Refuse outputs that are, once every symlink and ``..`` is resolved (also through
+    directories that do not exist yet), an input file or one another."""
+    real_inputs = {os.path.realpath(src): str(src) for src in inputs}
+    seen: dict[str, Path] = {}
+    for target in outputs:
+        real = os.path.realpath(target)
+        if real in real_inputs:
+            raise InputDataError(
+                f"{setting} {outputs[0]}: {target} is the input file {real_inputs[real]} "
+                "(resolved, symlinks followed): it would be overwritten; write the output to "
+                "another file"
+            )
+        if real in seen:
+            raise InputDataError(
+                f"{setting} {outputs[0]}: {target} and {seen[real]} are the same file; choose "
+                "another output name"
+            )
+        seen[real] = target
 
 
 def _check_csv_shape(p: Path) -> None:

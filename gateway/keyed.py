@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.errors import PrivgwError
+from gateway.secret_hygiene import check_secret_file_mode, check_secret_strength
 
 __all__ = [
     "MIN_SECRET_BYTES",
@@ -259,6 +260,7 @@ def load_secret(environ: Mapping[str, str]) -> bytes:
     if text:
         secret, source = _decode_env_secret(text), SECRET_ENV
     elif path:
+        check_secret_file_mode(path, environ, SecretError)
         try:
             secret = Path(path).read_bytes()
         except OSError as exc:
@@ -278,6 +280,7 @@ def load_secret(environ: Mapping[str, str]) -> bytes:
             f"the secret from {source} is too short ({len(secret)} bytes, need at least "
             f"{MIN_SECRET_BYTES})"
         )
+    check_secret_strength(secret, source, SecretError)
     return secret
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,14 +32,18 @@ def parse_timestamp(text: str) -> datetime | None:
 
 
 def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
-    """ISO 8601 timestamps truncated to the start of their ``unit`` (time zone kept; a week
-    starts on Monday). Unparseable text becomes None: it never passes through verbatim."""
+    """ISO 8601 timestamps truncated to the start of their ``unit`` (a week starts on Monday).
+    Minute and hour publish a zoned timestamp in UTC: its offset as given may carry seconds and
+    microseconds (``+05:30:17.424242``), finer than the unit. Day, week and month publish the
+    local date, without an offset. Unparseable text becomes None: never passed through."""
     out: list[str | None] = []
     for v in values:
         ts = parse_timestamp(v) if v is not None else None
         if ts is None:
             out.append(None)
             continue
+        if ts.tzinfo is not None and unit in {TimeUnit.MINUTE, TimeUnit.HOUR}:
+            ts = ts.astimezone(UTC)
         if unit is TimeUnit.MINUTE:
             out.append(ts.replace(second=0, microsecond=0).isoformat(timespec="minutes"))
         elif unit is TimeUnit.HOUR:

@@ -63,6 +63,7 @@ class KeyFingerprintCheck(enum.Enum):
 class KeyFingerprintResult:
     outcome: KeyFingerprintCheck
     previous: tuple[str, ...] = ()  # the other fingerprints the state held (ROTATED)
+    dropped: int = 0  # entries dropped with the old secret (ROTATED; they were unreachable)
 
 
 class SecretMismatchError(PrivgwError):
@@ -87,8 +88,13 @@ def check_key_fingerprint(
             "PRIVGW_ROTATE_SECRET=1)"
         )
     if other:
-        store.set_key_fingerprint(fingerprint)
-        return KeyFingerprintResult(KeyFingerprintCheck.ROTATED, tuple(other))
+        drop = getattr(store, "rotate_key_fingerprint", None)
+        if callable(drop):  # entries keyed by the old secret are unreachable: dropped
+            dropped = int(drop(fingerprint))
+        else:
+            store.set_key_fingerprint(fingerprint)
+            dropped = 0
+        return KeyFingerprintResult(KeyFingerprintCheck.ROTATED, tuple(other), dropped)
     if None in held:
         store.set_key_fingerprint(fingerprint)
         return KeyFingerprintResult(KeyFingerprintCheck.NEW)

@@ -46,6 +46,9 @@ class DLQReason(StrEnum):
     MISSING_KEY = "missing_key"
     DUPLICATE_KEY = "duplicate_key"  # a JSON object names a field twice: which one is meant?
     KEY_MISMATCH = "key_mismatch"  # the Kafka key is not the record's respondent id
+    # on a partition its key does not pick (partitioned state: a producer with another
+    # partitioner than Kafka's default murmur2, and no input.key_field to re-route it)
+    WRONG_PARTITION = "wrong_partition"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,7 @@ _ERROR_CLASS: Final[dict[DLQReason, str]] = {
     _R.MISSING_KEY: "KeyError",
     _R.DUPLICATE_KEY: "ValueError",
     _R.KEY_MISMATCH: "ValueError",
+    _R.WRONG_PARTITION: "ValueError",
 }
 
 

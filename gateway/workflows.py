@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pandas as pd
-from numpy.typing import NDArray
 
 from gateway import key_risk, quality, recode_suppress, release_risk
 from gateway.attack import averaging_attack, intersection_attack
@@ -77,6 +76,12 @@ def protect_file(
     records = records_from_frame(df, policy, src)
     if not records:
         raise InputDataError(f"{src}: no data rows")
+    k = policy.microaggregation.k
+    if policy.k_claim and len(records) < k:  # before anything is written
+        raise InputDataError(
+            f"{src}: {len(records)} data rows, fewer than k = {k}: no group of k can be "
+            f"formed; protect at least {k} rows (or lower microaggregation.k)"
+        )
     recoding = policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
     engine = Engine(
         recode_suppress.engine_policy(policy) if policy.file_only else policy,
@@ -619,116 +624,6 @@ def reconstruct_rows(
     return out
 
 
-class VersionedCounts:
-    """Counts of published categories per policy version and randomized attribute, for
-    reconstructing from a stream without keeping its rows (``privgw reconstruct --topic``).
-
-    Rows are added as they are read; memory is O(versions × attributes × categories), not
-    O(rows). Each version is counted against its own metadata (``metas``: policy version ->
-    meta record); rows of a version without one are only counted, and left out of every
-    estimate (:meth:`reconstruct` names them)."""
-
-    def __init__(self, metas: Mapping[str, Mapping[str, Any]]) -> None:
-        self.mechanisms = {v: mechanisms_from_meta(m) for v, m in metas.items()}
-        self.rows: dict[str, int] = {}  # rows read per version, with or without metadata
-        self._index = {
-            v: {a: {c: i for i, c in enumerate(m.categories)} for a, m in mechs.items()}
-            for v, mechs in self.mechanisms.items()
-        }
-        self.counts = {
-            v: {a: np.zeros(m.m, dtype=np.int64) for a, m in mechs.items()}
-            for v, mechs in self.mechanisms.items()
-        }
-        self.outside: dict[tuple[str, str], int] = {}  # values no category names
-
-    def add(self, version: str, row: Mapping[str, Any]) -> None:
-        self.rows[version] = self.rows.get(version, 0) + 1
-        index = self._index.get(version)
-        if index is None:
-            return
-        counts = self.counts[version]
-        for name, codes in index.items():
-            if name not in row:
-                continue
-            code = _published_code(row[name], codes)
-            if code == -1:
-                self.outside[(version, name)] = self.outside.get((version, name), 0) + 1
-            elif code is not None:
-                counts[name][code] += 1
-
-    def without_meta(self) -> dict[str, int]:
-        """Rows per policy version that has no metadata record (left out of the estimates)."""
-        return {v: n for v, n in sorted(self.rows.items()) if v not in self.mechanisms}
-
-    def reconstruct(self) -> dict[str, Any]:
-        """Per attribute: one estimate per group of versions with equal mechanisms (their
-        counts pooled), and their combination over all rows (weights n_g / N; SEs combined
-        as independent), when the groups share their categories."""
-        if self.outside:
-            (version, name), n = next(iter(sorted(self.outside.items())))
-            raise InputDataError(
-                f"published column '{name}' of policy version {version} has {n} values outside "
-                "the categories of that version's metadata: read the metadata topic that "
-                "belongs to this topic (--meta-topic)"
-            )
-        skipped = self.without_meta()
-        out: dict[str, Any] = {}
-        names = sorted({a for mechs in self.mechanisms.values() for a in mechs})
-        for name in names:
-            pools: dict[tuple[Any, ...], tuple[RRMechanism, list[str], NDArray[np.int64]]] = {}
-            for version in sorted(self.mechanisms):
-                mech = self.mechanisms[version].get(name)
-                counts = self.counts[version].get(name)
-                if mech is None or counts is None or not counts.any():
-                    continue
-                key = (mech.categories, mech.matrix.shape, mech.matrix.tobytes())
-                if key in pools:
-                    pooled = pools[key]
-                    pools[key] = (mech, [*pooled[1], version], pooled[2] + counts)
-                else:
-                    pools[key] = (mech, [version], counts.copy())
-            if not pools:
-                continue
-            groups = []
-            for mech, versions, counts in pools.values():
-                est = reconstruct(mech, counts, counts=True)
-                groups.append({"policy_versions": versions, **est.to_dict()})
-            entry = _combine(groups)
-            entry["groups"] = groups
-            entry["skipped_versions"] = skipped
-            out[name] = entry
-        return out
-
-
-def _combine(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The estimate over all groups' rows: Σ (n_g/N) π_g, SE² = Σ (n_g/N)² SE_g²."""
-    categories = groups[0]["categories"]
-    total = sum(int(g["n"]) for g in groups)
-    if any(g["categories"] != categories for g in groups):
-        return {
-            "n": total,
-            "notes": ["the policy versions publish different categories: no combined estimate"],
-        }
-    w = np.array([int(g["n"]) / total for g in groups])
-
-    def mean(field: str) -> list[float]:
-        return [float(x) for x in w @ np.array([g[field] for g in groups], dtype=float)]
-
-    def se(field: str) -> list[float]:
-        v = (w**2) @ np.array([g[field] for g in groups], dtype=float) ** 2
-        return [float(x) for x in np.sqrt(v)]
-
-    return {
-        "categories": list(categories),
-        "n": total,
-        "observed": mean("observed"),
-        "inversion": mean("inversion"),
-        "inversion_se": se("inversion_se"),
-        "em": mean("em"),
-        "em_se": se("em_se"),
-    }
-
-
 def _estimate_dict(est: Any) -> dict[str, Any]:
     return {
         "categories": list(est.categories),
@@ -745,7 +640,15 @@ def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
     df = read_table(protected)
     mp = meta_path(protected)
     if mp.exists():
-        meta = orjson.loads(mp.read_bytes())
+        try:
+            meta = orjson.loads(mp.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as err:
+            meta = err
+        if not isinstance(meta, dict):
+            raise InputDataError(
+                f"{mp} is not the JSON object `privgw protect` writes ({meta.__class__.__name__}):"
+                " restore it, or protect the data again to write it anew"
+            )
         if meta.get("policy_version") != policy.version:
             raise InputDataError(
                 f"{mp} was written under policy version {meta.get('policy_version')}, not "

@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
+# the key fingerprint's changelog record (a respondent key is a partition prefix + a digest)
+FINGERPRINT_ENTRY = b"\x00privgw/key_fingerprint"
+
 
 @runtime_checkable
 class ChangelogWriter(Protocol):

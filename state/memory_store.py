@@ -40,6 +40,13 @@ class MemoryStore:
     def set_key_fingerprint(self, fingerprint: str) -> None:
         self._fingerprint = fingerprint
 
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        with self._lock:
+            dropped = len(self._data)
+            self._data.clear()
+        self._fingerprint = fingerprint
+        return dropped
+
     def close(self) -> None:
         pass
 

@@ -38,15 +38,14 @@ from typing import cast
 
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
-from state.changelog import ChangelogWriter
+from state.changelog import FINGERPRINT_ENTRY, ChangelogWriter
 from state.errors import StateStoreError, check_entries, check_entry
 
 _META_CF = "privgw_meta"
 _COUNT_KEY = b"respondents"
 _FINGERPRINT_KEY = b"key_fingerprint"  # in the meta column family
-# the fingerprint's entry in the changelog, which restores it with the rows; no engine key
-# looks like it (respondent keys are digests, group keys start with "group:")
-FINGERPRINT_ENTRY = b"\x00privgw/key_fingerprint"
+# the fingerprint's changelog entry (state.changelog.FINGERPRINT_ENTRY) restores it with the
+# rows; no engine key looks like it (respondent keys are digests, group keys "group:…")
 _RESTORE_CHUNK = 10_000
 
 

@@ -261,6 +261,28 @@ class SQLiteStore:
             self._connection()
             return list(self._ids)
 
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        """Drop every entry and record ``fingerprint``, in one transaction; returns how many
+        entries were dropped. After a secret rotation the entries are keyed by digests of the
+        old secret, which no respondent reaches again: kept, they would be orphans."""
+        with self._lock:
+            con = self._connection()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                dropped = len(self._ids)
+                con.execute("DELETE FROM state")
+                con.execute(
+                    "INSERT OR REPLACE INTO privgw_meta (name, value) VALUES (?, ?)",
+                    (_FINGERPRINT, fingerprint),
+                )
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+            self._ids = {}
+            return dropped
+
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All entries (a snapshot, in key order), for inspection and tests."""
         with self._lock:

@@ -128,12 +128,13 @@ async def serve(
     app = make_app(worker.settings)
     service = GatewayService(worker)
     loop = asyncio.get_running_loop()
-    installed: list[int] = []
+    installed: list[tuple[int, Any]] = []  # (signal, the Python handler it had before)
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
+                previous = signal.getsignal(sig)
                 loop.add_signal_handler(sig, stop.set)
-                installed.append(sig)
+                installed.append((sig, previous))
     try:
         await app.start()
         await app.add_runtime_dependency(service)
@@ -156,8 +157,10 @@ async def serve(
                 grace,
             )
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        for sig, previous in installed:
+            loop.remove_signal_handler(sig)  # (which leaves the default: the signal kills)
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, previous)  # e.g. the CLI's clean exit on SIGTERM
         with contextlib.suppress(Exception):
             await asyncio.wait_for(app.stop(), _CANCEL_WAIT_S * 2)
         _close_idle_consumer_loop(app)

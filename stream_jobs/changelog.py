@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 
+from gateway.engine import state_key_partition
+from gateway.errors import PrivgwError
+from gateway.state_codec import decode_state
+from state.changelog import FINGERPRINT_ENTRY
 from stream_jobs.kafka import (
     BatchItem,
     create_missing_topics,
@@ -39,6 +43,61 @@ log = logging.getLogger(__name__)
 _WRITE_TIMEOUT_S = 120.0
 _RESTORE_BATCH = 20_000
 _PROGRESS_EVERY_S = 2.0
+
+
+class RestoreError(PrivgwError):
+    """A changelog partition that cannot be restored: the worker stops before it publishes."""
+
+
+class _Audit:
+    """What a restore must refuse: a tombstone (the gateway never deletes a respondent's state:
+    its next record would draw fresh values, which an averaging intruder exploits), a value that
+    does not decode, a key of another partition. Each is forgiven when a later valid record of
+    the same key supersedes it (the repair: produce the key's good value again)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.bad: dict[tuple[int, bytes], tuple[int, str]] = {}  # -> (offset, what)
+
+    def check(self, partition: int, messages: list[Any]) -> list[tuple[bytes, bytes]]:
+        entries: list[tuple[bytes, bytes]] = []
+        for m in messages:
+            key, value = m.key, m.value
+            problem = _problem(partition, key, value)
+            if problem is not None:
+                self.bad.setdefault((partition, key or b""), (m.offset, problem))
+                continue
+            self.bad.pop((partition, key), None)
+            entries.append((key, value))
+        return entries
+
+    def raise_unresolved(self) -> None:
+        if not self.bad:
+            return
+        (partition, _), (offset, what) = min(self.bad.items(), key=lambda kv: kv[1][0])
+        more = f" (and {len(self.bad) - 1} more)" if len(self.bad) > 1 else ""
+        raise RestoreError(
+            f"changelog {self.topic} partition {partition} offset {offset}: {what}{more}; the "
+            "state cannot be restored, so nothing was published. Repair: produce the key's last "
+            "good value again (a later record supersedes it), or start with a new --group-id"
+        )
+
+
+def _problem(partition: int, key: bytes | None, value: bytes | None) -> str | None:
+    if not key:
+        return "a record without a key"
+    if value is None:
+        return "a tombstone (null value); the gateway never deletes a respondent's state"
+    if key == FINGERPRINT_ENTRY:
+        return None if value else "an empty key fingerprint"
+    owner = state_key_partition(key)
+    if owner != partition:
+        return f"a key of state partition {owner}" if owner is not None else "a foreign key"
+    try:
+        decode_state(value)
+    except Exception:  # a corrupt value, whatever the decoder raises
+        return "a value that does not decode"
+    return None
 
 
 class KafkaChangelog:
@@ -98,7 +157,16 @@ async def restore_partitions(
     ``progress(remaining)`` is called as the restore goes (and with 0 at the end)."""
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
+    audit = _Audit(topic)
     try:
+        await consumer.topics()  # fresh metadata
+        have = consumer.partitions_for_topic(topic) or set()
+        missing = sorted(set(stores) - set(have))
+        if missing:
+            raise RestoreError(
+                f"changelog {topic} has no partition {missing[0]} (it has {len(have)}): the state "
+                "of that partition cannot be restored; see the partition count check at start"
+            )
         tps = [TopicPartition(topic, p) for p in sorted(stores)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
@@ -127,17 +195,18 @@ async def restore_partitions(
             for tp, messages in batch.items():
                 if not messages:
                     continue
-                entries = [(m.key, m.value) for m in messages]
+                entries = audit.check(tp.partition, messages)
                 # the store's synced writes block: off the loop, which keeps serving
                 await loop.run_in_executor(None, stores[tp.partition].restore, iter(entries))
-                total += len(entries)
-                remaining -= len(entries)
+                total += len(messages)
+                remaining -= len(messages)
             now = time.monotonic()
             if progress is not None:
                 progress(max(0, remaining))
             if now - last_report >= _PROGRESS_EVERY_S:
                 log.info("restore of %s: %d records remaining", topic, max(0, remaining))
                 last_report = now
+        audit.raise_unresolved()
         if progress is not None:
             progress(0)
         log.info("restored %d changelog records of %s", total, topic)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -334,6 +335,9 @@ class _Stores:
         for s in self.stores:
             s.set_key_fingerprint(fingerprint)
 
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        return sum(s.rotate_key_fingerprint(fingerprint) for s in self.stores)
+
     def close(self) -> None:
         for s in self.stores:
             s.close()
@@ -346,6 +350,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from state.failures import check_state_dir  # noqa: PLC0415
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
+    from stream_jobs.engine_heartbeat import start_heartbeat  # noqa: PLC0415
     from stream_jobs.kafka import check_bootstrap, check_input_topic, ensure_topics  # noqa: PLC0415
     from stream_jobs.logs import configure_logging  # noqa: PLC0415
     from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
@@ -404,6 +409,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker.policy_events = upgrade.record.counts()
         _banner(worker, settings, keyring)
         monitor = start_monitor(worker, settings)
+        start_heartbeat(worker, settings.stall_timeout_seconds)
         start_exporter(worker, settings, store=worker.state_store, monitor=monitor)
         t0 = time.monotonic()
         try:
@@ -537,8 +543,15 @@ def cmd_state_check(args: argparse.Namespace) -> int:
     # a group and all its members live in one shard's file: each file is audited alone
     status = 0
     for path in shard_paths(state_dir, shards):
-        with SQLiteStore(path) as store:
-            status = max(status, _check_store(store, path, repair=args.repair))
+        try:
+            with SQLiteStore(path) as store:
+                status = max(status, _check_store(store, path, repair=args.repair))
+        except sqlite3.DatabaseError as err:  # not a database, or a damaged one
+            raise PrivgwError(
+                f"--state-dir: {path} is not a readable privgw state database "
+                f"({err.__class__.__name__}); give the worker's state directory, or restore "
+                "the file from a backup"
+            ) from None
     return status
 
 

@@ -416,11 +416,15 @@ def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) 
         return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())
+    if op == "ping":  # the heartbeat (stream_jobs.engine_heartbeat)
+        return ("ok",)
     if op == "key_fingerprints":
         return ("ok", store.key_fingerprints())
     if op == "set_key_fingerprint":
         store.set_key_fingerprint(request[1])
         return ("ok",)
+    if op == "rotate_key_fingerprint":
+        return ("ok", store.rotate_key_fingerprint(request[1]))
     if op == "close":
         store.close()
         return ("ok",)
@@ -565,6 +569,19 @@ class EngineProcess:
         finally:
             self._lock.release()
 
+    def ping(self) -> bool:
+        """The heartbeat: the child answers while no window is in it (True); False when one is
+        (the window's own progress is watched then). Raises ``EngineProcessError`` when the
+        child is gone; blocks while it does not answer (the caller measures how long)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._send(("ping",))
+            self._reply("ping")
+            return True
+        finally:
+            self._lock.release()
+
     def key_fingerprints(self) -> list[str | None]:
         """The key fingerprint the child's store holds (``gateway.state_api``)."""
         with self._lock:
@@ -575,6 +592,14 @@ class EngineProcess:
         with self._lock:
             self._send(("set_key_fingerprint", fingerprint))
             self._reply("set_key_fingerprint")
+
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        """The child's store dropped and given ``fingerprint`` (a secret rotation)."""
+        with self._lock:
+            self._send(("rotate_key_fingerprint", fingerprint))
+            dropped = int(self._reply("rotate_key_fingerprint")[1])
+            self._count = 0
+            return dropped
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the store in the child and wait for it to exit."""
@@ -642,6 +667,10 @@ class EngineShards:
     def pids(self) -> list[int]:
         return [s.pid for s in self.shards]
 
+    def ping(self) -> bool:
+        """Every shard's heartbeat (:meth:`EngineProcess.ping`); False if one is busy."""
+        return all([s.ping() for s in self.shards])
+
     def metadata(self) -> dict[str, object]:
         return self.shards[0].metadata()
 
@@ -702,6 +731,9 @@ class EngineShards:
     def set_key_fingerprint(self, fingerprint: str) -> None:
         for s in self.shards:
             s.set_key_fingerprint(fingerprint)
+
+    def rotate_key_fingerprint(self, fingerprint: str) -> int:
+        return sum(s.rotate_key_fingerprint(fingerprint) for s in self.shards)
 
     def close(self, timeout: float = 30.0) -> None:
         for shard in self.shards:

@@ -9,17 +9,20 @@ import socket
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.helpers import create_ssl_context
 
 from gateway.errors import PrivgwError
+from gateway.routing import murmur2_many, partitions_for_keys
 from stream_jobs.settings import Topics, WorkerSettings
 
 log = logging.getLogger(__name__)
+
+__all__ = ["murmur2_many", "partitions_for_keys"]  # the hash lives in gateway.routing
 
 
 class MissingTopicError(PrivgwError):
@@ -101,60 +104,21 @@ async def check_bootstrap(settings: WorkerSettings, *, setting: str = "--bootstr
         await client.close()
 
 
-_MURMUR_SEED = 0x9747B28C
-_MURMUR_M = np.uint32(0x5BD1E995)
-
-
-def murmur2_many(keys: Sequence[bytes]) -> np.ndarray[Any, np.dtype[np.uint32]]:
-    """Kafka's murmur2 of each key (``aiokafka.partitioner.murmur2``, the Java client's hash),
-    for a window's keys at once: numpy over the keys of each length, ~0.25 µs a key where
-    aiokafka's pure-Python hash costs 7-11 µs (43- and 64-byte keys) on the worker's thread."""
-    out = np.empty(len(keys), dtype=np.uint32)
-    by_length: dict[int, list[int]] = {}
-    for i, key in enumerate(keys):
-        by_length.setdefault(len(key), []).append(i)
-    m = _MURMUR_M
-    for length, idx in by_length.items():
-        data = np.frombuffer(b"".join(keys[i] for i in idx), dtype=np.uint8).reshape(
-            len(idx), length
-        )
-        h = np.full(len(idx), (_MURMUR_SEED ^ length) & 0xFFFFFFFF, dtype=np.uint32)
-        words = length // 4
-        if words:  # little-endian 4-byte words, as the hash reads them
-            w = np.ascontiguousarray(data[:, : words * 4]).view("<u4").astype(np.uint32)
-            for j in range(words):
-                k = w[:, j] * m
-                k ^= k >> 24
-                k *= m
-                h *= m
-                h ^= k
-        tail, extra = length & ~3, length % 4
-        if extra >= 3:
-            h ^= data[:, tail + 2].astype(np.uint32) << 16
-        if extra >= 2:
-            h ^= data[:, tail + 1].astype(np.uint32) << 8
-        if extra >= 1:
-            h ^= data[:, tail].astype(np.uint32)
-            h *= m
-        h ^= h >> 13
-        h *= m
-        h ^= h >> 15
-        out[idx] = h
-    return out
-
-
-def partitions_for_keys(keys: Sequence[bytes], partitions: Sequence[int]) -> list[int]:
-    """The partition aiokafka's ``DefaultPartitioner`` (and the Java client) picks for each
-    key: murmur2 made positive, modulo the partition count, of ``partitions`` sorted."""
-    if not partitions:
-        raise ValueError("no partitions to place keys on: the topic has none")
-    positions = (murmur2_many(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(len(partitions))
-    return [partitions[i] for i in positions.tolist()]
-
-
-def make_consumer(settings: WorkerSettings, *topics: str, group_id: str | None = None) -> Any:
+def make_consumer(
+    settings: WorkerSettings,
+    *topics: str,
+    group_id: str | None = None,
+    co_partitioned: bool = False,
+) -> Any:
+    """``co_partitioned``: the range assignor, which gives one member partition ``p`` of every
+    subscribed topic with the same partition count (the partitioned state backend needs input
+    ``p`` and repartition ``p`` together)."""
+    extra: dict[str, Any] = {}
+    if co_partitioned:
+        extra["partition_assignment_strategy"] = (RangePartitionAssignor,)
     return AIOKafkaConsumer(
         *topics,
+        **extra,
         bootstrap_servers=settings.bootstrap,
         client_id=settings.client_id,
         group_id=group_id if group_id is not None else settings.group_id,
@@ -187,6 +151,20 @@ def make_producer(settings: WorkerSettings) -> Any:
     )
 
 
+async def topic_partitions(settings: WorkerSettings, topic: str) -> int | None:
+    """How many partitions ``topic`` has (None: it does not exist)."""
+    admin = _admin(settings)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    for t in described:
+        if t.get("topic") == topic and t.get("error_code", 0) == 0 and t.get("partitions"):
+            return len(t["partitions"])
+    return None
+
+
 async def ensure_topics(
     settings: WorkerSettings, topics: Topics, *, input_too: bool = False
 ) -> None:
@@ -196,19 +174,21 @@ async def ensure_topics(
     demo, ``--embedded-broker``, tests): a worker never creates it, because a misspelt input
     topic would then be created and the worker would wait on it forever."""
     rf = settings.replication_factor
+    wanted = [
+        NewTopic(t, settings.partitions, rf)
+        for t in (topics.input if input_too else None, topics.output, topics.dlq)
+        if t is not None
+    ]
+    if topics.repartition is not None and settings.create_topics:
+        # as many partitions as the input (Kafka Streams does the same): a record whose key
+        # picks the partition it arrived on is then protected there, without the extra hop
+        if input_too:
+            await create_missing_topics(settings, wanted[:1])
+        n_input = await topic_partitions(settings, topics.input)
+        wanted.append(NewTopic(topics.repartition, n_input or settings.partitions, rf))
     await create_missing_topics(
         settings,
-        [
-            NewTopic(t, settings.partitions, rf)
-            for t in (
-                topics.input if input_too else None,
-                topics.output,
-                topics.dlq,
-                topics.repartition,
-            )
-            if t is not None
-        ]
-        + [NewTopic(topics.meta, 1, rf, topic_configs={"cleanup.policy": "compact"})],
+        [*wanted, NewTopic(topics.meta, 1, rf, topic_configs={"cleanup.policy": "compact"})],
     )
 
 
@@ -219,6 +199,16 @@ def _admin(settings: WorkerSettings) -> AIOKafkaAdminClient:
         request_timeout_ms=settings.request_timeout_ms,
         **security_kwargs(settings),
     )
+
+
+async def existing_topics(settings: WorkerSettings) -> set[str]:
+    """The names of the cluster's topics."""
+    admin = _admin(settings)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
 
 
 async def check_input_topic(settings: WorkerSettings, topics: Topics) -> None:

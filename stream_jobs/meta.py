@@ -24,3 +24,11 @@ def parse_meta(value: bytes) -> dict[str, object]:
     if not isinstance(meta, dict) or "policy_version" not in meta:
         raise ValueError("not a privgw metadata record")
     return meta
+
+
+# key fingerprint announcements share the topic (stream_jobs.secret_announce): not a policy's
+ANNOUNCEMENT_PREFIX = b"privgw/key-fingerprint/"
+
+
+def is_announcement(key: bytes | None) -> bool:
+    return key is not None and key.startswith(ANNOUNCEMENT_PREFIX)

@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from http.server import ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import urlsplit
 
@@ -52,6 +51,7 @@ from gateway.engine import GROUP_KEY_PREFIX, WindowReport
 from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
 from gateway.validation import DLQReason
+from stream_jobs.bounded_http import BoundedHTTPServer
 from stream_jobs.monitor import Monitor, start_monitor
 from stream_jobs.ops_metrics import OperationsCollector
 from stream_jobs.republication_metrics import LINKED_GUARANTEE, RepublicationFigures
@@ -332,7 +332,8 @@ class _WorkerCollector(Collector):
             value=(st.sticky_hits / lookups) if lookups else 0.0,
         )
         # privacy
-        yield GaugeMetricFamily(f"{p}_k", "k in force", value=policy.microaggregation.k)
+        if any(covered for _, covered in self._claim):  # no k claim without an attribute
+            yield GaugeMetricFamily(f"{p}_k", "k in force", value=policy.microaggregation.k)
         if m.min_group_last is not None:
             yield GaugeMetricFamily(
                 f"{p}_min_group_size_last_window",
@@ -402,6 +403,13 @@ class _WorkerCollector(Collector):
         for name, covered in self._claim:
             claim.add_metric([name, "true" if covered else "false"], 1)
         yield claim
+        covered = sum(1 for _, c in self._claim if c)
+        yield GaugeMetricFamily(
+            f"{p}_k_claim_covered_attributes",
+            "quasi-identifiers the k claim covers (0: no published tuple is protected by k, "
+            "and privgw_k is not exported)",
+            value=covered,
+        )
         with m._lock:
             last, ldiv, violations = dict(m.key_last), dict(m.ldiv_last), m.key_class_violations
         yield CounterMetricFamily(
@@ -412,6 +420,14 @@ class _WorkerCollector(Collector):
         for key, (stem, doc) in _KEY_MEASURES.items():
             if key in last:
                 yield GaugeMetricFamily(f"{p}_{stem}", doc, value=last[key])
+            elif key == "key_share_below_k":  # always there, so its alert and panel can see it
+                unprotected = bool(self._claim) and not covered
+                yield GaugeMetricFamily(
+                    f"{p}_{stem}",
+                    doc + " (before one: 1 if quasi-identifiers are published outside any k "
+                    "claim, else 0)",
+                    value=1.0 if unprotected else 0.0,
+                )
         ldiv_family = GaugeMetricFamily(
             f"{p}_l_diversity_min",
             "fewest distinct published values of a sensitive attribute within one group formed "
@@ -560,10 +576,9 @@ def start_exporter(
     OperationsCollector(worker, monitor).register(metrics.registry)  # broker, engine, disk
     handler = type("PrivgwHandler", (_Handler,), {"registry": metrics.registry, "monitor": monitor})
     try:
-        server = ThreadingHTTPServer((settings.metrics_host, settings.metrics_port), handler)
+        server = BoundedHTTPServer((settings.metrics_host, settings.metrics_port), handler)
     except OSError as err:
         raise PrivgwError(_port_problem(settings, err)) from None
-    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="privgw-exporter", daemon=True).start()
     worker.closers.append(server.shutdown)
     worker.closers.append(server.server_close)

@@ -111,7 +111,9 @@ class Monitor:
         now = self._clock()
         since = st.engine_since
         idle = now - st.loop_tick if st.loop_tick else 0.0
-        return max(0.0, idle), max(0.0, now - since) if since is not None else 0.0
+        beat = st.heartbeat_since  # an idle engine's unanswered heartbeat (engine_heartbeat)
+        waits = [now - t for t in (since, beat) if t is not None]
+        return max(0.0, idle), max([0.0, *waits])
 
     def seconds_since_progress(self) -> float:
         """How long the worker has made no progress: since the loop last turned, or since the
@@ -121,8 +123,15 @@ class Monitor:
     def liveness(self) -> Verdict:
         idle, in_engine = self._ages()
         limit = self.settings.stall_timeout_seconds
+        if self.worker.stats.engine_gone is not None:
+            return Verdict(False, f"the engine process is gone ({self.worker.stats.engine_gone})")
         if in_engine > limit:
-            return Verdict(False, f"a window has been in the engine for {in_engine:.0f} s")
+            what = (
+                "a window has been in the engine"
+                if self.worker.stats.engine_since
+                else "the idle engine has not answered its heartbeat"
+            )
+            return Verdict(False, f"{what} for {in_engine:.0f} s")
         if idle > limit:
             if not self.broker.reachable():  # waiting out the broker is deliberate
                 return Verdict(True, "waiting for the broker")

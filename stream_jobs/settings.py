@@ -61,7 +61,8 @@ class WorkerSettings(BaseSettings):
     partitions: int = Field(
         6,
         ge=1,
-        description="partitions of the topics this worker creates (output, DLQ, repartition)",
+        description="partitions of the topics this worker creates (output, DLQ; a repartition "
+        "topic gets the input's)",
     )
     replication_factor: int = Field(
         3,
@@ -269,7 +270,11 @@ class WorkerSettings(BaseSettings):
         inp = self.input_topic or policy.input.topic
         out = self.output_topic or policy.output.topic
         topics = Topics(
-            repartition=f"{inp}.repartition" if policy.input.key_field is not None else None,
+            # re-keying (input.key_field), and the partitioned backend's re-routing of records
+            # that arrived on a partition their key does not pick (stream_jobs.state_routing)
+            repartition=f"{inp}.repartition"
+            if policy.input.key_field is not None or self.state_backend == "partitioned"
+            else None,
             input=inp,
             output=out,
             dlq=self.dlq_topic
@@ -290,6 +295,9 @@ class WorkerSettings(BaseSettings):
                 ("dead-letter topic (PRIVGW_DLQ_TOPIC / output.dlq_topic)", topics.dlq),
                 ("metadata topic (PRIVGW_META_TOPIC / output.meta_topic)", topics.meta),
                 *([("repartition topic", topics.repartition)] if topics.repartition else []),
+                # reserved for the partitioned backend whichever backend runs now: a switch
+                # later must not find raw records in it
+                ("changelog topic (<--group-id>.state-changelog)", self.changelog_topic),
             ]
         )
         if clash is not None:
@@ -330,7 +338,10 @@ class WorkerSettings(BaseSettings):
 OTHER_VARIABLES: dict[str, str] = {
     "PRIVGW_SECRET": "the deployment secret that keys pseudonyms and randomness (text, or "
     "hex:/base64: prefixed); set it or PRIVGW_SECRET_FILE",
-    "PRIVGW_SECRET_FILE": "a file holding the deployment secret",
+    "PRIVGW_SECRET_FILE": "a file holding the deployment secret (mode 0600: a file readable "
+    "by group or others is refused)",
+    "PRIVGW_SECRET_FILE_SHARED": "1: accept a secret file readable by group or others, with a "
+    "WARNING at every start (platforms that mount secrets that way)",
 }
 
 # settings that are also flags of `privgw run`
@@ -411,7 +422,7 @@ def configuration_table() -> str:
             f"{_type_name(field.annotation)} | `{shown}` | {field.description or ''} |"
         )
     for name, doc in OTHER_VARIABLES.items():
-        kind = "path" if name.endswith("_FILE") else "secret"
+        kind = "path" if name.endswith("_FILE") else "true/false" if "SHARED" in name else "secret"
         lines.append(f"| `{name}` |  | {kind} |  | {doc} (not a worker setting) |")
     return "\n".join(lines) + "\n"
 

@@ -19,9 +19,9 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.errors import PrivgwError
-from gateway.workflows import VersionedCounts
+from gateway.versioned_counts import VersionedCounts
 from stream_jobs.kafka import check_bootstrap, security_kwargs
-from stream_jobs.meta import parse_meta
+from stream_jobs.meta import is_announcement, parse_meta
 from stream_jobs.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ async def read_protected_async(
         raise TopicReadError(
             f"--topic {topic}: no metadata in {topic}.meta; has the gateway started on it?"
         )
+    meta_records = [m for m in meta_records if not is_announcement(m.key)] or meta_records
     latest = max(meta_records, key=lambda m: (m.timestamp, m.offset))
     meta = parse_meta(latest.value)
     rows = [
@@ -165,7 +166,7 @@ async def read_metas_async(
     """Every policy version's metadata in ``meta_topic`` (the newest record of each)."""
     metas: dict[str, tuple[tuple[int, int], dict[str, object]]] = {}
     for m in await read_topic(bootstrap, meta_topic, timeout=timeout, quiet=quiet):
-        if m.value is None:
+        if m.value is None or is_announcement(m.key):  # a key fingerprint, not a policy
             continue
         try:
             meta = parse_meta(m.value)
@@ -199,6 +200,7 @@ async def count_protected_async(
     """The protected ``topic`` folded into per-version category counts as it is read, each
     version counted against its own record in ``meta_topic`` (default ``<topic>.meta``)."""
     meta_topic = meta_topic or f"{topic}.meta"
+    await check_bootstrap(WorkerSettings(bootstrap=bootstrap))  # one line, not a traceback
     if not await _exists(bootstrap, topic):  # the user's topic first: the clearer mistake
         raise TopicReadError(
             f"--topic: topic {topic} does not exist on --bootstrap {bootstrap}; give the "
@@ -223,6 +225,7 @@ async def count_protected_async(
                         add(_version_of(m, row), row)
                     else:
                         unreadable += 1
+    counts.unreadable = unreadable
     if unreadable:
         log.warning("%d records of %s are not JSON objects: left out", unreadable, topic)
     return counts

@@ -21,7 +21,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -44,6 +44,7 @@ from gateway.engine import (
 )
 from gateway.errors import PrivgwError
 from gateway.policy import Policy
+from gateway.routing import StatePartitions
 from gateway.state_api import (
     KeyFingerprintCheck,
     KeyFingerprintResult,
@@ -51,7 +52,7 @@ from gateway.state_api import (
     check_key_fingerprint,
 )
 from gateway.validation import DLQReason, Rejection, Validator, rejection
-from stream_jobs.changelog import KafkaChangelog, ensure_changelog_topic, restore_partitions
+from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.engine_process import PackedRecords
 from stream_jobs.kafka import (
@@ -66,8 +67,10 @@ from stream_jobs.kafka import (
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.partition_state import PartitionStateGuard
+from stream_jobs.secret_announce import announce_fingerprint
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
+from stream_jobs.state_routing import PartitionCountError, StateRouting, wire_routing
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
@@ -97,6 +100,7 @@ def _transient(err: KafkaError) -> bool:
 
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
+_WRONG_PARTITION = rejection(DLQReason.WRONG_PARTITION)  # its key's state lives elsewhere
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
 
 
@@ -131,6 +135,10 @@ class WorkerStats:
     loop_tick: float = 0.0
     engine_since: float | None = None
     broker_ok: bool = True
+    # the engine's heartbeat (stream_jobs.engine_heartbeat): since when one waits for its
+    # answer (None: none does), and why the engine process is gone (None: it is not)
+    heartbeat_since: float | None = None
+    engine_gone: str | None = None
 
     @property
     def dlq_total(self) -> int:
@@ -278,6 +286,10 @@ class GatewayWorker:
         self._out_partitions: list[int] = []
         self._dlq_partitions: list[int] = []
         self._repartition_partitions: list[int] = []
+        self._routing: StateRouting | None = None  # the partitioned backend's (state_routing)
+        self._rerouted = False  # warned that records arrive on the wrong partition
+        self._halted = False  # a partition's state could not be restored (_halt)
+        self._rotation_counted = False  # this run's secret rotation is counted and logged
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
@@ -305,9 +317,24 @@ class GatewayWorker:
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
         if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
+        if self.key_fingerprint is not None:  # before anything is published under it
+            try:
+                persisted, rotated = await announce_fingerprint(
+                    s,
+                    self._producer,
+                    self.topics.meta,
+                    self.key_fingerprint,
+                    logged=self._rotation_counted,
+                )
+            except SecretMismatchError as err:
+                self.refused = err
+                raise
+            self._rotation_counted |= rotated
+            # the count the topic keeps: a restart does not set it back to 0
+            self.stats.secret_rotations = max(self.stats.secret_rotations, persisted)
         key, value, headers = meta_message({**self.engine.metadata(), **self.meta_extra})
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
-        self._consumer = make_consumer(s)
+        self._consumer = make_consumer(s, co_partitioned=self._routing is not None)
         if s.workers is None:
             self._consumer.subscribe(sources, listener=_Rebalance(self))
             await self._consumer.start()
@@ -332,9 +359,17 @@ class GatewayWorker:
         )
 
     async def _wire_changelog(self, store: PartitionedStore) -> None:
-        partitions = len(await self._producer.partitions_for(self.topics.input))
-        if self.settings.create_topics:
-            await ensure_changelog_topic(self.settings, partitions)
+        try:
+            routing = await wire_routing(
+                self.settings, self.topics, self._producer, create=self.settings.create_topics
+            )
+        except PartitionCountError as err:
+            self.refused = err
+            raise
+        self._routing = routing
+        key_of = self._validator.expected_key or (lambda _rid, _values: None)
+        if hasattr(self.engine, "state_partitions"):  # the in-process engine of this backend
+            self.engine.state_partitions = StatePartitions(routing.count, key_of)
         topic, producer = self.settings.changelog_topic, self._producer
         loop = asyncio.get_running_loop()
         store.changelog_for = lambda p: KafkaChangelog(producer, loop, topic, [p])
@@ -357,6 +392,8 @@ class GatewayWorker:
                 if self._inflight is not None and self._inflight.done():
                     await self._settled()  # raises if the window's outputs failed
                 async with self._lock:
+                    if self._halted:
+                        break
                     if epoch != self._epoch:
                         # a rebalance happened while this batch was fetched: it may come from
                         # before it, so it is dropped, and the partitions it advanced are put
@@ -413,7 +450,9 @@ class GatewayWorker:
         try:
             if self._consumer is not None:
                 async with self._lock:
-                    if self._engine_failed:
+                    if self._halted:
+                        pass  # a state that could not be restored: nothing more goes out
+                    elif self._engine_failed:
                         log.error(
                             "the engine failed on a window: nothing more is protected or "
                             "committed; its records and those after them are read again"
@@ -515,15 +554,21 @@ class GatewayWorker:
         # processed: under the lock, so no window runs meanwhile, and the epoch moves again
         # after it, so a batch fetched during the restore is dropped and read again.
         async with self._lock:
-            wanted = sorted({tp.partition for tp in assigned} - set(store.partitions))
+            wanted = sorted({p for p in self._state_partitions(assigned)} - set(store.partitions))
             if wanted:
                 t0 = time.perf_counter()
-                restored = await restore_partitions(
-                    {p: store.open_partition(p, fresh=True) for p in wanted},
-                    self.settings,
-                    self.settings.changelog_topic,
-                    progress=self._restore_progress,
-                )
+                try:
+                    restored = await restore_partitions(
+                        {p: store.open_partition(p, fresh=True) for p in wanted},
+                        self.settings,
+                        self.settings.changelog_topic,
+                        progress=self._restore_progress,
+                    )
+                except Exception as err:
+                    # the listener's exceptions are only logged by the client, which would go
+                    # on consuming with a partial state: stop here, nothing protected after it
+                    self._halt(err)
+                    return
                 log.info(
                     "restored the state of partitions %s: %d changelog records in %.1f s",
                     wanted,
@@ -571,21 +616,41 @@ class GatewayWorker:
     def key_fingerprint_checked(self, result: KeyFingerprintResult, where: str) -> None:
         """Log what the state's key fingerprint check found; count an accepted rotation."""
         fp, outcome = self.key_fingerprint, result.outcome
-        if outcome is KeyFingerprintCheck.ROTATED:
+        if outcome is KeyFingerprintCheck.ROTATED and self._rotation_counted:
+            log.info("the state in %s now uses key fingerprint %s (rotation counted)", where, fp)
+        elif outcome is KeyFingerprintCheck.ROTATED:
+            self._rotation_counted = True  # one rotation per run, however many partitions
             self.stats.secret_rotations += 1
             log.warning(
                 "privacy event: secret rotated. The state in %s was written with key "
                 "fingerprint %s and is now used with %s (rotate_secret): every respondent's "
                 "stored values and keyed draws change, so republished values differ from "
-                "earlier releases",
+                "earlier releases; %d entries keyed by the old secret dropped",
                 where,
                 ", ".join(result.previous),
                 fp,
+                result.dropped,
             )
         elif outcome is KeyFingerprintCheck.NEW:
             log.info("key fingerprint %s recorded in the state in %s", fp, where)
         else:
             log.info("key fingerprint %s matches the state in %s", fp, where)
+
+    def _halt(self, err: Exception) -> None:
+        """Stop before anything more is protected, published or committed (a state that could
+        not be restored): the records buffered are left for the next run."""
+        self._halted = True
+        self._epoch += 1  # a batch fetched meanwhile is dropped
+        if isinstance(err, PrivgwError):
+            log.error("%s", err)
+            self.refused = err
+        else:
+            log.error("restoring the state failed (%s): stopping", err.__class__.__name__)
+            self.refused = RestoreError(
+                f"restoring the state from {self.settings.changelog_topic} failed "
+                f"({err.__class__.__name__}); nothing was published"
+            )
+        self.request_stop()
 
     def _restore_progress(self, remaining: int) -> None:
         self.stats.restore_remaining = remaining
@@ -595,11 +660,15 @@ class GatewayWorker:
         store = self.state_store
         if not _partitioned(store):
             return
-        kept = {tp.partition for tp in self._consumer.assignment()} - {
-            tp.partition for tp in revoked
-        }
-        for partition in {tp.partition for tp in revoked} - kept:
+        gone = self._state_partitions(revoked)
+        kept = self._state_partitions(set(self._consumer.assignment()) - set(revoked))
+        for partition in gone - kept:
             store.close_partition(partition)
+
+    def _state_partitions(self, tps: Iterable[TopicPartition]) -> set[int]:
+        """The state partitions that come with ``tps``: those of the routing topic."""
+        routing = self._routing
+        return {tp.partition for tp in tps if routing is None or tp.topic == routing.topic}
 
     async def _rewind_to_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
         assigned = self._consumer.assignment()
@@ -656,7 +725,7 @@ class GatewayWorker:
         validate = self._validator.decode_and_validate
         add_batch = self._buffer.add_partition_batch
         stats = self.stats
-        rekey_from = self.topics.input if self.topics.repartition is not None else None
+        rekey_from = self.topics.input if self._key_field is not None else None
         key_field = self._key_field or ""
         expected_key = self._validator.expected_key
         for tp, messages in batch.items():
@@ -671,6 +740,9 @@ class GatewayWorker:
                     messages[0].offset,
                 )
             valid: list[ValidRecord] = []
+            routed: list[tuple[Any, str | None, dict[str, object]]] | None = (
+                [] if self._routing is not None else None
+            )
             for m in messages:
                 res = validate(m.value, m.key)
                 if res.__class__ is Rejection:
@@ -686,11 +758,16 @@ class GatewayWorker:
                 if wrong:
                     self._reject(_KEY_MISMATCH, m, topic, partition, now)
                     continue
+                if routed is not None:  # protected where its state lives (state_routing)
+                    routed.append((m, rid, values))
+                    continue
                 valid.append(
                     ValidRecord(
                         rid, values, SourceRef(topic, partition, m.offset, m.timestamp), now
                     )
                 )
+            if routed:
+                valid = self._route(routed, topic, partition, now)
             add_batch(valid)
             if self._packs_ahead and valid:
                 self._pack_ahead(valid)
@@ -700,6 +777,47 @@ class GatewayWorker:
                 if highwater is not None:
                     stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
         stats.valid = stats.consumed - stats.dlq_total
+
+    def _route(
+        self,
+        routed: list[tuple[Any, str | None, dict[str, object]]],
+        topic: str,
+        partition: int,
+        now: float,
+    ) -> list[ValidRecord]:
+        """Of a partition's accepted records, those protected here — their key picks this
+        partition's state — and the others forwarded to the repartition topic, or, where there
+        is none or they came from it, dead-lettered (``stream_jobs.state_routing``)."""
+        routing = self._routing
+        assert routing is not None
+        expected_key = self._validator.expected_key
+        keys = [expected_key(rid, values) if expected_key else None for _, rid, values in routed]
+        known = [k for k in keys if k is not None]
+        placed = iter(routing.state_partitions(known) if known else ())
+        owned = (routing.topic, partition) in {
+            (tp.topic, tp.partition) for tp in self._consumer.assignment()
+        }
+        valid: list[ValidRecord] = []
+        for (m, rid, values), key in zip(routed, keys, strict=True):
+            state = next(placed) if key is not None else partition
+            if owned and routing.stays(topic, partition, state):
+                source = SourceRef(topic, partition, m.offset, m.timestamp)
+                valid.append(ValidRecord(rid, values, source, now))
+            elif routing.rekeys and topic != routing.topic and key is not None:
+                if not self._rerouted and routing.direct:
+                    self._rerouted = True
+                    log.warning(
+                        "records of %s arrive on partitions their key does not pick: they go "
+                        "through %s to reach their state (produce with Kafka's default "
+                        "partitioner, murmur2 — librdkafka: partitioner=murmur2_random — to "
+                        "spare the extra hop)",
+                        topic,
+                        routing.topic,
+                    )
+                self._forward_keyed(m, key, topic, now)
+            else:
+                self._reject(_WRONG_PARTITION, m, topic, partition, now)
+        return valid
 
     def _pack_ahead(self, valid: list[ValidRecord]) -> None:
         """Pack the records just buffered for the engine's process now, while it protects the
@@ -726,7 +844,10 @@ class GatewayWorker:
         if key_value is None:
             self._reject(_NO_KEY_VALUE, m, topic, m.partition, now)
             return
-        self._forward.append((str(key_value).encode(), m.value, m.partition, m.offset))
+        self._forward_keyed(m, str(key_value).encode(), topic, now)
+
+    def _forward_keyed(self, m: Any, key: bytes, topic: str, now: float) -> None:
+        self._forward.append((key, m.value, m.partition, m.offset))
         self._buffer.consumed(topic, m.partition, m.offset, now)
         self.stats.repartitioned += 1
 

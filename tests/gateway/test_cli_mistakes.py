@@ -72,7 +72,7 @@ def test_an_output_that_cannot_be_written_is_refused_up_front(
     assert_clear(code, err, *needles)
 
 
-@pytest.mark.parametrize("how", ["same", "relative", "symlink"])
+@pytest.mark.parametrize("how", ["same", "relative", "symlink", "missing-dir"])
 @pytest.mark.parametrize("command", ["protect", "microaggregate"])
 def test_an_output_that_is_the_input_is_refused(
     capsys: pytest.CaptureFixture[str], adult: Path, how: str, command: str
@@ -80,13 +80,32 @@ def test_an_output_that_is_the_input_is_refused(
     before = adult.read_bytes()
     if how == "symlink":
         (adult.parent / "link.csv").symlink_to(adult)
-    out = {"same": adult.name, "relative": f"../{adult.parent.name}/./adult.csv"}.get(
-        how, "link.csv"
-    )
+    out = {
+        "same": adult.name,
+        "relative": f"../{adult.parent.name}/./adult.csv",
+        "missing-dir": "nonexistent/../adult.csv",  # issue 32, item 4: written over the input
+    }.get(how, "link.csv")
     extra = ["--policy", POLICY] if command == "protect" else ["--k", "3", "--columns", "age"]
     code, err = run(capsys, command, adult.name, *extra, "-o", out)
     assert_clear(code, err, f"-o {Path(out)}", "is the input file", "another file")
     assert adult.read_bytes() == before
+    assert not (adult.parent / "nonexistent").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("target", ["input", "policy"])
+def test_a_meta_file_that_is_an_input_is_refused(
+    capsys: pytest.CaptureFixture[str], adult: Path, tmp_path: Path, target: str
+) -> None:
+    """Issue 32, item 4: OUT.meta.json was never checked against the inputs (a symlink there,
+    or an input of that name, was overwritten with the metadata)."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(POLICY.read_text())
+    victim = adult if target == "input" else policy
+    before = victim.read_bytes()
+    (adult.parent / "out.csv.meta.json").symlink_to(victim)
+    code, err = run(capsys, "protect", adult.name, "--policy", policy, "-o", "out.csv")
+    assert_clear(code, err, "out.csv.meta.json is the input file", "another file")
+    assert victim.read_bytes() == before and not (adult.parent / "out.csv").exists()
 
 
 @pytest.mark.parametrize("p", ["0", "150", "nan", "-5"])
@@ -203,3 +222,35 @@ def test_check_policy_shows_the_invertible_matrix_protect_uses(
     est = orjson.loads(capsys.readouterr().out)["c"]
     assert np.all(np.isfinite(est["inversion"])) and np.all(np.isfinite(est["em"]))
     assert abs(est["inversion"][0] - 0.9) < 0.05
+
+
+# -- issue 32, item 9: what ended as "internal error" (exit 70) -------------------------------
+
+
+def test_protect_on_fewer_than_k_rows_is_refused_before_writing(
+    capsys: pytest.CaptureFixture[str], adult: Path
+) -> None:
+    few = adult.parent / "few.csv"
+    few.write_text("\n".join(adult.read_text().splitlines()[:4]) + "\n")
+    code, err = run(capsys, "protect", few, "--policy", POLICY, "-o", "out.csv")
+    assert_clear(code, err, "3 data rows, fewer than k = 5", "at least 5 rows")
+    assert not (adult.parent / "out.csv").exists()
+
+
+@pytest.mark.parametrize("meta", [b"{bad", b"[1, 2]"])
+def test_reconstruct_with_a_corrupt_meta_file_names_it(
+    capsys: pytest.CaptureFixture[str], adult: Path, meta: bytes
+) -> None:
+    code, _ = run(capsys, "protect", adult, "--policy", POLICY, "-o", "p.csv", "--seed", "1")
+    assert code == 0
+    (adult.parent / "p.csv.meta.json").write_bytes(meta)
+    code, err = run(capsys, "reconstruct", "p.csv", "--policy", POLICY)
+    assert_clear(code, err, "p.csv.meta.json is not the JSON object", "protect the data again")
+
+
+def test_secret_create_under_a_file_names_it(
+    capsys: pytest.CaptureFixture[str], adult: Path
+) -> None:
+    (adult.parent / "afile").write_text("")
+    code, err = run(capsys, "secret", "create", "afile/x.key")
+    assert_clear(code, err, "afile is not a directory", "x.key")

@@ -333,3 +333,27 @@ def test_timestamps_are_coarsened_to_the_unit(unit: str, expected: str) -> None:
         _window(truth, sorted(truth), 0), now=0.0, flush_all=True
     )
     assert {orjson.loads(p.value)["seen"] for p in res.published} == {expected}
+
+
+@pytest.mark.parametrize(
+    "unit,seen,expected",
+    [
+        # issue 32, item 6: the offset's seconds and microseconds were published verbatim
+        ("hour", "2024-05-06T10:17:42+05:30:17.424242", "2024-05-06T04+00:00"),
+        ("minute", "2024-05-06T10:17:42+05:30:17.424242", "2024-05-06T04:47+00:00"),
+        ("minute", "2024-05-06T10:17:42-03:00", "2024-05-06T13:17+00:00"),
+        ("hour", "2024-05-06T10:17:42", "2024-05-06T10"),  # no zone: none invented
+        ("day", "2024-05-06T23:17:42+05:30:17.424242", "2024-05-06"),
+    ],
+)
+def test_coarsened_timestamps_publish_no_offset_finer_than_the_unit(
+    unit: str, seen: str, expected: str
+) -> None:
+    policy = policy_from_yaml(POLICY.replace("coarsen: {unit: day}", f"coarsen: {{unit: {unit}}}"))
+    truth = _truth(np.random.default_rng(2), 3)
+    for v in truth.values():
+        v["seen"] = seen
+    res = Engine(policy, randomness=SeededSource(1)).protect_window(
+        _window(truth, sorted(truth), 0), now=0.0, flush_all=True
+    )
+    assert {orjson.loads(p.value)["seen"] for p in res.published} == {expected}

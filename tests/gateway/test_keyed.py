@@ -3,6 +3,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import os
 import pickle
 import stat
@@ -254,6 +255,7 @@ def test_load_secret_bad_encoding_does_not_echo_the_value(value: str) -> None:
 def test_load_secret_from_file_strips_one_trailing_newline(tmp_path: Path) -> None:
     f = tmp_path / "secret"
     f.write_bytes(b"file-secret-0123456789\n")
+    f.chmod(0o600)
     assert load_secret({SECRET_FILE_ENV: str(f)}) == b"file-secret-0123456789"
     f.write_bytes(b"file-secret-0123456789\r\n")
     assert load_secret({SECRET_FILE_ENV: str(f)}) == b"file-secret-0123456789"
@@ -318,3 +320,37 @@ def test_generate_secret_file_never_overwrites(tmp_path: Path) -> None:
     with pytest.raises(SecretError, match="already exists"):
         generate_secret_file(f)
     assert f.read_bytes() == before
+
+
+# --- secret hygiene (issue 32, item 5) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("weak", [" " * 16, "hex:" + "00" * 16, "ab" * 12, "aaaaaaaaaaaaaaab"])
+def test_a_guessable_secret_is_refused_with_the_fix(weak: str) -> None:
+    with pytest.raises(SecretError) as err:
+        load_secret({SECRET_ENV: weak})
+    message = str(err.value)
+    assert "too little entropy" in message and "privgw secret create" in message
+    assert weak not in message
+
+
+def test_a_generated_secret_and_a_long_passphrase_are_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "k"
+    generate_secret_file(path)
+    assert len(load_secret({SECRET_FILE_ENV: str(path)})) == 64
+    assert load_secret({SECRET_ENV: "correct horse battery staple"})
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644])
+def test_a_secret_file_readable_by_others_is_refused_unless_opted_in(
+    tmp_path: Path, mode: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "k"
+    generate_secret_file(path)
+    path.chmod(mode)
+    with pytest.raises(SecretError) as err:
+        load_secret({SECRET_FILE_ENV: str(path)})
+    assert f"mode {mode:03o}" in str(err.value) and f"chmod 600 {path}" in str(err.value)
+    with caplog.at_level(logging.WARNING):
+        assert load_secret({SECRET_FILE_ENV: str(path), "PRIVGW_SECRET_FILE_SHARED": "1"})
+    assert any("readable by group or others" in r.getMessage() for r in caplog.records)

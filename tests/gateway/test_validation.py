@@ -17,6 +17,7 @@ from gateway.validation import (
     Rejection,
     Validator,
     decode_and_validate,
+    rejection,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,6 +237,14 @@ def test_integer_too_large() -> None:
     # a float literal beyond 2^53 is a float, not an integer
     res = V.decode_and_validate(with_(hours=1.5e17), b"k")
     assert not isinstance(res, Rejection)
+
+
+def test_wrong_partition_is_the_workers_reason() -> None:
+    """DLQReason.WRONG_PARTITION is given by the worker, not the validator: a record on a
+    partition its key does not pick, with nowhere to re-route it
+    (tests/stream_jobs/test_state_routing.py sends one)."""
+    rej = rejection(DLQReason.WRONG_PARTITION)
+    assert rej.field is None and rej.error_class == "ValueError"
 
 
 def test_every_reason_is_exercised() -> None:

@@ -9,7 +9,7 @@ import pytest
 from gateway.errors import InputDataError
 from gateway.randomized_response import RRMechanism, uniform
 from gateway.reconstruction import reconstruct
-from gateway.workflows import VersionedCounts
+from gateway.versioned_counts import VersionedCounts
 
 
 def _meta(version: str, mech: RRMechanism) -> dict[str, object]:
@@ -36,12 +36,17 @@ def test_each_version_is_reconstructed_with_its_own_matrix_and_combined() -> Non
     assert [g["policy_versions"] for g in est["groups"]] == [["va"], ["vb"]]
 
 
-def test_values_outside_the_categories_name_the_column_and_version_not_the_value() -> None:
+def test_values_outside_the_categories_are_counted_not_named() -> None:
     counts = VersionedCounts({"va": _meta("va", uniform(["<=50K", ">50K"], retention=0.75))})
     counts.add("va", {"income": "<=50K"})
-    counts.add("va", {"income": "secret-looking-value"})
-    with pytest.raises(InputDataError) as err:
-        counts.reconstruct()
+    counts.add("va", {"income": "secret-looking-value"})  # forged: skipped and counted
+    est = counts.reconstruct()["income"]
+    assert est["n"] == 1 and est["skipped_values"] == {"values_outside_categories": 1}
+    assert "secret-looking-value" not in repr(est)
+    only_outside = VersionedCounts({"va": _meta("va", uniform(["a", "b"], retention=0.75))})
+    only_outside.add("va", {"income": "secret-looking-value"})
+    with pytest.raises(InputDataError) as err:  # nothing fits: the wrong metadata
+        only_outside.reconstruct()
     assert "'income'" in str(err.value) and "va" in str(err.value)
     assert "secret-looking-value" not in str(err.value)
 

@@ -72,3 +72,20 @@ def test_state_loss_keeps_rr_and_regroups_only_in_groups_of_k(tmp_path: Path) ->
     assert min(len(m) for m in members.values()) >= k
     print(f"state loss: {len(regrouped)} of {len(first)} respondents regrouped (groups >= {k})")
     assert regrouped  # state really was lost: the same records formed new groups
+
+
+def test_a_rotation_drops_the_entries_of_the_old_secret(tmp_path: Path) -> None:
+    """Issue 30 (item 7), taken by issue 32: after --rotate-secret the entries keyed by the old
+    secret were kept, unreachable (2,198 -> 2,698 respondents in the state)."""
+    from gateway.state_api import KeyFingerprintCheck, check_key_fingerprint  # noqa: PLC0415
+    from state.sqlite_store import SQLiteStore  # noqa: PLC0415
+
+    with SQLiteStore(tmp_path / "s.db") as store:
+        store.put_many({bytes([i]) * 32: b"\x80" for i in range(50)})
+        store.set_key_fingerprint("aaaaaaaaaaaaaaaa")
+        result = check_key_fingerprint(store, "bbbbbbbbbbbbbbbb", rotate=True, where="here")
+        assert result.outcome is KeyFingerprintCheck.ROTATED and result.dropped == 50
+        assert store.count() == 0 and store.key_fingerprints() == ["bbbbbbbbbbbbbbbb"]
+        store.put_many({b"\x07" * 32: b"\x80"})
+    with SQLiteStore(tmp_path / "s.db") as again:  # durable
+        assert again.count() == 1 and again.key_fingerprints() == ["bbbbbbbbbbbbbbbb"]

@@ -57,12 +57,15 @@ def produce(
     **config: Any,
 ) -> list[Sent]:
     """Produce (key, value) pairs with acks=all; returns their coordinates in send order.
-    ``config``: extra librdkafka settings (dots written as underscores)."""
+    ``config``: extra librdkafka settings (dots written as underscores). Keys are placed as
+    Kafka's Java client and aiokafka place them (murmur2), unless ``partitioner`` says
+    otherwise (librdkafka's own default is ``consistent_random``, a CRC32)."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "linger.ms": 5,
+            "partitioner": "murmur2_random",
             **{k.replace("_", "."): v for k, v in config.items()},
         }
     )

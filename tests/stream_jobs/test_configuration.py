@@ -24,6 +24,7 @@ from stream_jobs.settings import (
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
 POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
+A_SECRET = "configuration-test-secret-0123456789"  # enough entropy to be accepted
 
 
 def test_docs_configuration_is_the_generated_reference() -> None:
@@ -107,7 +108,7 @@ def test_privgw_run_refuses_a_misspelt_variable_instead_of_using_the_default_bro
             "run",
             "--policy",
             str(POLICY),
-            PRIVGW_SECRET="x" * 40,
+            PRIVGW_SECRET=A_SECRET,
             PRIVGW_BOOTSTRAP_SERVERS="kafka.example:9092",
         )
     )
@@ -116,11 +117,11 @@ def test_privgw_run_refuses_a_misspelt_variable_instead_of_using_the_default_bro
 
 def test_privgw_run_names_the_variable_of_a_bad_value() -> None:
     line = one_line_error(
-        run_privgw("run", "--policy", str(POLICY), PRIVGW_SECRET="x" * 40, PRIVGW_PARTITIONS="0")
+        run_privgw("run", "--policy", str(POLICY), PRIVGW_SECRET=A_SECRET, PRIVGW_PARTITIONS="0")
     )
     assert "PRIVGW_PARTITIONS" in line and "greater than or equal to 1" in line
     line = one_line_error(
-        run_privgw("run", "--policy", str(POLICY), "--partitions", "0", PRIVGW_SECRET="x" * 40)
+        run_privgw("run", "--policy", str(POLICY), "--partitions", "0", PRIVGW_SECRET=A_SECRET)
     )
     assert "PRIVGW_PARTITIONS (--partitions)" in line
 
@@ -140,7 +141,7 @@ def test_privgw_run_names_the_bootstrap_setting_when_kafka_cannot_be_reached() -
         str(POLICY),
         "--bootstrap",
         f"127.0.0.1:{free_port()}",  # nothing listens there
-        PRIVGW_SECRET="x" * 40,
+        PRIVGW_SECRET=A_SECRET,
         PRIVGW_REQUEST_TIMEOUT_MS="2000",
     )
     assert proc.returncode == 2, proc.stderr

@@ -127,3 +127,29 @@ def test_a_class_below_k_is_counted_and_logged_with_counts_only(
         "whole-key violation: a sampled window published a quasi-identifier class of 2 < k = 3 "
         "respondents (2 records in classes below k)"
     ]
+
+
+ALL_UNPROTECTED = UNPROTECTED.replace(
+    "age:    {role: quasi_identifier, type: numeric, method: microaggregation}",
+    "age:    {role: quasi_identifier, type: numeric, method: keep, unprotected: true}",
+)
+
+
+def test_no_k_claim_without_a_covered_attribute_and_the_below_k_gauge_is_always_there(
+    tmp_path: Path,
+) -> None:
+    """Issue 32, item 7: with every quasi-identifier unprotected, /metrics showed privgw_k 5
+    and no below-k gauge while every respondent was unique."""
+    assert "unprotected: true" in ALL_UNPROTECTED.split("age:")[1].splitlines()[0]
+    for text, covered in ((ALL_UNPROTECTED, 0), (UNPROTECTED, 1)):
+        policy = policy_from_yaml(text)
+        with SQLiteStore(tmp_path / f"s{covered}.db") as store:
+            engine = Engine(policy, keyring=SECRET, store=store)
+            worker = GatewayWorker(policy, WorkerSettings(metrics_port=0), engine)
+            registry = CollectorRegistry()
+            GatewayMetrics.create(registry).attach(worker)
+            value = registry.get_sample_value
+            assert value("privgw_k_claim_covered_attributes") == covered
+            assert value("privgw_k") == (3 if covered else None)
+            # before any sampled window: all published records unprotected, or none yet
+            assert value("privgw_key_share_below_k_ratio") == (0.0 if covered else 1.0)

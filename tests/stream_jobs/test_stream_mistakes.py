@@ -4,6 +4,7 @@ the setting and the fix (never `internal error`, never a silent wait)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from streamkit import create_input_topic
 
 from stream_jobs.broker import EmbeddedBroker, free_port
 from stream_jobs.settings import WorkerSettings
@@ -160,3 +162,57 @@ def test_reconstruct_a_missing_topic_says_so(broker: EmbeddedBroker, unique_name
     code, err, took = privgw("reconstruct", "--bootstrap", broker.bootstrap, "--topic", topic)
     assert_one_line(code, err, f"topic {topic} does not exist", "--bootstrap")
     assert took < 30
+
+
+@pytest.mark.parametrize("role", ["dlq_topic", "meta_topic"])
+def test_a_topic_on_the_group_changelog_is_refused(
+    role: str, tmp_path: Path, secret_env: str, broker: EmbeddedBroker
+) -> None:
+    """Issue 32, item 3: ``output.dlq_topic: g.state-changelog`` with ``--group-id g`` sent raw
+    dead letters into the partitioned backend's changelog (and into RocksDB files)."""
+    text = POLICY.read_text()
+    old = "output:\n"
+    assert old in text, "the Adult policy's output section changed: update this test"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text.replace(old, f"output:\n  {role}: g.state-changelog\n", 1))
+    args = run_args(tmp_path, broker.bootstrap, "--group-id", "g", "--state-backend", "partitioned")
+    args[args.index("--policy") + 1] = str(policy)
+    code, err, _ = privgw(*args)
+    assert_one_line(code, err, "changelog topic", "g.state-changelog", "give each its own topic")
+
+
+def test_reconstruct_from_an_unreachable_bootstrap_is_one_line() -> None:
+    """Issue 32, item 9: was "internal error (KafkaConnectionError)", exit 70."""
+    code, err, _ = privgw("reconstruct", "--bootstrap", "127.0.0.1:1", "--topic", "t")
+    assert_one_line(code, err, "--bootstrap 127.0.0.1:1")
+    assert "internal error" not in err
+
+
+def test_state_check_on_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
+    """Issue 32, item 9: was "internal error (DatabaseError)", exit 70."""
+    (tmp_path / "state.db").write_text("not a database\n")
+    code, err, _ = privgw("state-check", "--state-dir", str(tmp_path))
+    assert_one_line(code, err, "state.db is not a readable privgw state database")
+
+
+@pytest.mark.parametrize("after", [0.3, 1.0, 2.0, 4.0])
+def test_sigterm_at_any_moment_of_the_start_exits_cleanly(
+    after: float, tmp_path: Path, secret_env: str, broker: EmbeddedBroker, unique_name: str
+) -> None:
+    """Issue 32, item 9: SIGTERM in the first ~2 s ended with the signal (rc -15)."""
+    create_input_topic(broker.bootstrap, f"{unique_name}.in", partitions=1)
+    args = run_args(tmp_path, broker.bootstrap, "--input-topic", f"{unique_name}.in")
+    args += ["--output-topic", f"{unique_name}.out", "--group-id", f"{unique_name}-g"]
+    log = tmp_path / "log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PRIVGW_SESSION_TIMEOUT_MS="3000"),
+        )
+        time.sleep(after)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0, log.read_text()[-2000:]
+    assert "Traceback" not in log.read_text()
