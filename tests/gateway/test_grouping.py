@@ -30,7 +30,13 @@ def _mdav(x: np.ndarray, k: int):
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(2, 5),
-    st.lists(st.tuples(st.integers(0, 4), st.floats(-100, 100)), min_size=6, max_size=80),
+    # values on a 0.001 grid: a stratum of zeros and one 1e-158 has a variance that underflows,
+    # which MDAV's standardisation refuses (rightly) — not what this test is about
+    st.lists(
+        st.tuples(st.integers(0, 4), st.integers(-100_000, 100_000).map(lambda v: v / 1000)),
+        min_size=6,
+        max_size=80,
+    ),
     st.sampled_from(list(SmallStrata)),
 )
 def test_no_group_crosses_a_stratum(k: int, rows, small: SmallStrata) -> None:
@@ -61,7 +67,11 @@ def test_no_group_crosses_a_stratum(k: int, rows, small: SmallStrata) -> None:
 @given(
     st.integers(2, 4),
     st.integers(2, 3),
-    st.lists(st.tuples(st.floats(-50, 50), st.integers(0, 3)), min_size=12, max_size=80),
+    st.lists(
+        st.tuples(st.integers(-50_000, 50_000).map(lambda v: v / 1000), st.integers(0, 3)),
+        min_size=12,
+        max_size=80,
+    ),
 )
 def test_l_diversity_leaves_no_group_below_l(k: int, ell: int, rows) -> None:
     x = np.array([[v] for v, _ in rows])
