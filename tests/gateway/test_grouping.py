@@ -124,10 +124,20 @@ def test_protect_with_strata_and_l_diversity(adult_sample: Path, tmp_path: Path)
     assert report["l_diversity"]["merges"] > 0
 
 
-def test_stream_engine_refuses_file_only_grouping() -> None:
+def test_stream_engine_runs_strata_and_l_diversity_but_refuses_merging_small_strata() -> None:
     base = yaml.safe_load((ROOT / "deploy/policies/adult.yaml").read_text())
     base["microaggregation"]["strata"] = ["race"]
-    with pytest.raises(PolicyError, match="stream engine does not yet"):
+    base["microaggregation"]["l_diversity"] = {"attribute": "income", "l": 2}
+    # small_strata merge (the default) is for files: a stream cannot know a stratum is small
+    with pytest.raises(PolicyError, match=r"small_strata merge .* set small_strata: suppress"):
+        Engine(parse_policy(base))
+    base["microaggregation"]["small_strata"] = "suppress"
+    Engine(parse_policy(base))  # tests/gateway/test_stream_grouping.py runs them
+    base["microaggregation"].update(algorithm="recode_suppress", strata=None, l_diversity=None)
+    for name in ("age", "education_num", "hours_per_week"):
+        if base["attributes"].get(name, {}).get("role") == "quasi_identifier":
+            base["attributes"][name]["bins"] = [20, 40, 60]
+    with pytest.raises(PolicyError, match="recode_suppress: the file workflow"):
         Engine(parse_policy(base))
     base["microaggregation"]["strata"] = ["respondent_id"]
     with pytest.raises(PolicyError, match=r"microaggregation\.strata"):
