@@ -5,7 +5,8 @@ stratum on its own, so no group crosses a stratum. A stratum with fewer than k r
 form a group: with ``small = merge`` all such strata are pooled into one (and the pool, if still
 below k, joins the smallest stratum that has k records); with ``small = suppress`` their records
 are left ungrouped (label −1) for the caller to publish suppressed. Either way they are
-reported by name count, never by value.
+reported by name count, never by value. The stream keys its pools by :func:`stratum_texts`
+instead (:mod:`gateway.grouping.scope`).
 """
 
 from __future__ import annotations
