@@ -18,7 +18,9 @@ Modes: the policy's republication modes (``deferred`` is the behaviour before th
 for N slack members, ``@window`` or ``@release`` for the pool new and changed respondents are
 grouped in (the policy's otherwise), and ``fresh``: a new whole-key MDAV every wave (an engine
 without stored groups; randomized response stays sticky by its keyed draws) — the other
-extreme.
+extreme. ``:strata=a+b`` groups within strata of those attributes (``small_strata: suppress``),
+``:l=N`` merges groups until each publishes N distinct incomes (issue 31), e.g.
+``regroup:strata=race:l=2``.
 
 Per wave and mode it prints: respondents whose quasi-identifiers changed, changers still
 publishing their previous tuple, the share of published respondents out of date (their values
@@ -90,8 +92,18 @@ SCENARIOS = {
 
 
 def policy_for(mode: str) -> Policy:
-    """The shipped policy with a mode: ``name[+sN][@pool]``, e.g. ``cohort+s2@window``."""
+    """The shipped policy with a mode: ``name[+sN][@pool][:strata=a+b][:l=N]``, e.g.
+    ``cohort+s2@window`` or ``regroup:strata=race:l=2``."""
     data = yaml.safe_load(POLICY.read_text())
+    mode, *options = mode.split(":")
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "strata":
+            data["microaggregation"].update(strata=value.split("+"), small_strata="suppress")
+        elif key == "l":
+            data["microaggregation"]["l_diversity"] = {"attribute": "income", "l": int(value)}
+        else:
+            raise SystemExit(f"unknown mode option {option!r}: strata=a+b or l=N")
     mode, _, pool = mode.partition("@")
     name, _, slack = mode.partition("+s")
     rep = data.setdefault("republication", {})
@@ -195,7 +207,7 @@ class ModeRun:
         """Wave ``w``'s windows. The first record of the next wave closes it (a watermark):
         its window is fed by :meth:`close` and counted as this wave's cost."""
         sc = self.sc
-        if self.mode == "fresh":  # no stored groups: a new whole-key MDAV for every wave
+        if self.mode.startswith("fresh"):  # no stored groups: a new whole-key MDAV for every wave
             self.engine = Engine(self.policy, keyring=self.key, store=MemoryStore())
         for r in records:
             assert r.source is not None
@@ -213,7 +225,7 @@ class ModeRun:
                     end += 1
                 self._protect(self.held + records[start:end], opened + sc.max_seconds, w, False)
                 start = end
-        if self.mode == "fresh":
+        if self.mode.startswith("fresh"):
             self._protect(self.held, 1e12, w, True)
 
     def close(self, w: int, first_of_next: ValidRecord) -> None:
@@ -233,6 +245,8 @@ class ModeRun:
 def report(
     mode: str, tally: Tally, waves: list[list[ValidRecord]], k: int, base_cost: list[float] | None
 ) -> list[float]:
+    spec = policy_for(mode).microaggregation
+    strata, ldiv = spec.strata or [], spec.l_diversity
     truth_by_wave = [{str(r.respondent_id): r.values for r in wave} for wave in waves]
     history: dict[tuple[Any, ...], set[str]] = defaultdict(set)
     releases: list[dict[str, Any]] = []
@@ -248,6 +262,8 @@ def report(
         }
         release: dict[str, Any] = {}
         classes: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+        strata_of: dict[tuple[Any, ...], set[tuple[Any, ...]]] = defaultdict(set)
+        incomes: dict[tuple[Any, ...], set[Any]] = defaultdict(set)
         stale_changers = out_of_date = published = suppressed = 0
         x_true, x_pub = [], []
         cat_cells = cat_wrong = 0
@@ -264,6 +280,8 @@ def report(
             release[rid] = t
             classes[t].add(rid)
             history[t].add(rid)
+            strata_of[t].add(tuple(v[s] for s in strata))
+            incomes[t].add(row["income"])
             now = claim_of(v)
             if prev_tuple.get(rid) != t:
                 formed_with[rid] = now
@@ -294,6 +312,8 @@ def report(
         cost = tally.seconds[w] / max(len(truth), 1) * 1e6
         costs.append(cost)
         ratio = f"{cost / base_cost[w - 1]:.2f}x" if base_cost else "-"
+        crossing = sum(len(s) > 1 for s in strata_of.values()) if strata else "-"
+        below_l = sum(len(s) < ldiv.l for s in incomes.values()) if ldiv else "-"
         print(
             f"{mode:>13} {w:>4} {len(changed):>7} {stale_changers:>6} "
             f"{100 * out_of_date / n:>6.1f}% {100 * tally.engine_stale[w] / n:>6.1f}% "
@@ -303,7 +323,7 @@ def report(
             f"{min((len(m) for m in history.values()), default=0):>4} "
             f"{min(here, default=0):>4} {100 * below / max(len(here), 1):>6.1f}% "
             f"{sse:>6.2f} {100 * cat_wrong / max(cat_cells, 1):>5.2f}% {suppressed:>5} "
-            f"{cost:>7.1f} {ratio:>6}"
+            f"{cost:>7.1f} {ratio:>6} {crossing:>4} {below_l:>4}"
         )
     return costs
 
@@ -311,7 +331,8 @@ def report(
 HEADER = (
     f"{'mode':>13} {'wave':>4} {'changed':>7} {'stale':>6} {'outdated':>7} {'engine':>7} "
     f"{'married t/p':>11} {'never t/p':>11} {'rel':>4} {'hist':>4} "
-    f"{'link':>4} {'<k':>7} {'SSE%':>6} {'cat%':>6} {'supp':>5} {'µs/rec':>7} {'cost':>6}"
+    f"{'link':>4} {'<k':>7} {'SSE%':>6} {'cat%':>6} {'supp':>5} {'µs/rec':>7} {'cost':>6} "
+    f"{'xstr':>4} {'<l':>4}"
 )
 
 
@@ -340,7 +361,9 @@ def main() -> None:
         f"k = {k}; stale: changers still publishing their previous tuple; outdated: published "
         f"respondents whose tuple was formed before their values changed (engine: the engine's "
         f"own count); rel/hist: smallest class in the release / over the history; link, <k: "
-        f"smallest linked candidate set and share below k"
+        f"smallest linked candidate set and share below k; xstr: classes whose respondents span "
+        f"strata (a tuple two groups happen to share counts too); <l: classes publishing fewer "
+        f"than l distinct incomes"
     )
     print(HEADER)
     modes = args.modes.split(",")

@@ -31,6 +31,8 @@ from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
 from gateway.grouping.republish import Republisher, WindowQI
+from gateway.grouping.scope import Diversifier, GroupingInputs, refuse_in_stream, same_stratum
+from gateway.grouping.strata import stratum_texts
 from gateway.keyed import KeyedSource, Keyring
 from gateway.mechanism_stamp import stamp_column
 from gateway.microaggregation import microaggregate
@@ -130,6 +132,9 @@ class WindowResult:
 
 _QI_DIGEST_ATTR = "\x00quasi-identifiers"
 _CATEGORIES_DIGEST_ATTR = "\x00categorical-quasi-identifiers"  # a tuple's categories alone
+_STRATUM_DIGEST_ATTR = "\x00stratum"
+_PUBLISHED_DIGEST_ATTR = "\x00published:"  # + attribute: a published value (l-diversity)
+_PUBLISHED_DIGEST_BYTES = 8  # a group keeps its release's distinct values as these
 GROUP_KEY_PREFIX = b"group:"  # registry entries; respondent keys are 32-byte digests
 
 
@@ -376,7 +381,7 @@ class KeyedInputs:
     """Computes :class:`WindowKeys` for a policy and secret. Value digests are memoised (see
     :class:`_ValueDigests`), so one instance serves every window of a worker or engine."""
 
-    __slots__ = ("_claim", "_digests", "_keyring", "_sticky_values")
+    __slots__ = ("_claim", "_digests", "_keyring", "_sticky_values", "_strata")
 
     def __init__(self, policy: Policy, keyring: Keyring) -> None:
         self._keyring = keyring
@@ -384,6 +389,7 @@ class KeyedInputs:
         sticky = policy.consistency.mode is ConsistencyMode.STICKY
         claim = policy.k_claim if sticky else []
         self._claim = [(n, policy.attributes[n]) for n in claim]
+        self._strata = list(policy.microaggregation.strata or [])
         self._sticky_values = [
             n
             for n, a in policy.attributes.items()
@@ -439,7 +445,11 @@ class KeyedInputs:
                     strict=True,
                 )
             ]
-            qi = self.claim_digests(cols, [None not in row for row in zip(*cols, strict=True)])
+            qi = self.claim_digests(
+                cols,
+                [None not in row for row in zip(*cols, strict=True)],
+                strata=strata_of(self._strata, records, by_attribute),
+            )
         return WindowKeys(respondents, draws, values, qi)
 
     def claim_digests(
@@ -447,18 +457,47 @@ class KeyedInputs:
         cols: Sequence[Sequence[Any]],
         complete: Sequence[bool],
         attribute: str = _QI_DIGEST_ATTR,
+        *,
+        strata: Sequence[str] | None = None,
     ) -> list[str]:
         """The digest (hex) of each record's k-claim tuple, from the claim inputs (one list
         per claim attribute) and whether each record has all of them. ``attribute``: the
-        digest's domain (another one for a part of the tuple)."""
+        digest's domain (another one for a part of the tuple). ``strata``: each record's
+        stratum (:func:`strata_of`), digested with the tuple, so that a respondent who changes
+        stratum has changed its tuple."""
         # one digest per distinct tuple of canonical texts (1.0 and 1 agree); a tuple with a
         # missing value cannot be grouped, and is digested as the empty one
+        if strata is not None:
+            cols = [*cols, strata]
         if not cols:
             return [""] * len(complete)
         rows = [
             row if ok else () for row, ok in zip(zip(*cols, strict=True), complete, strict=True)
         ]
         return [h for _, h in self._digests.many(attribute, rows, _qi_text)]
+
+    def stratum_digests(self, strata: Sequence[str]) -> list[str]:
+        """The keyed digest (hex, 8 bytes) of each record's stratum: what a group's registry
+        entry keeps of its stratum (never the values)."""
+        return [h[:16] for _, h in self._digests.many(_STRATUM_DIGEST_ATTR, strata)]
+
+    def published_digests(self, name: str, values: Sequence[Hashable]) -> list[bytes]:
+        """Keyed digests (8 bytes) of published values of ``name``: what a group's registry
+        entry keeps of its release's distinct values for l-diversity."""
+        found = self._digests.many(_PUBLISHED_DIGEST_ATTR + name, values)
+        return [d[:_PUBLISHED_DIGEST_BYTES] for d, _ in found]
+
+
+def strata_of(
+    names: Sequence[str],
+    records: Sequence[ValidRecord],
+    by_attribute: Mapping[str, Sequence[Any]] | None,
+) -> list[str] | None:
+    """Each record's stratum as text (:func:`gateway.grouping.strata.stratum_texts`); None
+    when the policy names no strata."""
+    if not names:
+        return None
+    return stratum_texts(_attribute_values(records, by_attribute, names), len(records))
 
 
 class Engine:
@@ -488,11 +527,7 @@ class Engine:
         ``measure_risk=False``: a risk-sampled window returns its microaggregated records
         (``WindowResult.aggregated``) without measuring them — a shard of a window
         (:mod:`gateway.shards`), measured once the shards' results are merged."""
-        if policy.file_only:  # grouping the stream does not run yet: refuse, never ignore
-            raise PolicyError(
-                f"{', '.join(policy.file_only)}: the file workflow (privgw protect) runs it, the "
-                "stream engine does not yet; remove it from a policy for privgw run"
-            )
+        refuse_in_stream(policy)
         if policy.consistency.mode is ConsistencyMode.NONE and not consistency_override:
             raise PolicyError(
                 "consistency.mode none gives every release fresh randomness, which an "
@@ -546,6 +581,14 @@ class Engine:
         ]
         self._windows = 0
         self._rules = [EditRule.of(rule) for rule in policy.microaggregation.edit_rules]
+        # groups never cross a stratum; they hold l distinct published values of one attribute
+        spec = policy.microaggregation
+        self._strata = list(spec.strata or []) if self._qi_agg else []
+        ldiv = spec.l_diversity if self._qi_agg else None
+        self._ldiv = None if ldiv is None else ldiv.attribute
+        self._diversify = (
+            None if ldiv is None else Diversifier(self._qi_columns, spec.standardize, ldiv.l)
+        )
         rep = policy.republication
         self._releases = ReleaseClock()
         pooled = (
@@ -565,6 +608,8 @@ class Engine:
                 centroids=self._centroids,
                 on_timeout_suppress=policy.window.on_hold_timeout is HoldTimeout.SUPPRESS,
                 pool_per_release=rep.pool is GroupingPool.RELEASE,
+                ell=None if ldiv is None else ldiv.l,
+                diversify=self._diversify,
             )
             if rep.mode is not RepublicationMode.DEFERRED and self._qi_agg and self._store
             else None
@@ -583,6 +628,11 @@ class Engine:
             "policy_name": p.name,
             "k": p.microaggregation.k,
             "microaggregation": p.microaggregation.algorithm.value,
+            # groups never cross these strata; each publishes l distinct values of the attribute
+            "strata": self._strata,
+            "l_diversity": None
+            if self._diversify is None
+            else {"attribute": self._ldiv, "l": self._diversify.ell},
             "quasi_identifiers": self._qi_all,
             "microaggregated": self._qi_agg,
             # what the k claim covers: every published tuple of these is shared by >= k
@@ -751,6 +801,19 @@ class Engine:
         )
 
         # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
+        value_digests = keys.values if keys is not None and sticky else {}
+        # within strata; l-diverse on the published values of one attribute, taken first
+        strata = strata_of(self._strata, records, by_attribute)
+        early = self._early_column(
+            records, by_attribute, rkeys=rkeys, dkeys=dkeys, view=view, value_digests=value_digests
+        )
+        grouping = GroupingInputs(
+            strata,
+            None
+            if strata is None or self._inputs is None
+            else self._inputs.stratum_digests(strata),
+            None if early is None else early.out,
+        )
         republish = self._republisher is not None and sticky
         regroups: dict[str, Group] = {}
         if republish:
@@ -763,6 +826,7 @@ class Engine:
                 flush_all=flush_all,
                 by_attribute=by_attribute,
                 qi_digests=given_qi,
+                grouping=grouping,
             )
         else:
             qi = self._quasi_identifiers(
@@ -774,6 +838,7 @@ class Engine:
                 flush_all=flush_all,
                 by_attribute=by_attribute,
                 qi_digests=given_qi,
+                grouping=grouping,
             )
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
@@ -810,50 +875,39 @@ class Engine:
         dk = [dkeys[i] for i in pub_idx]
         rk = [rkeys[i] for i in pub_idx]
         stored = _StoredLookup(view.states, rk)
-        value_digests = keys.values if keys is not None and sticky else {}
         for name, values in zip(
             self._published_attrs,
             _attribute_values(records, by_attribute, self._published_attrs, pub_idx),
             strict=True,
         ):
             attr = policy.attributes[name]
+            ret: tuple[float, int] | None = None
+            under: list[Any] | None = None  # randomized response: each value's matrix
             if name in qi_columns:
                 out: list[Any] = qi_columns[name]
-            elif attr.method is Method.RANDOMIZED_RESPONSE:
-                vds = _at(value_digests.get(name), pub_idx)
-                out, hits, ret, drawn_under = self._randomize(
-                    name, values, dk, view, stored, digests=vds
+            elif early is not None and name == early.name:  # published before the grouping
+                out = [early.out[i] for i in pub_idx]
+                sticky_hits += sum(early.hit[i] for i in pub_idx)
+                early.store(view, rk)
+                if attr.method is Method.RANDOMIZED_RESPONSE:
+                    ret = self._retention(name, values, out)
+                under = None if early.under is None else [early.under[i] for i in pub_idx]
+            else:
+                out, hits, ret, under = self._column(
+                    name,
+                    values,
+                    pub_idx,
+                    dk=dk,
+                    view=view,
+                    stored=stored,
+                    value_digests=value_digests,
                 )
                 sticky_hits += hits
-                if ret is not None:
-                    retention[name], randomized[name] = ret
-                if self._store is not None:  # each value's matrix (gateway.mechanism_stamp)
-                    col_names.append(stamp_column(name))
-                    columns.append(drawn_under)
-            elif attr.method is Method.NOISE:
-                vds = _at(value_digests.get(name), pub_idx)
-                out, hits = self._noise(name, values, dk, view, stored, digests=vds)
-                sticky_hits += hits
-            elif attr.method is Method.TOP_BOTTOM_CODE:
-                assert attr.coding is not None
-                arr = np.array(values, dtype=np.float64)  # None -> nan
-                coded = masking.top_bottom_code(arr, attr.coding)
-                out = [None if v is None else _num(c) for v, c in zip(values, coded, strict=True)]
-            elif attr.method is Method.GENERALIZE:
-                assert attr.hierarchy is not None
-                out = masking.generalize(
-                    [None if v is None else str(v) for v in values], attr.hierarchy
-                )
-            elif attr.method is Method.COARSEN:
-                assert attr.coarsen is not None
-                out = masking.coarsen(
-                    [None if v is None else str(v) for v in values], attr.coarsen.unit
-                )
-            elif attr.round_to is not None:  # a weight, rounded as the policy says
-                step = attr.round_to
-                out = [None if v is None else _num(round(float(v) / step) * step) for v in values]
-            else:  # keep
-                out = values
+            if ret is not None:
+                retention[name], randomized[name] = ret
+            if under is not None and self._store is not None:  # each value's matrix
+                col_names.append(stamp_column(name))  # (gateway.mechanism_stamp)
+                columns.append(under)
             if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:
                 out = [
                     None if i in suppressed_set else o for o, i in zip(out, pub_idx, strict=True)
@@ -868,6 +922,7 @@ class Engine:
             # change: republishing an unchanged respondent costs no durable write (and no
             # changelog record with partitioned state).
             qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
+            stratum_digests = grouping.stratum_digests
             unchanged = qi.unchanged
             waves = _attribute_values(records, by_attribute, ["wave"])[0]
             for i in pub_idx:
@@ -895,6 +950,8 @@ class Engine:
                             known[digest] = [gid, list(qi.tuples[i])]
                             touched.add(rkey)
                     current = [gid, current_digest.get(i, digest)]
+                    if stratum_digests is not None:  # a deferred move never leaves it
+                        current.append(stratum_digests[i])
                     if st.get("current") != current:
                         st["current"] = current
                         touched.add(rkey)
@@ -913,9 +970,14 @@ class Engine:
                 self._store.put_many(entries)
 
         measures = dict(qi.measures)
+        release_ldiv = measures.pop("release_ldiv_min", None)
         if qi.sampled and self._qi_agg:
             out_by_name = dict(zip(col_names, columns, strict=True))
             measures.update(self._key_measures(out_by_name, pub_idx, qi, view, suppressed_set))
+            if release_ldiv is not None and self._ldiv is not None:
+                # every class published here, counted over its release so far
+                name = f"ldiv_min:{self._ldiv}"
+                measures[name] = min(measures.get(name, release_ldiv), release_ldiv)
         published = list(
             map(
                 PublishedRecord,
@@ -955,6 +1017,93 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ helpers
+    def _column(
+        self,
+        name: str,
+        values: list[Any],
+        positions: Sequence[int],
+        *,
+        dk: Sequence[bytes | None],
+        view: _StateView,
+        stored: _StoredLookup,
+        value_digests: Mapping[str, list[tuple[bytes, str]]],
+    ) -> tuple[list[Any], int, tuple[float, int] | None, list[Any] | None]:
+        """The published values of ``name`` for the records at ``positions`` (``values``, draw
+        keys ``dk`` and stored publications aligned with them), with the sticky hits and, for
+        randomized response, (retention, records randomized) and each value's matrix
+        version."""
+        attr = self.policy.attributes[name]
+        if attr.method is Method.RANDOMIZED_RESPONSE:
+            vds = _at(value_digests.get(name), positions)
+            return self._randomize(name, values, dk, view, stored, digests=vds)
+        if attr.method is Method.NOISE:
+            vds = _at(value_digests.get(name), positions)
+            out, hits = self._noise(name, values, dk, view, stored, digests=vds)
+            return out, hits, None, None
+        if attr.method is Method.TOP_BOTTOM_CODE:
+            assert attr.coding is not None
+            arr = np.array(values, dtype=np.float64)  # None -> nan
+            coded = masking.top_bottom_code(arr, attr.coding)
+            out = [None if v is None else _num(c) for v, c in zip(values, coded, strict=True)]
+        elif attr.method is Method.GENERALIZE:
+            assert attr.hierarchy is not None
+            out = masking.generalize(
+                [None if v is None else str(v) for v in values], attr.hierarchy
+            )
+        elif attr.method is Method.COARSEN:
+            assert attr.coarsen is not None
+            out = masking.coarsen(
+                [None if v is None else str(v) for v in values], attr.coarsen.unit
+            )
+        elif attr.round_to is not None:  # a weight, rounded as the policy says
+            step = attr.round_to
+            out = [None if v is None else _num(round(float(v) / step) * step) for v in values]
+        else:  # keep
+            out = values
+        return out, 0, None, None
+
+    def _early_column(
+        self,
+        records: Sequence[ValidRecord],
+        by_attribute: Mapping[str, Sequence[Any]] | None,
+        *,
+        rkeys: Sequence[bytes | None],
+        dkeys: Sequence[bytes | None],
+        view: _StateView,
+        value_digests: Mapping[str, list[tuple[bytes, str]]],
+    ) -> _EarlyColumn | None:
+        """The l-diversity attribute's published values for every record of the window, taken
+        before the grouping (which needs them) and reused for the records published. Sticky
+        draws are keyed, so a held record's value now is the one it is published with later;
+        fresh draws are kept aside and stored for the published records only."""
+        if self._ldiv is None:
+            return None
+        name = self._ldiv
+        everyone = range(len(records))
+        values = _attribute_values(records, by_attribute, [name])[0]
+        stored = _StoredLookup(view.states, rkeys)
+        method = self.policy.attributes[name].method
+        vds = value_digests.get(name)
+        if view.sticky and vds is not None and method in (Method.RANDOMIZED_RESPONSE, Method.NOISE):
+            maps = stored.maps("rr" if method is Method.RANDOMIZED_RESPONSE else "noise", name)
+            hit = [m.get(h) is not None for m, (_, h) in zip(maps, vds, strict=True)]
+        else:
+            hit = [False] * len(records)
+        aside = _StateView(states={}, sticky=view.sticky)
+        out, _, _, under = self._column(
+            name, values, everyone, dk=dkeys, view=aside, stored=stored, value_digests=value_digests
+        )
+        return _EarlyColumn(name, out, hit, aside.states, under)
+
+    def _retention(
+        self, name: str, values: Sequence[object], out: Sequence[Any]
+    ) -> tuple[float, int] | None:
+        """(Share published as its true category, records randomized) of an RR attribute."""
+        codes_of = self._codes[name]
+        missing_code = codes_of.get(MISSING_LABEL, -1)
+        codes = np.array([missing_code if v is None else codes_of[str(v)] for v in values])
+        return _kept_share(codes_of, codes.astype(np.int64), out)
+
     def _load_live(self, group_ids: Sequence[str]) -> dict[str, tuple[int, int | None]]:
         assert self._store is not None
         found = self._store.get_many([_group_key(g) for g in group_ids])
@@ -1043,6 +1192,7 @@ class Engine:
         flush_all: bool,
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
         qi_digests: list[str] | None,
+        grouping: GroupingInputs,
     ) -> QIDecision:
         """Decide each record's quasi-identifiers of the k claim (all of them together):
         stored group tuple, new group, held or suppressed. ``qi_digests``: each record's k-claim
@@ -1074,7 +1224,9 @@ class Engine:
         undecided: Sequence[int] = range(len(records))  # decided one by one below
         if sticky and self._inputs is not None:
             qi_hex = (
-                qi_digests if qi_digests is not None else self._inputs.claim_digests(cols, complete)
+                qi_digests
+                if qi_digests is not None
+                else self._inputs.claim_digests(cols, complete, strata=grouping.strata)
             )
             kept = _keep_stored_tuples(rkeys, qi_hex, complete, states, decision)
             undecided = [i for i in range(len(records)) if i not in kept]
@@ -1127,7 +1279,12 @@ class Engine:
                 stored = st.get("qi", {}).get(digest)
                 cur_gid = current[0] if current is not None else None
                 moving = cur_gid is not None and (stored is None or stored[0] != cur_gid)
-                if current is not None and moving and view.members(current[0], k + 1) - 1 < k:
+                if (
+                    current is not None
+                    and moving
+                    and view.members(current[0], k + 1) - 1 < k
+                    and same_stratum(current, grouping.stratum_digests, i)
+                ):
                     # leaving would drop the current group below k live members: stay in it
                     stored = st["qi"][current[1]]
                     decision.current_digest[i] = current[1]
@@ -1159,28 +1316,41 @@ class Engine:
                 slots.append(i)
             members.append(slot_of[ident])
 
-        # slots by scope: one scope per window, or one per input partition
-        scopes: dict[int | None, list[int]] = {}
+        # slots by scope: one per window, or one per input partition; and per stratum
+        scopes: dict[tuple[int | None, str], list[int]] = {}
+        strata, sensitive = grouping.strata, grouping.sensitive
         for s_index, i in enumerate(slots):
             scope = self._parts[i] if self._partition_scope else None
-            scopes.setdefault(scope, []).append(s_index)
+            stratum = strata[i] if strata is not None else ""
+            scopes.setdefault((scope, stratum), []).append(s_index)
         gid_of_slot: dict[int, str] = {}
         masked_of_slot: dict[int, tuple[object, ...]] = {}
         originals: list[NDArray[np.float64]] = []
         maskeds: list[NDArray[np.float64]] = []
-        for scope, scope_slots in sorted(scopes.items(), key=lambda kv: (kv[0] is None, kv[0])):
+        for (scope, _), scope_slots in sorted(
+            scopes.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])
+        ):
             if len(scope_slots) < k:
                 continue  # these wait (below) for k new neighbours in their scope
             rec_idx = [slots[s_index] for s_index in scope_slots]  # record index per row
             sub = [[c[t] for t in rec_idx] for c in cols]
             published, label_rows = self._partition(sub)
+            published_rows = list(
+                zip(*map(published_column, published, self._qi_numeric), strict=True)
+            )
+            if sensitive is not None and self._diversify is not None:  # or all of them wait
+                merged = self._diversify(sub, label_rows, [sensitive[t] for t in rec_idx])
+                if merged is None:
+                    continue
+                if not np.array_equal(merged, label_rows):
+                    label_rows = merged
+                    centroids = self._centroids(sub, label_rows)
+                    published_rows = [tuple(centroids[t]) for t in label_rows.tolist()]
+                    published = [list(c) for c in zip(*published_rows, strict=True)]
             num = self._qi_numeric_pos
             if num:
                 originals.append(np.array([sub[j] for j in num], dtype=np.float64).T)
                 maskeds.append(np.array([published[j] for j in num], dtype=np.float64).T)
-            published_rows = list(
-                zip(*map(published_column, published, self._qi_numeric), strict=True)
-            )
             prefix = f"{scope}." if scope is not None else ""
             # each group's rows, label by label, in one sort (a scan per label was quadratic:
             # ~1 s for the 33,000 groups of 100,000 rows at k = 3)
@@ -1266,6 +1436,7 @@ class Engine:
         flush_all: bool,
         by_attribute: Mapping[str, Sequence[Any]] | None,
         qi_digests: list[str] | None,
+        grouping: GroupingInputs,
     ) -> tuple[QIDecision, dict[str, Group]]:
         """The k claim's decision under the ``regroup`` and ``cohort`` modes
         (:mod:`gateway.grouping.republish`)."""
@@ -1277,11 +1448,17 @@ class Engine:
             for n, c in zip(names, _attribute_values(records, by_attribute, names), strict=True)
         ]
         complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
+        strata = grouping.strata
         digests = (
-            qi_digests if qi_digests is not None else self._inputs.claim_digests(cols, complete)
+            qi_digests
+            if qi_digests is not None
+            else self._inputs.claim_digests(cols, complete, strata=strata)
         )
         categorical = [c for c, numeric in zip(cols, self._qi_numeric, strict=True) if not numeric]
-        categories = self._inputs.claim_digests(categorical, complete, _CATEGORIES_DIGEST_ATTR)
+        # a changed stratum counts as a changed category: the respondent moves
+        categories = self._inputs.claim_digests(
+            categorical, complete, _CATEGORIES_DIGEST_ATTR, strata=strata
+        )
         wave = policy.republication.wave_attribute
         if wave is None:
             releases = ["w" + window_id(records)] * len(records)
@@ -1306,6 +1483,10 @@ class Engine:
             if flush_all
             else [now - r.arrived_at >= max_hold for r in records],
             closed=[closed[r] for r in releases],
+            strata=grouping.stratum_digests,
+            sensitive=None
+            if self._ldiv is None or grouping.sensitive is None
+            else self._inputs.published_digests(self._ldiv, grouping.sensitive),
         )
         decision, groups = self._republisher.decide(
             window_qi,
@@ -1423,14 +1604,7 @@ class Engine:
                     drawn=drawn,
                     version=self._mech_versions[name],
                 )
-        # retention: the share published as its true category (an unknown label: not kept)
-        published = np.array(
-            [codes_of.get(MISSING_LABEL if o is None else o, -2) for o in out], dtype=np.int64
-        )
-        randomized = codes >= 0
-        n = int(randomized.sum())
-        retention = (float(np.mean(published[randomized] == codes[randomized])), n) if n else None
-        return out, hits, retention, under
+        return out, hits, _kept_share(codes_of, codes, out), under
 
     def _noise(
         self,
@@ -1513,6 +1687,41 @@ class Engine:
 
 
 _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
+
+
+class _EarlyColumn(NamedTuple):
+    """An attribute's published values for every record of a window, taken before the grouping
+    (:meth:`Engine._early_column`); ``hit``: the value was stored already."""
+
+    name: str
+    out: list[Any]
+    hit: list[bool]
+    drawn: dict[bytes, dict[str, Any]]  # fresh draws by respondent key, as a state holds them
+    under: list[Any] | None = None  # randomized response: each value's matrix version
+
+    def store(self, view: _StateView, keys: Iterable[bytes | None]) -> None:
+        """Store the fresh draws of these respondents (the window's published ones)."""
+        for key in keys:
+            fresh = self.drawn.get(key) if key is not None else None
+            if fresh is None or key is None:
+                continue
+            for kind, by_name in fresh.items():
+                for name, values in by_name.items():
+                    _stored_map(view.states, key, kind, name).update(values)
+            view.touched.add(key)
+
+
+def _kept_share(
+    codes_of: Mapping[str, int], codes: NDArray[np.int64], out: Sequence[Any]
+) -> tuple[float, int] | None:
+    """Randomized response's retention: the share of the randomized records published as their
+    true category (an unknown label: not kept), and how many were randomized."""
+    published = np.array(
+        [codes_of.get(MISSING_LABEL if o is None else o, -2) for o in out], dtype=np.int64
+    )
+    randomized = codes >= 0
+    n = int(randomized.sum())
+    return (float(np.mean(published[randomized] == codes[randomized])), n) if n else None
 
 
 def _keys_at(keys: WindowKeys, positions: Sequence[int]) -> WindowKeys:

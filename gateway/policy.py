@@ -564,10 +564,11 @@ class MicroaggSpec(_Strict):
     edit_rules: list[dict[str, list[str]]] = Field(default_factory=list)
     # recode_suppress: the k claim's attributes, most important (suppressed last) first
     importance: list[str] | None = None
-    # groups never cross a stratum (the tuple of these attributes' values); file workflow
+    # groups never cross a stratum (the tuple of these attributes' values); the stream takes
+    # small_strata suppress only (a stratum is small only in hindsight there)
     strata: list[str] | None = None
     small_strata: SmallStrata = SmallStrata.MERGE
-    l_diversity: LDiversitySpec | None = None  # file workflow (privgw protect)
+    l_diversity: LDiversitySpec | None = None
 
     @field_validator("k")
     @classmethod
@@ -823,11 +824,14 @@ class Policy(_Strict):
         out = []
         if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
             out.append("microaggregation.algorithm recode_suppress")
-        if spec.strata:
-            out.append("microaggregation.strata")
-        if spec.l_diversity is not None:
-            out.append("microaggregation.l_diversity")
         return out
+
+    @property
+    def grouped_by_file(self) -> bool:
+        """Whether ``privgw protect`` groups the k claim itself (recoding, or strata and
+        l-diversity over the whole file) and has the engine publish everything else."""
+        spec = self.microaggregation
+        return bool(self.file_only or spec.strata or spec.l_diversity is not None)
 
     @property
     def weight(self) -> str | None:

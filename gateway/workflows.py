@@ -84,7 +84,7 @@ def protect_file(
         )
     recoding = policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
     engine = Engine(
-        recode_suppress.engine_policy(policy) if policy.file_only else policy,
+        recode_suppress.engine_policy(policy) if policy.grouped_by_file else policy,
         randomness=SeededSource(seed),
         frequencies=_frequencies(records, policy),
         consistency_override=True,  # one release of a file: nothing to average over
@@ -110,7 +110,7 @@ def protect_file(
             protected, release.keys, policy.microaggregation.k
         )
         meta["k_claim"] = {**whole_key, "k": policy.microaggregation.k}
-    elif policy.file_only:  # strata and l-diversity: grouped here, the rest by the engine
+    elif policy.grouped_by_file:  # strata and l-diversity: grouped here, the rest by the engine
         spec = policy.microaggregation
         tokens = set(policy.input.missing_tokens)
         strata = [_missing_to_none(df[s].tolist(), tokens) for s in spec.strata or []]

@@ -431,7 +431,9 @@ class _WorkerCollector(Collector):
         ldiv_family = GaugeMetricFamily(
             f"{p}_l_diversity_min",
             "fewest distinct published values of a sensitive attribute within one group formed "
-            "in the last sampled window that formed groups",
+            "in the last sampled window that formed groups (the attribute l-diversity is "
+            "enforced on, under regroup and cohort: within one class the window published, "
+            "over its release so far)",
             labels=["attribute"],
         )
         for name, value in sorted(ldiv.items()):

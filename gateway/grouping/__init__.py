@@ -7,5 +7,7 @@
 * :mod:`gateway.grouping.republish` — the republication modes ``regroup`` and ``cohort``:
   per-release quorum, departures, re-formation of groups among new and changed records;
 * :mod:`gateway.grouping.strata` and :mod:`gateway.grouping.l_diversity` — groups that never
-  cross a stratum, groups merged until they hold l distinct sensitive values (file workflow).
+  cross a stratum, groups merged until they hold l distinct sensitive values (pure functions);
+  :mod:`gateway.grouping.file_claim` runs them over a file, :mod:`gateway.grouping.scope` says
+  how the stream runs them across windows and releases.
 """

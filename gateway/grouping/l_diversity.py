@@ -12,6 +12,7 @@ fewer than l no release can be l-diverse, which is an error naming l).
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,8 +60,10 @@ def enforce_l_diversity(labels: Int, sensitive: Int, embedded: Float, ell: int) 
     x = embedded[grouped]
     while True:
         g_lab = lab[grouped]
-        sums = np.zeros((groups, x.shape[1]))
-        np.add.at(sums, g_lab, x)
+        # per-column bincount: the same sums in the same order as np.add.at, ~20x faster
+        sums = np.column_stack(
+            [np.bincount(g_lab, weights=x[:, j], minlength=groups) for j in range(x.shape[1])]
+        ).reshape(groups, x.shape[1])
         sizes = np.bincount(g_lab, minlength=groups)
         alive = sizes > 0
         distinct = _distinct(g_lab, values, groups)
@@ -84,3 +87,20 @@ def enforce_l_diversity(labels: Int, sensitive: Int, embedded: Float, ell: int) 
         groups_below_l_before=below_before,
         groups=int(out.max()) + 1 if grouped.any() else 0,
     )
+
+
+def value_codes(values: Sequence[Hashable]) -> Int:
+    """Dense codes 0.. of ``values`` in order of first appearance; None (a value published as
+    missing) is a value of its own, as an intruder sees it."""
+    seen: dict[Hashable, int] = {}
+    return np.array([seen.setdefault(v, len(seen)) for v in values], dtype=np.int64)
+
+
+def diversify(labels: Int, values: Sequence[Hashable], embedded: Float, ell: int) -> Int | None:
+    """The stream's enforcement on one pool's groups: ``labels`` merged until every group holds
+    ``ell`` distinct ``values`` (the published sensitive values), or None when the whole pool
+    holds fewer (its records wait for more, as a pool below k does)."""
+    codes = value_codes(values)
+    if codes.size == 0 or int(codes.max()) + 1 < ell:
+        return None
+    return enforce_l_diversity(labels, codes, embedded, ell).labels

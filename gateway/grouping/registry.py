@@ -12,13 +12,16 @@ part from its earlier groups as a set of member digests (:func:`linked_size`).
 Stored as a MessagePack map with short keys (one such entry is written per group and release):
 ``live`` members now, ``size`` at formation, ``t`` the published tuple, ``m`` the members' keyed
 digests (16 bytes, never an id), ``r`` the current release, ``P`` its mask, ``l`` the linked
-masks, ``tr`` the release whose first publishers set ``t`` (cohorts recompute it).
+masks, ``tr`` the release whose first publishers set ``t`` (cohorts recompute it); with
+``microaggregation.strata``, ``s`` the keyed digest of the group's stratum; with
+``microaggregation.l_diversity``, ``v`` the distinct published sensitive values (8-byte keyed
+digests) of the current release's publishers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 MEMBER_DIGEST_BYTES = 16
@@ -58,9 +61,19 @@ class Group:
     linked: list[int]
     tuple_release: str
     changed: bool = False  # written back at the end of the window
+    stratum: str | None = None  # the stratum every member is in (None: the policy has none)
+    values: set[bytes] = field(default_factory=set)  # l-diversity: see the module docstring
 
     @classmethod
-    def formed(cls, tuple_: Sequence[Any], members: Sequence[bytes], release: str) -> Group:
+    def formed(
+        cls,
+        tuple_: Sequence[Any],
+        members: Sequence[bytes],
+        release: str,
+        *,
+        stratum: str | None = None,
+        values: Iterable[bytes] = (),
+    ) -> Group:
         """A new group, every member publishing its tuple in ``release``."""
         m = len(members)
         full = (1 << m) - 1
@@ -74,6 +87,8 @@ class Group:
             linked=[full] * m,
             tuple_release=release,
             changed=True,
+            stratum=stratum,
+            values=set(values),
         )
 
     @classmethod
@@ -90,10 +105,12 @@ class Group:
             published=int(doc["P"]),
             linked=[int(v) for v in doc["l"]],
             tuple_release=str(doc["tr"]),
+            stratum=None if doc.get("s") is None else str(doc["s"]),
+            values=set(doc.get("v", ())),
         )
 
     def to_doc(self) -> dict[str, Any]:
-        return {
+        doc = {
             "live": self.live,
             "size": self.size,
             "t": self.tuple_,
@@ -103,6 +120,11 @@ class Group:
             "l": self.linked,
             "tr": self.tuple_release,
         }
+        if self.stratum is not None:
+            doc["s"] = self.stratum
+        if self.values:
+            doc["v"] = sorted(self.values)
+        return doc
 
     # -- releases ---------------------------------------------------------------------------
     def enter(self, release: str) -> bool:
@@ -121,6 +143,7 @@ class Group:
                     linked[j] &= published
         self.release = release
         self.published = 0
+        self.values = set()  # the new release's publishers bring their own
         self.changed = True
         return True
 

@@ -21,6 +21,13 @@ so that holds for everyone, under attrition too; ``regroup`` measures it instead
 
 Per-release k and k over the history follow from the quorum: a tuple is published in a release
 only by groups with ≥ k publishers there, and every group was formed from ≥ k respondents.
+
+With strata (``WindowQI.strata``) pools are formed per (scope, stratum, release), a group keeps
+its stratum, and a member found in another stratum cannot publish with it: ``regroup`` moves
+it (as a changed category), ``cohort`` publishes it suppressed. With l-diversity (``ell``) a
+pool's groups are merged until each holds l distinct published sensitive values (a pool with
+fewer waits, as one below k does), and the quorum also needs l distinct values among the
+release's publishers, so every class of every release holds l of them.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ from gateway.policy import RepublicationMode
 Partition = Callable[[list[list[object]], int], tuple[list[list[object]], NDArray[np.int64]]]
 # rows (one list per claim column), their group labels 0..n-1 -> each group's published tuple
 Centroids = Callable[[list[list[object]], NDArray[np.int64]], list[list[Any]]]
+# rows, their group labels, each row's published sensitive value -> labels merged until every
+# group holds l distinct values, or None when the rows hold fewer
+Diversify = Callable[[list[list[object]], NDArray[np.int64], list[bytes]], NDArray[np.int64] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,8 @@ class WindowQI:
     scopes: Sequence[int | None]  # groups never span scopes (input partitions)
     expired: Sequence[bool]  # hold time over (or the last flush)
     closed: Sequence[bool]  # the record's release is closed
+    strata: Sequence[str] | None = None  # keyed digest of each record's stratum (None: none)
+    sensitive: Sequence[bytes] | None = None  # digest of its published l-diversity value
 
 
 @dataclass(slots=True)
@@ -80,7 +92,10 @@ class _Window:
     member: dict[int, tuple[str, str, int, str]] = field(default_factory=dict)
     leaving: set[int] = field(default_factory=set)  # members that leave if they find a group
     pool: list[int] = field(default_factory=list)
-    published_groups: set[str] = field(default_factory=set)
+    # (group, release) -> its class there once the window published in it: (publishers,
+    # distinct published l-diversity values); taken at publication, since a group can move on
+    # to a later release in the same window without publishing in it
+    published_groups: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     stale: dict[int, int] = field(default_factory=dict)  # i -> releases its tuple is behind
     recompute: dict[str, list[int]] = field(default_factory=dict)  # group -> its publishers
 
@@ -99,6 +114,8 @@ class Republisher:
         centroids: Centroids,
         on_timeout_suppress: bool,
         pool_per_release: bool = False,
+        ell: int | None = None,
+        diversify: Diversify | None = None,
     ) -> None:
         if mode is RepublicationMode.DEFERRED:
             raise ValueError("the deferred mode is the engine's own, not a Republisher's")
@@ -110,6 +127,10 @@ class Republisher:
         self._centroids = centroids
         self._suppress_on_timeout = on_timeout_suppress
         self._pool_per_release = pool_per_release
+        if (ell is None) != (diversify is None):
+            raise ValueError("l-diversity needs both l and the function that merges groups")
+        self.ell = ell
+        self._diversify = diversify
 
     @property
     def cohort(self) -> bool:
@@ -198,6 +219,18 @@ class Republisher:
                 # lost, of another mode, or formed under a smaller k: grouped afresh
                 self._leave_for_pool(win, i)
                 continue
+            if w.strata is not None and w.strata[i] != grp.stratum:
+                # in another stratum now: it cannot publish with the group (one formed before
+                # the policy had strata is grouped afresh); a cohort keeps its members, so a
+                # member that moved is suppressed
+                if grp.stratum is None:
+                    self._leave_for_pool(win, i)
+                elif self.cohort:
+                    self._wait(win, i, regroup_if_closed=False, force_close=True)
+                else:
+                    departing[gid] = departing.get(gid, 0) + 1
+                    self._leave_for_pool(win, i)
+                continue
             if not self.cohort and w.digests[i] != formed and w.categories[i] != categories:
                 # a changed category moves it: its group publishes one member's categories,
                 # which would outvote it (a changed number stays, and the mean follows it)
@@ -236,7 +269,11 @@ class Republisher:
         mask = 0
         for i in batch:
             mask |= 1 << member[i][2]
-        if batch and (grp.published | mask).bit_count() >= self.k:
+        if (
+            batch
+            and (grp.published | mask).bit_count() >= self.k
+            and self._diverse(win, grp, batch)
+        ):
             self._publish(win, gid, grp, batch, mask)
             if len(batch) == len(idx):
                 return
@@ -245,6 +282,14 @@ class Republisher:
             waiting = idx
         for i in waiting:
             self._wait(win, i, regroup_if_closed=True)
+
+    def _diverse(self, win: _Window, grp: Group, batch: list[int]) -> bool:
+        """Whether the release's publishers, with ``batch``, hold l distinct published values
+        (always, without l-diversity)."""
+        sensitive = win.w.sensitive
+        if self.ell is None or sensitive is None:
+            return True
+        return len(grp.values.union(sensitive[i] for i in batch)) >= self.ell
 
     def _publish(self, win: _Window, gid: str, grp: Group, batch: list[int], mask: int) -> None:
         w = win.w
@@ -262,7 +307,10 @@ class Republisher:
                 win.recompute[gid] = batch  # in one pass over every such group
         grp.publish(mask)
         grp.changed = True
-        win.published_groups.add(gid)
+        sensitive = w.sensitive
+        if sensitive is not None:
+            grp.values.update(sensitive[i] for i in batch)
+        win.published_groups[gid, grp.release] = (grp.publishers(), len(grp.values))
         if gid not in win.recompute:
             self._emit(win, gid, grp.tuple_, batch)
 
@@ -343,13 +391,15 @@ class Republisher:
             if ident not in slot_of:
                 slot_of[ident] = len(slots)
                 slots.append(i)
-        parts: dict[tuple[int | None, str], list[int]] = {}
+        parts: dict[tuple[int | None, str, str], list[int]] = {}
+        strata = w.strata
         for i in slots:
-            parts.setdefault((w.scopes[i], w.releases[i]), []).append(i)
+            stratum = strata[i] if strata is not None else ""
+            parts.setdefault((w.scopes[i], stratum, w.releases[i]), []).append(i)
         originals: list[NDArray[np.float64]] = []
         maskeds: list[NDArray[np.float64]] = []
         numeric = [j for j, n in enumerate(self._numeric) if n]
-        for (scope, release), rows in sorted(parts.items(), key=_part_order):
+        for (scope, stratum, release), rows in sorted(parts.items(), key=_part_order):
             if self._pool_per_release and is_wave(release) and not self._closing(w, rows):
                 d.held.extend(rows)  # the wave's pool grows until the wave closes
                 continue
@@ -363,10 +413,22 @@ class Republisher:
                 published, labels = self._partition(sub, size)
             else:  # between k and k + slack: one group of all of them
                 published, labels = self._partition(sub, len(rows))
+            out_rows = list(zip(*map(published_column, published, self._numeric), strict=True))
+            sensitive = w.sensitive
+            if self._diversify is not None and sensitive is not None:
+                merged = self._diversify(sub, labels, [sensitive[i] for i in rows])
+                if merged is None:  # fewer than l distinct values here: they wait
+                    for i in rows:
+                        self._pool_waits(win, i)
+                    continue
+                if not np.array_equal(merged, labels):  # a merged group publishes one tuple
+                    labels = merged
+                    tuples = self._centroids(sub, labels)
+                    out_rows = [tuple(tuples[t]) for t in labels.tolist()]
+                    published = [list(col) for col in zip(*out_rows, strict=True)]
             if numeric:
                 originals.append(np.array([sub[j] for j in numeric], dtype=np.float64).T)
                 maskeds.append(np.array([published[j] for j in numeric], dtype=np.float64).T)
-            out_rows = list(zip(*map(published_column, published, self._numeric), strict=True))
             prefix = f"{scope}." if scope is not None else ""
             order = np.argsort(labels, kind="stable")
             for at in np.split(order, np.flatnonzero(np.diff(labels[order])) + 1):
@@ -374,9 +436,15 @@ class Republisher:
                 ident = b"".join(sorted(w.rids[i].encode() for i in members))
                 gid = prefix + hashlib.sha256(ident).hexdigest()[:16]
                 digests = [member_digest(w.keys[i] or b"") for i in members]
-                grp = Group.formed(list(out_rows[at[0]]), digests, release)
+                grp = Group.formed(
+                    list(out_rows[at[0]]),
+                    digests,
+                    release,
+                    stratum=stratum if strata is not None else None,
+                    values=() if sensitive is None else (sensitive[i] for i in members),
+                )
                 win.groups[gid] = grp
-                win.published_groups.add(gid)
+                win.published_groups[gid, release] = (grp.publishers(), len(grp.values))
                 d.groups.append((gid, len(members)))
                 for j, i in enumerate(members):
                     self._join(win, i, gid, grp, j)
@@ -483,9 +551,10 @@ class Republisher:
         m["stale_records"] = float(len(win.stale))
         m["stale_age_max"] = float(max(win.stale.values(), default=0))
         if win.published_groups:
-            m["release_smallest_class"] = float(
-                min(win.groups[g].publishers() for g in win.published_groups)
-            )
+            classes = win.published_groups.values()
+            m["release_smallest_class"] = float(min(size for size, _ in classes))
+            if self.ell is not None:  # distinct published values of the classes, per release
+                m["release_ldiv_min"] = float(min(values for _, values in classes))
 
 
 def _linked_fixpoint(grp: Group, batch: list[int], bit: Mapping[int, int], k: int) -> list[int]:
@@ -511,6 +580,8 @@ def _release_order(release: str) -> tuple[int, int]:
     return (1, 0)
 
 
-def _part_order(item: tuple[tuple[int | None, str], list[int]]) -> tuple[int, int, int, int]:
-    (scope, release), _ = item
-    return (scope is None, scope or 0, *_release_order(release))
+def _part_order(
+    item: tuple[tuple[int | None, str, str], list[int]],
+) -> tuple[int, int, str, int, int]:
+    (scope, stratum, release), _ = item
+    return (scope is None, scope or 0, stratum, *_release_order(release))

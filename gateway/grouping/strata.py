@@ -5,11 +5,13 @@ stratum on its own, so no group crosses a stratum. A stratum with fewer than k r
 form a group: with ``small = merge`` all such strata are pooled into one (and the pool, if still
 below k, joins the smallest stratum that has k records); with ``small = suppress`` their records
 are left ungrouped (label −1) for the caller to publish suppressed. Either way they are
-reported by name count, never by value.
+reported by name count, never by value. The stream keys its pools by :func:`stratum_texts`
+instead (:mod:`gateway.grouping.scope`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -87,3 +89,27 @@ def stratified_groups(
         records_in_small_strata=int(counts[counts < k].sum()),
         merged_into=merged,
     )
+
+
+def stratum_texts(columns: Sequence[Sequence[object]], n: int) -> list[str]:
+    """Each record's stratum as canonical text (the stream's scope key and what its digest is
+    taken of): the JSON list of its strata values, a missing value a value of its own and
+    numbers of equal value alike (1 and 1.0)."""
+    if not columns:
+        return [""] * n
+    memo: dict[tuple[object, ...], str] = {}
+    out: list[str] = []
+    for row in zip(*columns, strict=True):
+        text = memo.get(row)
+        if text is None:
+            text = memo[row] = json.dumps([_canonical(v) for v in row])
+        out.append(text)
+    return out
+
+
+def _canonical(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from streamkit import validated_panel
 
 from gateway.engine import Engine, KeyedInputs, ValidRecord
@@ -339,3 +340,27 @@ def test_a_dead_shard_fails_the_window_and_the_others_still_close(tmp_path: Path
     finally:
         shards.close(timeout=5.0)
     assert shards.shards[0]._proc.returncode == 0
+
+
+def test_strata_and_l_diversity_in_the_child_match_the_engine_in_process(tmp_path: Path) -> None:
+    """The keys the worker packs ahead digest each record's stratum with its tuple, as the
+    engine does itself: the child decides every window as the engine in process does."""
+    spec = yaml.safe_load(ADULT.read_text())
+    spec["microaggregation"].update(
+        strata=["race"], small_strata="suppress", l_diversity={"attribute": "income", "l": 2}
+    )
+    path = tmp_path / "strata.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    policy = load_policy(path)
+    child = EngineProcess(EngineSpec(policy, tmp_path / "child.db", SECRET))
+    try:
+        with SQLiteStore(tmp_path / "local.db") as store:
+            local = Engine(policy, keyring=Keyring(SECRET), store=store)
+            assert child.metadata() == local.metadata()
+            assert local.metadata()["strata"] == ["race"]
+            _same_windows(child, local, validated_panel(600), size=40, ahead=True)
+    finally:
+        child.close()
+    # the same state too: every respondent's tuple digest (stratum included) and group entry
+    with SQLiteStore(tmp_path / "child.db") as a, SQLiteStore(tmp_path / "local.db") as b:
+        assert dict(a.items()) == dict(b.items())
