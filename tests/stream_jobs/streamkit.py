@@ -347,22 +347,25 @@ def assert_consistent_republication(
     return checked
 
 
-def small_window_policy(tmp: Path, max_records: int, max_hold_seconds: int = 3) -> Path:
+def small_window_policy(
+    tmp: Path, max_records: int, max_hold_seconds: int = 3, pool: str = "release"
+) -> Path:
     """deploy/policies/adult.yaml with windows of ``max_records`` records closed every second,
     so that kills and restarts land between windows, and a wave decided ``max_hold_seconds``
     after its first record arrived (the policy's 30 s would make every test wait for it);
-    written to ``tmp``."""
+    ``pool: window`` groups in every window, publishing as records come; written to ``tmp``."""
     root = Path(__file__).resolve().parents[2]
     text = (root / "deploy" / "policies" / "adult.yaml").read_text()
     old = "window: {max_records: 5000, max_seconds: 2, max_hold_seconds: 30,"
     assert old in text, "the Adult policy's window changed: update small_window_policy"
+    assert "pool: release}" in text, "the Adult policy's republication changed: update this"
     path = tmp / "policy.yaml"
     path.write_text(
         text.replace(
             old,
             f"window: {{max_records: {max_records}, max_seconds: 1, "
             f"max_hold_seconds: {max_hold_seconds},",
-        )
+        ).replace("pool: release}", f"pool: {pool}}}")
     )
     return path
 

@@ -137,8 +137,9 @@ def test_a_shard_killed_mid_stream_loses_nothing(
     broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
     """One of two engine shards dies mid-stream (the other may have stored its part of the
-    window): the worker stops, and the next one publishes every record, the same bytes."""
-    policy = load_policy(small_window_policy(tmp_path, 2 * CHUNK))
+    window): the worker stops, and the next one publishes every record, the same bytes. Groups
+    form in every window, so that windows are published while records keep coming."""
+    policy = load_policy(small_window_policy(tmp_path, 2 * CHUNK, pool="window"))
     settings = settings_for(
         broker.bootstrap,
         unique_name,

@@ -192,7 +192,7 @@ def test_state_check_on_a_file_that_is_not_a_database_is_one_line(tmp_path: Path
     """Issue 32, item 9: was "internal error (DatabaseError)", exit 70."""
     (tmp_path / "state.db").write_text("not a database\n")
     code, err, _ = privgw("state-check", "--state-dir", str(tmp_path))
-    assert_one_line(code, err, "state.db is not a readable privgw state database")
+    assert_one_line(code, err, "state.db: corrupt database (SQLITE_NOTADB)")
 
 
 @pytest.mark.parametrize("after", [0.3, 1.0, 2.0, 4.0])
