@@ -588,6 +588,9 @@ class Engine:
                 for n, a in p.attributes.items()
                 if a.coding is not None
             },
+            # published as multiples of this step (a noised number: rounded after the noise,
+            # which adds step²/12 to its error variance)
+            "round_to": {n: a.round_to for n, a in p.attributes.items() if a.round_to is not None},
         }
 
     # ------------------------------------------------------------------ the window
@@ -823,8 +826,8 @@ class Engine:
                     [None if v is None else str(v) for v in values], attr.coarsen.unit
                 )
             elif attr.round_to is not None:  # a weight, rounded as the policy says
-                step = attr.round_to
-                out = [None if v is None else _num(round(float(v) / step) * step) for v in values]
+                arr = np.array([np.nan if v is None else float(v) for v in values])
+                out = [_num(v) for v in masking.round_to(arr, attr.round_to).tolist()]
             else:  # keep
                 out = values
             if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:
@@ -1445,8 +1448,14 @@ class Engine:
             fresh = [i for i, v in enumerate(values) if v is not None]
             u1 = self._rand.uniform(f"noise/{name}/1", len(fresh))
             u2 = self._rand.uniform(f"noise/{name}/2", len(fresh))
+        step = attr.round_to
+        if step is not None and hits:  # stored before the policy rounded: idempotent
+            kept = np.array([np.nan if v is None else v for v in out], dtype=np.float64)
+            out = [_num(v) for v in masking.round_to(kept, step).tolist()]
         if fresh:
             noisy = masking.add_noise(arr[fresh], sd, normals_from_uniforms(u1, u2))
+            if step is not None:  # after the noise: the stored value is the published one
+                noisy = masking.round_to(noisy, step)
             drawn = [_num(v) for v in noisy.tolist()]
             for i, v in zip(fresh, drawn, strict=True):
                 out[i] = v
