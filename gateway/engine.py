@@ -24,6 +24,7 @@ import orjson
 from numpy.typing import NDArray
 
 from gateway import masking, quality
+from gateway.attack import unique_combinations
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.parking import Parking
@@ -889,9 +890,14 @@ class Engine:
                 self._store.put_many(entries)
 
         measures = dict(qi.measures)
-        if qi.sampled and self._qi_agg:
+        if qi.sampled and (self._qi_agg or self._sensitive_published):
             out_by_name = dict(zip(col_names, columns, strict=True))
-            measures.update(self._key_measures(out_by_name, pub_idx, qi, view, suppressed_set))
+            if self._qi_agg:
+                measures.update(self._key_measures(out_by_name, pub_idx, qi, view, suppressed_set))
+            if self._sensitive_published:  # sticky values that could link releases
+                sensitive = [out_by_name[n] for n in self._sensitive_published]
+                measures["sensitive_records"] = float(len(pub_idx))
+                measures["sensitive_uniques"] = float(unique_combinations(sensitive))
         published = list(
             map(
                 PublishedRecord,

@@ -4,6 +4,7 @@ measure, and noised amounts rounded to a reporting step without breaking stickin
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable, Mapping
 from itertools import pairwise
 
@@ -19,6 +20,7 @@ from gateway.errors import PolicyError
 from gateway.keyed import Keyring
 from gateway.masking import round_to
 from gateway.policy import Policy, policy_from_yaml
+from gateway.shards import ShardedEngine, route
 
 KEY = Keyring(b"value-linkage-test-secret-012345")
 
@@ -289,3 +291,27 @@ def test_the_analyst_adds_a_uniform_step_to_the_noise_variance() -> None:
     assert abs(err.var(ddof=1) - var) < 4 * var * math.sqrt(2 / (n - 1))
     # without the step the variance would be sd² alone: the test tells the two apart
     assert abs(err.var(ddof=1) - sd**2) > 4 * var * math.sqrt(2 / (n - 1))
+
+
+# -- the live proxy ------------------------------------------------------------------------
+
+
+def test_the_window_reports_its_unique_sensitive_combinations_even_over_shards() -> None:
+    records = _window(300, 1, np.random.default_rng(6))
+    engine = Engine(_policy(200.0), keyring=KEY, store=DictStore())
+    res = engine.protect_window(records, now=0.0, flush_all=True)
+    rows = [orjson.loads(p.value) for p in res.published]
+    combos = Counter((r["occ"], r["pay"]) for r in rows)
+    assert res.report.measures["sensitive_records"] == 300
+    assert res.report.measures["sensitive_uniques"] == sum(1 for c in combos.values() if c == 1)
+    # over 3 shards: each shard's uniques, summed — never below the window's own count
+    shards = ShardedEngine(
+        [Engine(_policy(200.0), keyring=KEY, store=DictStore(), measure_risk=False) for _ in "abc"]
+    )
+    merged = shards.protect_window(records, now=0.0, flush_all=True).report.measures
+    shard_rows = [orjson.loads(p.value) for p in shards.protect_window(records, now=0.0).published]
+    assert shard_rows == rows  # the same keyed draws
+    keys = [(r["occ"], r["pay"]) for r in rows]
+    per_shard = [Counter(keys[i] for i in part) for part in route(records, 3)]
+    want = sum(1 for counts in per_shard for c in counts.values() if c == 1)
+    assert merged["sensitive_uniques"] == want > res.report.measures["sensitive_uniques"]
