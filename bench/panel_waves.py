@@ -4,6 +4,7 @@
     .venv/bin/python bench/panel_waves.py --scenario attrition  # 30 % skip each wave
     .venv/bin/python bench/panel_waves.py --scenario trickle    # 600 respondents at 4/s
     .venv/bin/python bench/panel_waves.py --modes regroup,cohort --order shuffled
+    .venv/bin/python bench/panel_waves.py --unrounded    # noised amounts not rounded
 
 The panel (issue 29): every record of ../shared/data/adult.csv is a respondent present in 6
 waves, protected by deploy/policies/adult.yaml in windows of 5,000. Between waves, independently
@@ -28,8 +29,11 @@ changed since the tuple they publish was formed), married and never-married shar
 published, the smallest class within the release and over the history, the linked candidate
 set (smallest, share below k: the intersection attack over all releases so far), SSE/SST of the
 numeric quasi-identifiers, the share of categorical quasi-identifier cells published as another
-category, suppressed records, and the engine's µs a record. Engine cost ratios against
-``deferred`` are measured in the same run.
+category, suppressed records, the share of the release's records linkable to the previous
+release by their published sensitive values alone (``gateway.attack.value_linkage``: a
+combination unique in both releases; its precision is printed per mode at the end), and the
+engine's µs a record. Engine cost ratios against ``deferred`` are measured in the same run.
+``--unrounded`` publishes the noised amounts without the policy's ``round_to``.
 """
 
 from __future__ import annotations
@@ -50,11 +54,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway import quality
-from gateway.attack import linked_sets
+from gateway.attack import linked_sets, value_keys, value_linkage
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
-from gateway.policy import Policy, parse_policy
+from gateway.policy import Method, Policy, Role, parse_policy
 from state.memory_store import MemoryStore
 from stream_jobs.memory import tune_memory
 
@@ -91,10 +95,15 @@ SCENARIOS = {
 }
 
 
-def policy_for(mode: str) -> Policy:
+def policy_for(mode: str, *, unrounded: bool = False) -> Policy:
     """The shipped policy with a mode: ``name[+sN][@pool][:strata=a+b][:l=N]``, e.g.
-    ``cohort+s2@window`` or ``regroup:strata=race:l=2``."""
+    ``cohort+s2@window`` or ``regroup:strata=race:l=2``; ``unrounded``: the noised amounts
+    without the policy's round_to."""
     data = yaml.safe_load(POLICY.read_text())
+    if unrounded:
+        for attr in data["attributes"].values():
+            if attr.get("method") == "noise":
+                attr.pop("round_to", None)
     mode, *options = mode.split(":")
     for option in options:
         key, _, value = option.partition("=")
@@ -180,9 +189,9 @@ class ModeRun:
     """One mode's engine over the panel; waves are fed one at a time, so that the modes can
     take turns and their costs are measured close together on a noisy machine."""
 
-    def __init__(self, mode: str, sc: Scenario) -> None:
+    def __init__(self, mode: str, sc: Scenario, *, unrounded: bool = False) -> None:
         self.mode, self.sc = mode, sc
-        self.policy = policy_for(mode)
+        self.policy = policy_for(mode, unrounded=unrounded)
         self.key = Keyring(b"panel-waves-bench-secret-0123456")
         self.engine = Engine(self.policy, keyring=self.key, store=MemoryStore())
         self.tally = Tally()
@@ -243,10 +252,17 @@ class ModeRun:
 
 
 def report(
-    mode: str, tally: Tally, waves: list[list[ValidRecord]], k: int, base_cost: list[float] | None
+    mode: str,
+    tally: Tally,
+    waves: list[list[ValidRecord]],
+    k: int,
+    base_cost: list[float] | None,
+    *,
+    sensitive: list[str],
 ) -> list[float]:
     spec = policy_for(mode).microaggregation
     strata, ldiv = spec.strata or [], spec.l_diversity
+    sensitive_releases: list[dict[str, tuple[Any, ...]]] = []
     truth_by_wave = [{str(r.respondent_id): r.values for r in wave} for wave in waves]
     history: dict[tuple[Any, ...], set[str]] = defaultdict(set)
     releases: list[dict[str, Any]] = []
@@ -303,6 +319,9 @@ def report(
                 cat_cells += 1
                 cat_wrong += row[c] != true_c
         releases.append(release)
+        sensitive_releases.append(value_keys(dict(rows), sensitive))
+        vlink = value_linkage(sensitive_releases[-2:]).pairs
+        vshare = f"{100 * vlink[0].share_of_later:>5.1f}%" if vlink else f"{'-':>6}"
         prev_claim.update({rid: claim_of(v) for rid, v in truth.items()})
         sizes = linked_sets(releases)
         here = [sizes[rid] for rid, t in release.items() if t is not None]
@@ -323,16 +342,22 @@ def report(
             f"{min((len(m) for m in history.values()), default=0):>4} "
             f"{min(here, default=0):>4} {100 * below / max(len(here), 1):>6.1f}% "
             f"{sse:>6.2f} {100 * cat_wrong / max(cat_cells, 1):>5.2f}% {suppressed:>5} "
-            f"{cost:>7.1f} {ratio:>6} {crossing:>4} {below_l:>4}"
+            f"{vshare} {cost:>7.1f} {ratio:>6} {crossing:>4} {below_l:>4}"
         )
+    overall = value_linkage(sensitive_releases)
+    print(
+        f"{mode:>13}  value linkage over all pairs of releases: {overall.linked} of "
+        f"{overall.records} records ({100 * overall.share:.1f} %), precision "
+        f"{overall.precision:.3f}"
+    )
     return costs
 
 
 HEADER = (
     f"{'mode':>13} {'wave':>4} {'changed':>7} {'stale':>6} {'outdated':>7} {'engine':>7} "
     f"{'married t/p':>11} {'never t/p':>11} {'rel':>4} {'hist':>4} "
-    f"{'link':>4} {'<k':>7} {'SSE%':>6} {'cat%':>6} {'supp':>5} {'µs/rec':>7} {'cost':>6} "
-    f"{'xstr':>4} {'<l':>4}"
+    f"{'link':>4} {'<k':>7} {'SSE%':>6} {'cat%':>6} {'supp':>5} {'vlink':>6} {'µs/rec':>7} "
+    f"{'cost':>6} {'xstr':>4} {'<l':>4}"
 )
 
 
@@ -345,6 +370,7 @@ def main() -> None:
     ap.add_argument("--order", choices=["file", "shuffled"], default="file")
     ap.add_argument("--records", type=int, help="first N Adult records (default: the scenario's)")
     ap.add_argument("--seed", type=int, default=29)
+    ap.add_argument("--unrounded", action="store_true", help="noise without round_to")
     args = ap.parse_args()
     tune_memory()  # malloc and the collector as the engine process has them
     sc = SCENARIOS[args.scenario]
@@ -356,18 +382,25 @@ def main() -> None:
     base = records_from_frame(df, base_policy, ADULT)
     waves = build_waves(base, sc, args.order, args.seed)
     k = base_policy.microaggregation.k
+    sensitive = [
+        n
+        for n, a in base_policy.attributes.items()
+        if a.role is Role.SENSITIVE and a.method is not Method.DROP
+    ]
     print(
         f"{args.scenario}: {len(base)} respondents, {sc.waves} waves, arrival order {args.order}, "
         f"k = {k}; stale: changers still publishing their previous tuple; outdated: published "
         f"respondents whose tuple was formed before their values changed (engine: the engine's "
         f"own count); rel/hist: smallest class in the release / over the history; link, <k: "
-        f"smallest linked candidate set and share below k; xstr: classes whose respondents span "
-        f"strata (a tuple two groups happen to share counts too); <l: classes publishing fewer "
-        f"than l distinct incomes"
+        f"smallest linked candidate set and share below k; vlink: records linkable to the "
+        f"previous release by their published sensitive values alone"
+        + (" (noised amounts not rounded)" if args.unrounded else "")
+        + "; xstr: classes whose respondents span strata (a tuple two groups happen to share "
+        "counts too); <l: classes publishing fewer than l distinct incomes"
     )
     print(HEADER)
     modes = args.modes.split(",")
-    runs = [ModeRun(mode, sc) for mode in modes]
+    runs = [ModeRun(mode, sc, unrounded=args.unrounded) for mode in modes]
     for w, wave in enumerate(waves, start=1):
         for run in runs:  # the modes take turns, wave by wave
             run.wave(w, wave if w == 1 else wave[1:])  # the first closed the wave before
@@ -381,7 +414,9 @@ def main() -> None:
             for w, wave in enumerate(waves, start=1)
         ]
     for mode, tally in zip(modes, tallies, strict=True):
-        report(mode, tally, waves, k, base_cost if mode != "deferred" else None)
+        report(
+            mode, tally, waves, k, base_cost if mode != "deferred" else None, sensitive=sensitive
+        )
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@
   release the target published a quasi-identifier tuple in, the sets of respondents sharing
   that release's tuple — whatever the tuple, so a respondent that moved to another group is
   intersected across both. A candidate set below k re-identifies within the panel.
+* Value linkage: no pseudonym, no tuple; the adversary links a record of one release to a
+  record of the next by the published sensitive values alone, which sticky noise and
+  randomized response repeat in every release (:func:`value_linkage`).
 
-Both work on mappings respondent → published value per release; the caller supplies the
+All work on mappings respondent → published value per release; the caller supplies the
 ground truth linkage (the simulator knows it; a real adversary needs at most the same).
 """
 
@@ -128,3 +131,122 @@ def intersection_attack(releases: Sequence[Release], k: int) -> IntersectionResu
         smallest=ordered[:10],
         sizes=sizes,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PairLinkage:
+    """Value linkage between release ``release`` (t, 0-based) and the next one (t + 1)."""
+
+    release: int
+    records: int  # records of release t
+    later_records: int  # records of release t + 1
+    unique: int  # records of release t whose combination is unique in release t
+    linked: int  # of those, the ones whose combination matches exactly one record of t + 1
+    correct: int  # of those, the ones matched to the same respondent
+
+    @property
+    def share(self) -> float:
+        """Linked records over release t's records."""
+        return self.linked / self.records if self.records else 0.0
+
+    @property
+    def share_of_later(self) -> float:
+        """Linked records over release t + 1's records (the same links, seen from t + 1:
+        the share of a release linkable to the previous one)."""
+        return self.linked / self.later_records if self.later_records else 0.0
+
+    @property
+    def precision(self) -> float:
+        """Correct links over links (NaN when nothing links)."""
+        return self.correct / self.linked if self.linked else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class ValueLinkage:
+    """Value linkage over a publication history: one :class:`PairLinkage` per consecutive
+    pair of releases, and their totals."""
+
+    pairs: tuple[PairLinkage, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(p.records for p in self.pairs)
+
+    @property
+    def linked(self) -> int:
+        return sum(p.linked for p in self.pairs)
+
+    @property
+    def correct(self) -> int:
+        return sum(p.correct for p in self.pairs)
+
+    @property
+    def share(self) -> float:
+        """Linked records over the records of every release that has a successor."""
+        return self.linked / self.records if self.records else 0.0
+
+    @property
+    def precision(self) -> float:
+        return self.correct / self.linked if self.linked else math.nan
+
+
+def value_keys(
+    release: Mapping[str, Mapping[str, object]], attributes: Sequence[str]
+) -> dict[str, tuple[object, ...]]:
+    """Each respondent's combination of published values of ``attributes`` (a missing or
+    suppressed value is None, a value like any other) — what :func:`value_linkage` links by."""
+    return {rid: tuple(row.get(a) for a in attributes) for rid, row in release.items()}
+
+
+def unique_combinations(columns: Sequence[Sequence[Hashable]]) -> int:
+    """Records (positions of the aligned ``columns``) whose combination of values occurs
+    once: within one release, the records whose published values could link them to the
+    next (the live proxy of :func:`value_linkage`)."""
+    counts = Counter(zip(*columns, strict=True))
+    return sum(1 for c in counts.values() if c == 1)
+
+
+def value_linkage(releases: Sequence[Mapping[str, Hashable]]) -> ValueLinkage:
+    """How many records link from one release to the next by their published values alone.
+
+    ``releases[t]`` maps each respondent published in release t to the combination of values
+    it published there (see :func:`value_keys`; equal combinations are equal keys, None
+    included). The adversary sees the combinations but not the respondents. A record of
+    release t is *linked* to release t + 1 when its combination occurs exactly once in release
+    t and exactly once in release t + 1: the adversary then pairs the two records with
+    certainty of uniqueness (whether the pair is the same respondent it cannot tell). The
+    link is *correct* when the record of t + 1 belongs to the same respondent; precision is
+    correct / linked — the measure knows it, the adversary does not.
+
+    The pair count is symmetric (a combination occurring once in each release), so "records
+    of t linkable to t + 1" and "records of t + 1 linkable to t" are the same links over
+    different totals (:attr:`PairLinkage.share` and :attr:`PairLinkage.share_of_later`).
+    This is the exact-match adversary: it ignores combinations shared by a few records on
+    both sides (an adversary pairing c with c guesses right 1 in c) and every other published
+    attribute, such as the quasi-identifier tuple (the intersection attack's input).
+    """
+    pairs = []
+    counts = [Counter(release.values()) for release in releases]
+    for t in range(len(releases) - 1):
+        here, there = counts[t], counts[t + 1]
+        later_by_key = {key: rid for rid, key in releases[t + 1].items() if there[key] == 1}
+        unique = linked = correct = 0
+        for rid, key in releases[t].items():
+            if here[key] != 1:
+                continue
+            unique += 1
+            match = later_by_key.get(key)
+            if match is not None:
+                linked += 1
+                correct += match == rid
+        pairs.append(
+            PairLinkage(
+                release=t,
+                records=len(releases[t]),
+                later_records=len(releases[t + 1]),
+                unique=unique,
+                linked=linked,
+                correct=correct,
+            )
+        )
+    return ValueLinkage(tuple(pairs))

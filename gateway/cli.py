@@ -282,6 +282,16 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
             print(
                 f"  Gaussian noise: sd = max(sd, sqrt(ratio) * S of the window): {entry['noise']}"
             )
+            if "round_to" in entry:
+                step = entry["round_to"]
+                print(
+                    f"  then rounded to a multiple of {step:g} (sticky as the noise): equal "
+                    "published amounts pool respondents, so fewer records link across releases "
+                    f"by them; analysts add {step:g}²/12 = {step * step / 12:,.0f} to the noise "
+                    "variance"
+                )
+        elif "round_to" in entry:
+            print(f"  published rounded to a multiple of {entry['round_to']:g}")
         if "note" in entry and "gamma" not in entry:
             print(f"  note: {entry['note']}")
     return 0

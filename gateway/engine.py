@@ -24,6 +24,7 @@ import orjson
 from numpy.typing import NDArray
 
 from gateway import masking, quality
+from gateway.attack import unique_combinations
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.guarantees import republication_statement
@@ -659,6 +660,9 @@ class Engine:
                 for n, a in p.attributes.items()
                 if a.coding is not None
             },
+            # published as multiples of this step (a noised number: rounded after the noise,
+            # which adds step²/12 to its error variance)
+            "round_to": {n: a.round_to for n, a in p.attributes.items() if a.round_to is not None},
         }
 
     # ------------------------------------------------------------------ the window
@@ -971,13 +975,18 @@ class Engine:
 
         measures = dict(qi.measures)
         release_ldiv = measures.pop("release_ldiv_min", None)
-        if qi.sampled and self._qi_agg:
+        if qi.sampled and (self._qi_agg or self._sensitive_published):
             out_by_name = dict(zip(col_names, columns, strict=True))
-            measures.update(self._key_measures(out_by_name, pub_idx, qi, view, suppressed_set))
+            if self._qi_agg:
+                measures.update(self._key_measures(out_by_name, pub_idx, qi, view, suppressed_set))
             if release_ldiv is not None and self._ldiv is not None:
                 # every class published here, counted over its release so far
                 name = f"ldiv_min:{self._ldiv}"
                 measures[name] = min(measures.get(name, release_ldiv), release_ldiv)
+            if self._sensitive_published:  # sticky values that could link releases
+                sensitive = [out_by_name[n] for n in self._sensitive_published]
+                measures["sensitive_records"] = float(len(pub_idx))
+                measures["sensitive_uniques"] = float(unique_combinations(sensitive))
         published = list(
             map(
                 PublishedRecord,
@@ -1056,8 +1065,8 @@ class Engine:
                 [None if v is None else str(v) for v in values], attr.coarsen.unit
             )
         elif attr.round_to is not None:  # a weight, rounded as the policy says
-            step = attr.round_to
-            out = [None if v is None else _num(round(float(v) / step) * step) for v in values]
+            arr = np.array([np.nan if v is None else float(v) for v in values])
+            out = [_num(v) for v in masking.round_to(arr, attr.round_to).tolist()]
         else:  # keep
             out = values
         return out, 0, None, None
@@ -1651,8 +1660,14 @@ class Engine:
             fresh = [i for i, v in enumerate(values) if v is not None]
             u1 = self._rand.uniform(f"noise/{name}/1", len(fresh))
             u2 = self._rand.uniform(f"noise/{name}/2", len(fresh))
+        step = attr.round_to
+        if step is not None and hits:  # stored before the policy rounded: idempotent
+            kept = np.array([np.nan if v is None else v for v in out], dtype=np.float64)
+            out = [_num(v) for v in masking.round_to(kept, step).tolist()]
         if fresh:
             noisy = masking.add_noise(arr[fresh], sd, normals_from_uniforms(u1, u2))
+            if step is not None:  # after the noise: the stored value is the published one
+                noisy = masking.round_to(noisy, step)
             drawn = [_num(v) for v in noisy.tolist()]
             for i, v in zip(fresh, drawn, strict=True):
                 out[i] = v

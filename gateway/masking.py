@@ -64,6 +64,23 @@ def add_noise(
     return values + sd * normals
 
 
+def round_to(values: NDArray[np.float64], step: float) -> NDArray[np.float64]:
+    """Each value rounded to the nearest multiple of ``step`` (halves to even), printed as
+    short as the step allows (0.1 gives 0.3, not 0.30000000000000004). Deterministic and
+    idempotent: a rounded value rounds to itself, so a stored publication republishes as is.
+    Zero is never negative; NaN stays NaN."""
+    multiples = np.round(values / step) * step
+    decimals = _decimals(step)
+    if decimals is not None:
+        multiples = np.round(multiples, decimals)
+    return multiples + 0.0  # -0.0 (a small negative rounded) is published as 0.0
+
+
+def _decimals(step: float) -> int | None:
+    """Decimal places that write ``step`` exactly (None: more than 12)."""
+    return next((d for d in range(13) if round(step, d) == step), None)
+
+
 def top_bottom_code(values: NDArray[np.float64], spec: CodingSpec) -> NDArray[np.float64]:
     """Values above ``top`` become ``top``; values below ``bottom`` become ``bottom``."""
     lo = -np.inf if spec.bottom is None else spec.bottom

@@ -106,6 +106,7 @@ def merge(
         both = (np.vstack([a for a, _ in sampled]), np.vstack([m for _, m in sampled]))
         measures = window_measures(*both, interval_pct)
     measures.update(merge_key_measures([r.measures for r in reports]))
+    measures.update(merge_sensitive_measures([r.measures for r in reports]))
     measures.update(merge_republication_measures([r.measures for r in reports]))
     return WindowResult(
         published=published,
@@ -137,6 +138,16 @@ def merge_key_measures(parts: Sequence[Mapping[str, float]]) -> dict[str, float]
     for name in {n for p in parts for n in p if n.startswith("ldiv_min:")}:
         out[name] = min(p[name] for p in parts if name in p)
     return out
+
+
+def merge_sensitive_measures(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Unique sensitive combinations of a window from its shards': the sum of the shards'
+    uniques, an upper bound (a combination repeated within a shard is repeated in the window;
+    one unique in two shards is counted twice though repeated)."""
+    parts = [p for p in parts if "sensitive_records" in p]
+    if not parts:
+        return {}
+    return {n: sum(p[n] for p in parts) for n in ("sensitive_records", "sensitive_uniques")}
 
 
 REPUBLICATION_MEASURES: dict[str, Callable[[Iterable[float]], float]] = {

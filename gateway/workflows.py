@@ -558,6 +558,8 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
             entry["noise"] = attr.noise.model_dump(mode="json", exclude_none=True)
             if attr.coding is not None:
                 entry["coding"] = attr.coding.model_dump(mode="json", exclude_none=True)
+        if attr.round_to is not None:
+            entry["round_to"] = attr.round_to
         if attr.unprotected:
             entry["k"] = None
             entry["note"] = "unprotected: published outside the k claim"

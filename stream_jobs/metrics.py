@@ -154,6 +154,7 @@ class GatewayMetrics:
         self.key_last: dict[str, float] = {}
         self.ldiv_last: dict[str, float] = {}
         self.republication = RepublicationFigures(k=0, guarantee=False)
+        self.sensitive_unique_last: float | None = None  # of the last sampled window
         self._collector: _WorkerCollector | None = None
 
     @classmethod
@@ -219,6 +220,10 @@ class GatewayMetrics:
                     )
                 self._observe_key(report.measures)
                 self.republication.observe(report.measures)
+                records = report.measures.get("sensitive_records")
+                if records:
+                    uniques = report.measures.get("sensitive_uniques", 0.0)
+                    self.sensitive_unique_last = uniques / records
 
     def _observe_key(self, measures: Mapping[str, float]) -> None:
         """Whole-key figures of a sampled window (caller holds the lock). A class below k is a
@@ -391,6 +396,15 @@ class _WorkerCollector(Collector):
                     average[key],
                 )
         yield from self._whole_key()
+        if m.sensitive_unique_last is not None:
+            yield GaugeMetricFamily(
+                f"{p}_sensitive_unique_ratio",
+                "share of the last sampled window's published records whose combination of "
+                "published sensitive values is unique in the window: sticky values that can "
+                "link a record across releases (with engine shards, unique within its shard: "
+                "an upper bound)",
+                value=m.sensitive_unique_last,
+            )
 
     def _whole_key(self) -> Iterator[Any]:
         """What the k claim covers and how the whole published key fared (issue 18)."""

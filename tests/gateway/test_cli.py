@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 import orjson
 import pandas as pd
@@ -69,9 +71,15 @@ def test_protect_writes_protected_file_and_metadata(adult_sample: Path, protecte
         "Never-married",
         "Previously-married",
     }
-    # sensitive amounts: coded, then noised; no true value passes through (canary below)
+    # sensitive amounts: coded, noised, then rounded to 1000 (canary below): a true 0 still
+    # publishes 0 only when its noise stays within ±500, with probability 2Φ(500/sd) − 1
+    # for the window's sd = max(500, √0.1·S) (the sample is one window)
     coded = pd.to_numeric(orig["capital_gain"]).clip(0, 20000)
-    assert not (prot["capital_gain"] == coded).any()
+    sd = max(500.0, math.sqrt(0.1) * coded.std(ddof=1))
+    p = 2 * NormalDist().cdf(500 / sd) - 1
+    zeros = prot["capital_gain"][coded == 0]
+    kept = float((zeros == 0).mean())
+    assert abs(kept - p) < 4 * math.sqrt(p * (1 - p) / len(zeros))
     meta = orjson.loads(protected.with_name(protected.name + ".meta.json").read_bytes())
     assert set(meta["randomized_response"]) == {"occupation", "income"}
 
@@ -107,6 +115,13 @@ def test_reconstruct_and_check_policy(protected: Path) -> None:
     assert report["published_outside_k_claim"] == ["wave", "submitted_at"]
     income = report["attributes"]["income"]
     assert abs(income["gamma"] - 3.0) < 1e-9  # P[i][i] = 0.75 over 2 values: 0.75/0.25
+    # noised amounts rounded to a reporting step: said, with what the analyst adds, and done
+    assert "then rounded to a multiple of 1000" in text and "1000²/12 = 83,333" in text
+    steps = {a: report["attributes"][a]["round_to"] for a in ("capital_gain", "capital_loss")}
+    assert steps == {"capital_gain": 1000.0, "capital_loss": 200.0}
+    published = pd.read_csv(protected)
+    for name, step in steps.items():
+        assert (published[name].dropna() % step == 0).all()
 
 
 def test_microaggregate_census_like_sdcmicro(tmp_path: Path) -> None:

@@ -101,8 +101,18 @@ def test_the_merged_report_is_the_windows_own() -> None:
     masked = np.array([[row[n] for n in QI] for row in rows], dtype=float)
     want = window_measures(true, masked, _policy().risk.interval_pct)
     # the numeric measures, recomputed; the whole-key ones merged from the shards' reports
-    merged = ("key_", "ldiv_", *REPUBLICATION_MEASURES)
+    merged = ("key_", "ldiv_", "sensitive_", *REPUBLICATION_MEASURES)
     assert {k for k in rep.measures if not k.startswith(merged)} == want.keys()
+    # unique sensitive combinations: counted within each shard and summed (at least the
+    # window's own count: an upper bound)
+    combination = [(row["occ"], row["pay"]) for row in rows]
+    per_shard = [Counter(combination[i] for i in part) for part in route(records, 3)]
+    assert rep.measures["sensitive_records"] == rep.published == 300
+    assert rep.measures["sensitive_uniques"] == sum(
+        1 for counts in per_shard for c in counts.values() if c == 1
+    )
+    window_uniques = sum(1 for c in Counter(combination).values() if c == 1)
+    assert rep.measures["sensitive_uniques"] >= window_uniques
     assert rep.measures["key_records"] + rep.measures["key_suppressed"] == rep.published
     assert rep.measures["key_smallest_class"] >= 3
     # a first release: every respondent published with a group formed of at least k of them
