@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from streamkit import (
     small_window_policy,
 )
 
+from gateway.attack import intersection_attack
 from gateway.policy import AttrType, load_policy
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.metrics import GatewayMetrics
@@ -73,7 +75,10 @@ def _panel() -> list[dict[str, Any]]:
     return records
 
 
-@pytest.mark.parametrize(("engine", "shards"), [("process", None), ("thread", 2)])
+@pytest.mark.parametrize(
+    ("engine", "shards", "mode"),
+    [("process", None, "regroup"), ("thread", 2, "regroup"), ("process", None, "cohort")],
+)
 def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # noqa: PLR0917
     broker: EmbeddedBroker,
     unique_name: str,
@@ -81,8 +86,12 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # no
     tmp_path: Path,
     engine: str,
     shards: int | None,
+    mode: str,
 ) -> None:
-    policy = load_policy(small_window_policy(tmp_path, 300))
+    path = small_window_policy(tmp_path, 300)
+    path.write_text(path.read_text().replace("mode: regroup,", f"mode: {mode},"))
+    policy = load_policy(path)
+    assert policy.republication.mode.value == mode
     k = policy.microaggregation.k
     qis = k_claim()
     assert set(qis) == set(policy.k_claim) and len(qis) == 9  # numeric and categorical
@@ -146,11 +155,30 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # no
         if len({tuple(w[q] for q in categorical) for w in by_wave.values()}) > 1
     )
     assert changed_categorical >= MOVERS
-    # a respondent whose categories changed moves to a group formed from its current values
-    # (its tuple changes); none stays behind in its old group (no deferred move)
+    # regroup: a respondent whose categories changed moves to a group formed from its current
+    # values (its tuple changes); none stays behind in its old group (no deferred move).
+    # cohort: it stays, and an intruder following anyone across the waves keeps k candidates
     moved = sum(1 for ts in tuples.values() if len(ts) > 1)
-    assert moved >= MOVERS
     assert metrics.deferred_moves == 0
+    if mode == "regroup":
+        assert moved >= MOVERS
+    else:
+        waves_published: dict[int, dict[str, Any]] = defaultdict(dict)
+        for rid in ids:
+            t = truth[rid]
+            published_qi = tuple(rows[rid][q] for q in qis)
+            waves_published[int(t["wave"])][t["respondent_id"]] = (
+                None if all(v is None for v in published_qi) else published_qi
+            )
+        linked = intersection_attack([waves_published[w] for w in sorted(waves_published)], k)
+        assert linked.respondents > 0 and linked.below_k == 0, linked.smallest
+        assert metrics.republication.last.get("linked_smallest", k) >= k
+    # the policy's edit rules: no published combination of categories it forbids
+    for rid in ids:
+        row = rows[rid]
+        assert (row["relationship"], row["sex"]) not in {("Husband", "Female"), ("Wife", "Male")}
+        if row["relationship"] in ("Husband", "Wife"):
+            assert row["marital_status"] in (None, "Married")
 
     # every published tuple of the whole k claim: >= k distinct respondents over the history
     owners = [truth[rid]["respondent_id"] for rid in ids]
