@@ -19,6 +19,7 @@ import orjson
 from gateway import workflows
 from gateway.errors import PrivgwError
 from gateway.fileio import PICTURE_SUFFIXES, check_output
+from gateway.launch import STOPPED_EARLY, note_sigterm, sigterm_received
 from gateway.policy import load_policy
 
 log = logging.getLogger("privgw")
@@ -600,6 +601,7 @@ class Terminated(BaseException):
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
+    note_sigterm()  # remembered too: a library's bare except could swallow the exception
     raise Terminated
 
 
@@ -622,6 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.func
     _stop_on_sigterm()
     try:
+        if sigterm_received():
+            raise Terminated
         code = handler(args)
         sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
         return code
@@ -632,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except Terminated:
-        print("privgw: stopped by SIGTERM before it had started its work", file=sys.stderr)
+        print(STOPPED_EARLY, file=sys.stderr)
         return 0
     except PrivgwError as err:
         print(f"privgw: error: {err}", file=sys.stderr)

@@ -1,7 +1,12 @@
 """The ``privgw`` command's entry: SIGTERM ends it cleanly from its very first moment.
 
 Importing the CLI takes about a second (pandas, numpy): the handler is installed before, and
-the CLI keeps it (``gateway.cli.Terminated``) until a worker installs its own.
+the CLI keeps it (``gateway.cli.Terminated``) until a worker installs its own. Raising from a
+signal handler is not enough on its own: a library that catches everything while it imports
+(a bare ``except:``) swallows the exception, and the command would run on as if no SIGTERM had
+come. So the signal is also remembered, and the command checks it at each step of its start
+(``sigterm_received``): after the imports, before the command, when the worker's own handler
+takes over.
 """
 
 from __future__ import annotations
@@ -9,12 +14,28 @@ from __future__ import annotations
 import signal
 import sys
 
+STOPPED_EARLY = "privgw: stopped by SIGTERM before it had started its work"
+
 
 class _EarlyTerm(BaseException):
     pass
 
 
+class _Received:
+    sigterm = False  # set from a signal handler: a plain attribute, no lock to deadlock on
+
+
+def note_sigterm() -> None:
+    _Received.sigterm = True
+
+
+def sigterm_received() -> bool:
+    """Whether SIGTERM came before the worker's own handler was in place."""
+    return _Received.sigterm
+
+
 def _early(signum: int, frame: object) -> None:
+    note_sigterm()
     raise _EarlyTerm
 
 
@@ -22,11 +43,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _early)
     try:
         from gateway.cli import main as cli_main  # noqa: PLC0415 (after the handler)
+
+        if sigterm_received():  # raised inside an import that swallowed it
+            raise _EarlyTerm
     except _EarlyTerm:
-        print("privgw: stopped by SIGTERM before it had started its work", file=sys.stderr)
+        print(STOPPED_EARLY, file=sys.stderr)
         return 0
     try:
         return cli_main()
     except _EarlyTerm:  # between the import and the CLI's own handler
-        print("privgw: stopped by SIGTERM before it had started its work", file=sys.stderr)
+        print(STOPPED_EARLY, file=sys.stderr)
         return 0

@@ -26,6 +26,7 @@ import mode
 from faust.app.base import BootStrategy
 
 from gateway.errors import PrivgwError
+from gateway.launch import sigterm_received
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.shutdown import EXIT_BROKER_AWAY
 from stream_jobs.worker import GatewayWorker
@@ -135,6 +136,8 @@ async def serve(
                 previous = signal.getsignal(sig)
                 loop.add_signal_handler(sig, stop.set)
                 installed.append((sig, previous))
+        if sigterm_received():  # came before, and a library swallowed the CLI's exception
+            stop.set()
     try:
         await app.start()
         await app.add_runtime_dependency(service)
