@@ -114,13 +114,15 @@ class AesDraws:
         return found
 
     def uniform(self, purpose: str, keys: Sequence[bytes]) -> NDArray[np.float64]:
-        n = len(keys)
-        out = np.empty(n, dtype=np.float64)
-        by_length: dict[int, list[int]] = {}
-        for i, k in enumerate(keys):
-            by_length.setdefault(len(k), []).append(i)
+        lengths = set(map(len, keys))
         with self._lock:
             cipher, first = self._cipher(purpose)
+            if len(lengths) == 1:  # the engine's keys: respondent key + value digest
+                return self._macs(cipher, first, lengths.pop(), keys)
+            out = np.empty(len(keys), dtype=np.float64)
+            by_length: dict[int, list[int]] = {}
+            for i, k in enumerate(keys):
+                by_length.setdefault(len(k), []).append(i)
             for length, idx in by_length.items():
                 macs = self._macs(cipher, first, length, [keys[i] for i in idx])
                 out[idx] = macs
