@@ -16,7 +16,7 @@ started with, and the state and the metadata topic both record it.
   messages prefix-free, so the CBC-MAC is a PRF over keys of any length (as in CCM,
   RFC 3610); the per-purpose key separates the purposes and, being an HKDF output, every draw
   from every HMAC digest. A batch is a few AES-ECB calls over all its messages at once (one
-  per 16-byte block position, chained by numpy XORs): ~0.04 µs a draw against ~0.6 for HMAC
+  per 16-byte block position, chained by numpy XORs): ~0.06 µs a draw against ~0.57 for HMAC
   (``bench/keyed_draws.py``). The issue asked for "AES-CTR"; the construction measured there,
   and used here, is this CBC-MAC: CTR needs the draw's identity in one 16-byte counter block,
   i.e. a hash of the 48-byte key per draw (the cost removed) or an unkeyed fold that is a PRF
