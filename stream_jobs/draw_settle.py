@@ -57,8 +57,12 @@ def announced_draws(records: Sequence[Any], topic: str) -> DrawDerivation | None
 def settle_on_start(worker: Any, announced: DrawDerivation | None) -> DrawDerivation | None:
     """Settle ``worker.engine`` on the deployment's derivation before anything is published
     (refused, with ``worker.refused`` set, when the state and the topic disagree)."""
+    if getattr(worker.engine, "draws", None) is None:
+        # not keyed, or an engine that does not say how it draws (a wrapper around one):
+        # it keeps what it was built with
+        return None
     where = f"{worker.settings.state_dir} and {worker.topics.meta}"
-    bound = worker.engine.draws_bound() if worker.engine.draws is not None else None
+    bound = worker.engine.draws_bound()
     try:
         chosen = settle([worker.engine], announced, where=where)
     except DrawDerivationError as err:
@@ -80,7 +84,7 @@ async def check_partitions(worker: Any, stores: Sequence[Any], wanted: list[int]
     """Restored partitions against the engine's derivation (off the loop: a derivation
     recorded goes through the changelog, which sends on the loop). Another one: stop before
     any of their records is processed."""
-    derivation = worker.engine.draws
+    derivation = getattr(worker.engine, "draws", None)  # None: as in settle_on_start
     if derivation is None or worker.refused is not None:
         return
     where = f"partitions {wanted} of {worker.settings.state_dir}"
