@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from gateway import masking, quality
 from gateway.attack import unique_combinations
+from gateway.draw_derivation import META_NAME, DrawDerivation, DrawPin
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.guarantees import republication_statement
@@ -519,8 +520,13 @@ class Engine:
         frequencies: Mapping[str, Mapping[str, float]] | None = None,
         partition_scope: bool = False,
         measure_risk: bool = True,
+        draws: DrawDerivation | None = None,
     ) -> None:
-        """``partition_scope``: the state follows input partitions (scale-out with state that
+        """``draws``: how keyed draws derive from the secret (:mod:`gateway.draw_derivation`);
+        None: the one the store records, else the default for new deployments. A deployment
+        settles it before the first window (:meth:`use_draws`).
+
+        ``partition_scope``: the state follows input partitions (scale-out with state that
         moves with its partition): every state key names its record's partition
         (:func:`state_key_partition`) and microaggregation groups are formed within one
         partition, so a group's members and its registry entry always move together.
@@ -552,10 +558,11 @@ class Engine:
         self._inputs = KeyedInputs(policy, keyring) if keyring is not None else None
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
         self._store = store if self._consistent else None
+        self._pin = DrawPin(self._store, draws)
         if randomness is not None:
             self._rand: UniformSource = randomness
         elif keyring is not None and self._consistent:
-            self._rand = KeyedSource(keyring)
+            self._rand = KeyedSource(keyring, self._pin.derivation)
         else:
             self._rand = SeededSource()
         freqs = frequencies or {}
@@ -620,11 +627,32 @@ class Engine:
         # for its measures again
         self._group_sizes: dict[str, int] = {}
 
+    # ------------------------------------------------------------------ keyed draws
+    @property
+    def draws(self) -> DrawDerivation | None:
+        """The derivation of the keyed draws (None: the draws are not keyed)."""
+        return self._rand.derivation if isinstance(self._rand, KeyedSource) else None
+
+    def draws_bound(self) -> DrawDerivation | None:
+        """The derivation the state's entries were drawn with (None: a fresh state)."""
+        return self._pin.bound if self.draws is not None else None
+
+    def use_draws(self, derivation: DrawDerivation) -> None:
+        """Draw with ``derivation`` (the deployment's, :func:`~gateway.draw_derivation.settle`):
+        refused when the state is bound to another one."""
+        if self.draws is None or derivation is self.draws:
+            return
+        self._pin.use(derivation)
+        assert self._keyring is not None
+        self._rand = KeyedSource(self._keyring, derivation)
+
     # ------------------------------------------------------------------ metadata
     def metadata(self) -> dict[str, object]:
         """Everything an analyst needs to reconstruct statistics (the meta topic's value)."""
         p = self.policy
+        keyed = {} if self.draws is None else {META_NAME: self.draws.value}
         return {
+            **keyed,
             "policy_version": self.version,
             "policy_name": p.name,
             "k": p.microaggregation.k,
@@ -766,6 +794,8 @@ class Engine:
     ) -> WindowResult:
         policy = self.policy
         self._windows += 1
+        if self.draws is not None:
+            self._pin.record_once()  # the state is bound to the derivation from now on
 
         kr = self._keyring
         sticky = self._consistent and kr is not None

@@ -8,7 +8,9 @@ draw computed over the same string are unrelated:
 - ``value_digest(a, v)``  = HMAC(secret, b"privgw/v1/value\\x00" + len(a) + a + v)[:16]
 - ``pseudonym(id)``       = HMAC(secret, b"privgw/v1/pseudonym\\x00" + id).hex()
 - a draw (``KeyedSource``) = top 53 bits of
-  HMAC(secret, b"privgw/v1/draw\\x00" + purpose + b"\\x00" + key) / 2**53
+  HMAC(secret, b"privgw/v1/draw\\x00" + purpose + b"\\x00" + key) / 2**53 under the
+  ``hmac-sha256`` derivation, or of an AES-256 CBC-MAC under a key HKDF'd from the secret
+  under ``aes-256-cbc-mac`` (``gateway.draw_derivation``: one derivation per deployment)
 
 Draws depend only on (secret, purpose, key), so a replay after a crash gives the same uniforms,
 and so the same published values, even if the state store was lost (DESIGN §5).
@@ -34,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway.draw_derivation import AesDraws, DrawDerivation
 from gateway.errors import PrivgwError
 from gateway.secret_hygiene import check_secret_file_mode, check_secret_strength
 
@@ -159,6 +162,14 @@ class Keyring:
         label): stored in the state, so a state is never silently used with another secret."""
         return hmac.new(self._secret, b"privgw/key-fingerprint", hashlib.sha256).hexdigest()[:16]
 
+    def hkdf(self, salt: bytes, info: bytes) -> bytes:
+        """32 bytes HKDF-SHA256 (RFC 5869) of the secret: a key for another primitive (the AES
+        draws), unrelated to every HMAC digest here."""
+        from cryptography.hazmat.primitives import hashes  # noqa: PLC0415 - on first use
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
+
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(self._secret)
+
     def respondent_key(self, respondent_id: str) -> bytes:
         """32-byte state key of a respondent: the only form in which an id is stored."""
         return self._hmac.digest(_RESPONDENT, respondent_id.encode("utf-8"))
@@ -194,21 +205,28 @@ class Keyring:
 
 
 class KeyedSource:
-    """``UniformSource`` whose draws are HMACs of (purpose, key): same input, same draw.
+    """``UniformSource`` whose draws are keyed PRFs of (purpose, key): same input, same draw.
 
     For sticky randomized response the caller passes ``purpose`` = attribute name and
-    ``key`` = respondent key + value digest, one key per draw.
+    ``key`` = respondent key + value digest, one key per draw. ``derivation``: how a draw is
+    derived from the secret (``gateway.draw_derivation``); a deployment keeps one for life.
     """
 
-    __slots__ = ("_keyring",)
+    __slots__ = ("_aes", "_keyring", "derivation")
 
-    def __init__(self, keyring: Keyring) -> None:
+    def __init__(
+        self, keyring: Keyring, derivation: DrawDerivation = DrawDerivation.HMAC_SHA256
+    ) -> None:
         if not isinstance(keyring, Keyring):
             raise TypeError("KeyedSource needs a Keyring")
         self._keyring = keyring
+        self.derivation = DrawDerivation(derivation)
+        self._aes = (
+            AesDraws(keyring.hkdf) if self.derivation is DrawDerivation.AES_CBC_MAC else None
+        )
 
     def __repr__(self) -> str:
-        return f"KeyedSource({self._keyring!r})"
+        return f"KeyedSource({self._keyring!r}, {self.derivation.value})"
 
     def uniform(
         self, purpose: str, n: int, keys: Sequence[bytes] | None = None
@@ -222,9 +240,14 @@ class KeyedSource:
             raise ValueError(f"KeyedSource.uniform({purpose!r}) got {len(keys)} keys for {n} draws")
         if n == 0:
             return np.empty(0, dtype=np.float64)
-        for k in keys:
-            if not isinstance(k, bytes):
-                raise TypeError("keys of keyed draws must be bytes")
+        if set(map(type, keys)) != {bytes}:  # a set built in C: the common case costs ~20 ns
+            for k in keys:
+                if not isinstance(k, bytes):
+                    raise TypeError("keys of keyed draws must be bytes")
+        if self._aes is not None:
+            if "\x00" in purpose:
+                raise ValueError("a draw purpose must not contain NUL characters")
+            return self._aes.uniform(purpose, keys)
         digests = self._keyring._draw_digests(purpose, keys)
         top = np.frombuffer(b"".join([d[:8] for d in digests]), dtype=">u8") >> np.uint64(11)
         return top.astype(np.float64) * _SCALE53

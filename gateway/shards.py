@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from gateway.draw_derivation import DrawsHolder, ShardDraws, settle
 from gateway.engine import (
     Engine,
     PublishedRecord,
@@ -198,7 +199,7 @@ def _merge_reports(
     )
 
 
-class ShardedEngine:
+class ShardedEngine(ShardDraws):
     """Engines over shards of respondents, called one after the other in this process: the
     same results as ``EngineShards`` runs in processes (the thread engine on a sharded state
     directory, the file workflow, tests). Build the engines with ``measure_risk=False``."""
@@ -212,6 +213,10 @@ class ShardedEngine:
         self.engines = list(engines)
         self.version = engines[0].version
         self._interval_pct = engines[0].policy.risk.interval_pct
+        settle(self.engines, None, where="the engine shards")  # one derivation for all
+
+    def _draw_shards(self) -> Sequence[DrawsHolder]:
+        return self.engines
 
     def metadata(self) -> dict[str, object]:
         return self.engines[0].metadata()

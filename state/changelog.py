@@ -11,6 +11,8 @@ from typing import Protocol, runtime_checkable
 
 # the key fingerprint's changelog record (a respondent key is a partition prefix + a digest)
 FINGERPRINT_ENTRY = b"\x00privgw/key_fingerprint"
+# other facts about a partition's state (``RocksStore.set_meta``), one record per name
+META_ENTRY_PREFIX = b"\x00privgw/meta/"
 
 
 @runtime_checkable

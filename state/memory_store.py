@@ -16,6 +16,7 @@ class MemoryStore:
         self._data: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
         self._fingerprint: str | None = None
+        self._meta: dict[str, str] = {}
 
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         data = self._data
@@ -39,6 +40,13 @@ class MemoryStore:
 
     def set_key_fingerprint(self, fingerprint: str) -> None:
         self._fingerprint = fingerprint
+
+    def meta(self, name: str) -> str | None:
+        """A fact about the state (``SQLiteStore.meta``), e.g. its draw derivation."""
+        return self._meta.get(name)
+
+    def set_meta(self, name: str, value: str) -> None:
+        self._meta[name] = value
 
     def rotate_key_fingerprint(self, fingerprint: str) -> int:
         with self._lock:

@@ -38,12 +38,13 @@ from typing import cast
 
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
-from state.changelog import FINGERPRINT_ENTRY, ChangelogWriter
+from state.changelog import FINGERPRINT_ENTRY, META_ENTRY_PREFIX, ChangelogWriter
 from state.errors import StateStoreError, check_entries, check_entry
 
 _META_CF = "privgw_meta"
 _COUNT_KEY = b"respondents"
 _FINGERPRINT_KEY = b"key_fingerprint"  # in the meta column family
+_META_KEY = b"meta/"  # + name: set_meta's facts, in the meta column family
 # the fingerprint's changelog entry (state.changelog.FINGERPRINT_ENTRY) restores it with the
 # rows; no engine key looks like it (respondent keys are digests, group keys "group:…")
 _RESTORE_CHUNK = 10_000
@@ -146,6 +147,10 @@ class RocksStore:
                     self._put_meta(_FINGERPRINT_KEY, value)
                     applied += 1
                     continue
+                if key.startswith(META_ENTRY_PREFIX):
+                    self._put_meta(_META_KEY + key[len(META_ENTRY_PREFIX) :], value)
+                    applied += 1
+                    continue
                 chunk[key] = value
                 applied += 1
                 if len(chunk) >= _RESTORE_CHUNK:
@@ -184,6 +189,21 @@ class RocksStore:
             if self._changelog is not None:
                 self._changelog.write({FINGERPRINT_ENTRY: value})
             self._put_meta(_FINGERPRINT_KEY, value)
+
+    def meta(self, name: str) -> str | None:
+        """A fact about the partition's state (e.g. its draw derivation), restored with it."""
+        _, meta = self._open()
+        stored = meta.get(_META_KEY + name.encode())
+        return stored.decode() if isinstance(stored, bytes) else None
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Through the changelog first, as every write, so a restore brings it along."""
+        raw = value.encode()
+        with self._lock:
+            self._open()
+            if self._changelog is not None:
+                self._changelog.write({META_ENTRY_PREFIX + name.encode(): raw})
+            self._put_meta(_META_KEY + name.encode(), raw)
 
     def _put_meta(self, key: bytes, value: bytes) -> None:
         db, _ = self._open()

@@ -25,7 +25,7 @@ from aiokafka.admin import NewTopic
 from gateway.engine import state_key_partition
 from gateway.errors import PrivgwError
 from gateway.state_codec import decode_state
-from state.changelog import FINGERPRINT_ENTRY
+from state.changelog import FINGERPRINT_ENTRY, META_ENTRY_PREFIX
 from stream_jobs.kafka import (
     BatchItem,
     create_missing_topics,
@@ -90,6 +90,8 @@ def _problem(partition: int, key: bytes | None, value: bytes | None) -> str | No
         return "a tombstone (null value); the gateway never deletes a respondent's state"
     if key == FINGERPRINT_ENTRY:
         return None if value else "an empty key fingerprint"
+    if key.startswith(META_ENTRY_PREFIX):  # a fact about the partition (its draw derivation)
+        return None if value else "an empty state fact"
     owner = state_key_partition(key)
     if owner != partition:
         return f"a key of state partition {owner}" if owner is not None else "a foreign key"

@@ -46,6 +46,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, overload
 
+from gateway.draw_derivation import META_NAME, DrawDerivation, ShardDraws, settle
 from gateway.engine import (
     Engine,
     KeyedInputs,
@@ -425,6 +426,11 @@ def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) 
         return ("ok",)
     if op == "rotate_key_fingerprint":
         return ("ok", store.rotate_key_fingerprint(request[1]))
+    if op == "draws_bound":  # gateway.draw_derivation.settle, at the worker's start
+        return ("ok", engine.draws_bound())
+    if op == "use_draws":
+        engine.use_draws(request[1])
+        return ("ok",)
     if op == "close":
         store.close()
         return ("ok",)
@@ -593,6 +599,24 @@ class EngineProcess:
             self._send(("set_key_fingerprint", fingerprint))
             self._reply("set_key_fingerprint")
 
+    @property
+    def draws(self) -> DrawDerivation | None:
+        """The child engine's draw derivation (``gateway.draw_derivation``)."""
+        found = self._metadata.get(META_NAME)
+        return None if found is None else DrawDerivation(str(found))
+
+    def draws_bound(self) -> DrawDerivation | None:
+        with self._lock:
+            self._send(("draws_bound",))
+            bound: DrawDerivation | None = self._reply("draws_bound")[1]
+            return bound
+
+    def use_draws(self, derivation: DrawDerivation) -> None:
+        with self._lock:
+            self._send(("use_draws", derivation))
+            self._reply("use_draws")
+            self._metadata[META_NAME] = derivation.value
+
     def rotate_key_fingerprint(self, fingerprint: str) -> int:
         """The child's store dropped and given ``fingerprint`` (a secret rotation)."""
         with self._lock:
@@ -646,10 +670,13 @@ class EngineProcess:
         )
 
 
-class EngineShards:
+class EngineShards(ShardDraws):
     """Engines over shards of respondents (:mod:`gateway.shards`), one child process and
     SQLite file each, protecting their parts of a window at the same time; same interface as
     ``EngineProcess``. The window's risk is measured here, over all shards' records."""
+
+    def _draw_shards(self) -> Sequence[EngineProcess]:
+        return self.shards
 
     def __init__(self, specs: Sequence[EngineSpec]) -> None:
         self.shards: list[EngineProcess] = []
@@ -657,6 +684,7 @@ class EngineShards:
             for spec in specs:
                 shard = dataclasses.replace(spec, measure_risk=False, encode_outputs=True)
                 self.shards.append(EngineProcess(shard))
+            settle(self.shards, None, where="the engine shards")  # one derivation for all
         except BaseException:
             self.close()
             raise

@@ -20,7 +20,9 @@ from typing import Any
 
 import orjson
 
+from gateway.draw_derivation import DrawDerivation
 from gateway.state_api import SecretMismatchError
+from stream_jobs.draw_settle import announced_draws
 from stream_jobs.meta import ANNOUNCEMENT_PREFIX, is_announcement
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.topic_reader import read_topic
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 class Announced:
     newest: str | None  # the newest fingerprint announced (None: none yet)
     rotations: int  # rotation announcements ever
+    draws: DrawDerivation | None = None  # the draw derivation announced (stream_jobs.draw_settle)
 
 
 def announcement(fingerprint: str, previous: str | None) -> tuple[bytes, bytes]:
@@ -65,7 +68,7 @@ async def read_announced(settings: WorkerSettings, meta_topic: str) -> Announced
         order = (int(doc.get("announced_at_ms", m.timestamp)), m.offset)
         if newest is None or order > newest[0]:
             newest = (order, fingerprint)
-    return Announced(newest[1] if newest else None, rotations)
+    return Announced(newest[1] if newest else None, rotations, announced_draws(records, meta_topic))
 
 
 async def announce_fingerprint(
@@ -75,12 +78,15 @@ async def announce_fingerprint(
     fingerprint: str,
     *,
     logged: bool = False,
+    seen: Announced | None = None,
 ) -> tuple[int, bool]:
     """Check ``fingerprint`` against the newest announced one; announce it if new (a rotation
     with ``settings.rotate_secret``, else refused). Returns the rotations announced ever and
     whether this call announced one.
-    ``logged``: the state check already logged this rotation's privacy event."""
-    seen = await read_announced(settings, meta_topic)
+    ``logged``: the state check already logged this rotation's privacy event. ``seen``: the
+    topic as the caller read it (else read here)."""
+    if seen is None:
+        seen = await read_announced(settings, meta_topic)
     if seen.newest == fingerprint:
         return seen.rotations, False
     if seen.newest is not None and not settings.rotate_secret:

@@ -54,6 +54,7 @@ from gateway.state_api import (
 from gateway.validation import DLQReason, Rejection, Validator, rejection
 from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
 from stream_jobs.dlq import DeadLetter, dead_letter
+from stream_jobs.draw_settle import check_partitions, settle_on_start
 from stream_jobs.engine_process import PackedRecords
 from stream_jobs.kafka import (
     BatchItem,
@@ -67,7 +68,7 @@ from stream_jobs.kafka import (
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.partition_state import PartitionStateGuard
-from stream_jobs.secret_announce import announce_fingerprint
+from stream_jobs.secret_announce import announce_fingerprint, read_announced
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
 from stream_jobs.state_routing import PartitionCountError, StateRouting, wire_routing
@@ -317,7 +318,9 @@ class GatewayWorker:
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
         if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
+        seen = None
         if self.key_fingerprint is not None:  # before anything is published under it
+            seen = await read_announced(s, self.topics.meta)
             try:
                 persisted, rotated = await announce_fingerprint(
                     s,
@@ -325,6 +328,7 @@ class GatewayWorker:
                     self.topics.meta,
                     self.key_fingerprint,
                     logged=self._rotation_counted,
+                    seen=seen,
                 )
             except SecretMismatchError as err:
                 self.refused = err
@@ -332,6 +336,7 @@ class GatewayWorker:
             self._rotation_counted |= rotated
             # the count the topic keeps: a restart does not set it back to 0
             self.stats.secret_rotations = max(self.stats.secret_rotations, persisted)
+        settle_on_start(self, None if seen is None else seen.draws)  # announced just below
         key, value, headers = meta_message({**self.engine.metadata(), **self.meta_extra})
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s, co_partitioned=self._routing is not None)
@@ -577,6 +582,7 @@ class GatewayWorker:
                 )
                 if self.key_fingerprint is not None:
                     await self._check_key_fingerprint(store, wanted)
+                await check_partitions(self, store.view(wanted).stores, wanted)
             self._epoch += 1
 
     async def _guard_partitions(self, assigned: Sequence[TopicPartition]) -> None:

@@ -16,6 +16,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.draw_derivation import DrawDerivation
 from gateway.engine import Engine, SourceRef, ValidRecord, audit_live_counts
 from gateway.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
@@ -90,9 +91,10 @@ def test_json_state_of_earlier_versions_republishes_identically(tmp_path: Path) 
     rng = np.random.default_rng(7)
     truth = _truth(rng, 60)
     with SQLiteStore(tmp_path / "new.db") as store:
-        first = Engine(_policy(), keyring=KEY, store=store).protect_window(
-            _window(truth, 1, 0), now=0.0, flush_all=True
-        )
+        # states of those versions drew with HMAC (they record no derivation: the copy below)
+        first = Engine(
+            _policy(), keyring=KEY, store=store, draws=DrawDerivation.HMAC_SHA256
+        ).protect_window(_window(truth, 1, 0), now=0.0, flush_all=True)
         written = dict(store.items())
     assert written and all(raw[:1] != b"{" for raw in written.values())  # MessagePack
     with SQLiteStore(tmp_path / "old.db") as old:
