@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gateway import key_risk, quality
-from gateway.frequency_risk import key_codes, sample_frequencies
+from gateway.measures import linkage, quality
+from gateway.measures.frequency_risk import key_codes, sample_frequencies
 from gateway.mixed_microaggregation import claim_columns
 from gateway.policy import MISSING_LABEL, load_policy
 from gateway.recode_suppress import strict_classes_below_k
@@ -76,7 +76,7 @@ def measure(src: Path, policy_path: Path, out: Path) -> dict[str, float]:
     suppressed = pub.isna() & before[keys].notna() & (before[keys] != MISSING_LABEL)
     x = before[numeric].to_numpy(dtype=float)
     xm = after[numeric].to_numpy(dtype=float)
-    link = key_risk.mixed_linkage(before, after, claim_columns(policy))
+    link = linkage.mixed_linkage(before, after, claim_columns(policy))
     k = policy.microaggregation.k
     return {
         "records below k (missing matches any)": int((fk < k).sum()),

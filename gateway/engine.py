@@ -23,8 +23,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from gateway import masking, quality
-from gateway.attack import unique_combinations
+from gateway import masking
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.guarantees import republication_statement
@@ -35,6 +34,8 @@ from gateway.grouping.republish import Republisher, WindowQI
 from gateway.grouping.scope import Diversifier, GroupingInputs, refuse_in_stream, same_stratum
 from gateway.grouping.strata import stratum_texts
 from gateway.keyed import KeyedSource, Keyring
+from gateway.measures import quality
+from gateway.measures.attack import unique_combinations
 from gateway.mechanism_stamp import stamp_column
 from gateway.microaggregation import microaggregate
 from gateway.mixed_microaggregation import (

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gateway.frequency_risk import MISSING, key_codes
 from gateway.local_suppression import Suppression, suppress_to_k
+from gateway.measures.frequency_risk import MISSING, key_codes
 from gateway.policy import Attribute, AttrType, Method, MicroaggAlgorithm, Policy
 
 __all__ = ["RecodedRelease", "engine_policy", "interval_label", "protect_keys", "recode"]

@@ -3,8 +3,7 @@ reconstruction. Each function returns data; the CLI only formats it."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +11,21 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway import key_risk, quality, recode_suppress, release_risk
-from gateway.attack import averaging_attack, intersection_attack
+from gateway import recode_suppress
 from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
 from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
-from gateway.frequency_risk import measure_risk, weights_of
 from gateway.grouping import file_claim
 from gateway.grouping.guarantees import republication_statement
 from gateway.grouping.strata import stratified_groups, stratum_ids
+from gateway.measures import key_risk, linkage, quality, release_risk
+from gateway.measures.attack import averaging_attack, intersection_attack
+from gateway.measures.frequency_risk import measure_risk, weights_of
+from gateway.measures.published import (
+    is_missing,
+    mechanisms_from_meta,
+    reconstruct_rows,
+)
 from gateway.microaggregation import group_means, mdav_groups, microaggregate
 from gateway.mixed_microaggregation import (
     QIKind,
@@ -39,7 +44,6 @@ from gateway.policy import (
 )
 from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource
-from gateway.reconstruction import reconstruct
 
 RHO1_GRID = (0.05, 0.1, 0.2, 0.3)
 
@@ -330,21 +334,8 @@ def _weighted_and_frequency(
     return out
 
 
-def _is_missing(v: object, tokens: Set[str] = frozenset()) -> bool:
-    """A cell that holds no value: None, NaN (pandas' empty cell) or a missing token."""
-    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in tokens
-
-
 def _missing_to_none(values: Sequence[object], tokens: set[str]) -> list[object]:
-    return [None if _is_missing(v, tokens) else v for v in values]
-
-
-def _published_code(v: object, index: Mapping[str, int]) -> int | None:
-    """The category code of a published value: the missing category's for a missing value
-    (None where there is none: not counted), -1 for a value outside the categories."""
-    if _is_missing(v):
-        return index.get(MISSING_LABEL)
-    return index.get(v if isinstance(v, str) else str(v), -1)
+    return [None if is_missing(v, tokens) else v for v in values]
 
 
 def claim_frame(df: pd.DataFrame, policy: Policy, *, published: bool) -> pd.DataFrame:
@@ -415,13 +406,13 @@ def whole_key_evaluation(
     sens_p = pd.DataFrame({n: _missing_to_none(prot[n].tolist(), tokens) for n in sensitive})
     risk_before = key_risk.key_risk(pd.concat([before, sens_o], axis=1), claim, k, sensitive)
     risk_after = key_risk.key_risk(pd.concat([after, sens_p], axis=1), claim, k, sensitive)
-    linkage = key_risk.mixed_linkage(before, after, claim_columns(policy))
+    linked = linkage.mixed_linkage(before, after, claim_columns(policy))
     return {
         "k_claim": claim,
         "unprotected_quasi_identifiers": policy.unprotected_quasi_identifiers,
         "whole_key_original": risk_before.to_dict(),
         "whole_key": risk_after.to_dict(),
-        "whole_key_linkage": linkage.to_dict(),
+        "whole_key_linkage": linked.to_dict(),
         "changed_categories": changed_categories(before, after, policy),
     }
 
@@ -432,7 +423,7 @@ def _category_codes(
     """Codes in the policy's domain; missing → the missing category or -1; unknown → -2."""
     index = {c: i for i, c in enumerate(domain)}
     missing = index.get(MISSING_LABEL, -1)
-    out = [missing if _is_missing(v, tokens) else index.get(str(v), -2) for v in values]
+    out = [missing if is_missing(v, tokens) else index.get(str(v), -2) for v in values]
     return np.array(out, dtype=np.int64)
 
 
@@ -488,7 +479,7 @@ def ru_map(
             )
         changed = changed_categories(before, after, policy)
         row["changed_categories"] = float(np.mean(list(changed.values()))) if changed else 0.0
-        row["whole_key_linkage"] = key_risk.mixed_linkage(before, after, columns).share_linked
+        row["whole_key_linkage"] = linkage.mixed_linkage(before, after, columns).share_linked
         freq = measure_risk(after.assign(__w__=w) if w is not None else after, claim,
                             "__w__" if w is not None else None)  # fmt: skip
         row["expected_reidentifications"] = freq.expected_reidentifications
@@ -591,50 +582,6 @@ def _mechanism_report(mech: RRMechanism) -> dict[str, Any]:
         "gamma": mech.gamma,
         "epsilon": mech.epsilon,
         "rho2_for_rho1": {str(r): mech.rho2_for(r) for r in RHO1_GRID},
-    }
-
-
-def mechanisms_from_meta(meta: Mapping[str, Any]) -> dict[str, RRMechanism]:
-    rr = meta.get("randomized_response", {})
-    if not isinstance(rr, dict):
-        raise InputDataError("metadata has no randomized_response section")
-    return {name: RRMechanism.from_dict(d) for name, d in rr.items()}
-
-
-def reconstruct_rows(
-    rows: Sequence[Mapping[str, Any]], mechanisms: Mapping[str, RRMechanism]
-) -> dict[str, Any]:
-    """Estimated true distributions of the randomized attributes from published rows."""
-    out: dict[str, Any] = {}
-    for name, mech in mechanisms.items():
-        index = {c: i for i, c in enumerate(mech.categories)}
-        codes = []
-        for r in rows:
-            if name not in r:
-                continue
-            code = _published_code(r[name], index)
-            if code == -1:
-                raise InputDataError(
-                    f"published column '{name}' has values outside the published categories"
-                )
-            if code is not None:
-                codes.append(code)
-        if not codes:
-            continue
-        est = reconstruct(mech, np.array(codes, dtype=np.int64))
-        out[name] = est.to_dict() if hasattr(est, "to_dict") else _estimate_dict(est)
-    return out
-
-
-def _estimate_dict(est: Any) -> dict[str, Any]:
-    return {
-        "categories": list(est.categories),
-        "n": int(est.n),
-        "observed": np.asarray(est.observed).tolist(),
-        "inversion": np.asarray(est.inversion).tolist(),
-        "inversion_se": np.asarray(est.inversion_se).tolist(),
-        "em": np.asarray(est.em).tolist(),
-        "em_se": np.asarray(est.em_se).tolist(),
     }
 
 

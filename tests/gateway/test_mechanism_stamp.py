@@ -16,10 +16,10 @@ import pytest
 
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.keyed import Keyring
+from gateway.measures.versioned_counts import VersionedCounts
 from gateway.mechanism_stamp import stamp_column
 from gateway.policy import Policy, load_policy
 from gateway.validation import Validator
-from gateway.versioned_counts import VersionedCounts
 from state.memory_store import MemoryStore
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 

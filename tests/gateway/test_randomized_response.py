@@ -19,6 +19,7 @@ from scipy import stats
 from scipy.optimize import linprog
 
 from gateway.errors import MechanismError
+from gateway.measures.reconstruction import DistributionEstimate, reconstruct
 from gateway.policy import MISSING_LABEL, Attribute, RRMode
 from gateway.randomized_response import (
     MIN_RETENTION_SHARE,
@@ -30,7 +31,6 @@ from gateway.randomized_response import (
     gamma_for,
     uniform,
 )
-from gateway.reconstruction import DistributionEstimate, reconstruct
 
 CATS4 = ("a", "b", "c", "d")
 GAMMA_SLACK = 1e-9  # relative rounding slack on the amplification bound

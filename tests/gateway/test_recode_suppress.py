@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from gateway.errors import PolicyError
-from gateway.frequency_risk import MISSING, key_codes
+from gateway.measures.frequency_risk import MISSING, key_codes
 from gateway.policy import load_policy, parse_policy
 from gateway.recode_suppress import interval_label, recode
 from gateway.workflows import claim_frame, protect_file

@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from gateway.errors import InputDataError, MechanismError
-from gateway.randomized_response import RRMechanism, fine_grain, from_matrix, uniform
-from gateway.reconstruction import (
+from gateway.measures.reconstruction import (
     DistributionEstimate,
     count_codes,
     project_to_simplex,
     reconstruct,
 )
+from gateway.randomized_response import RRMechanism, fine_grain, from_matrix, uniform
 
 CATS4 = ("a", "b", "c", "d")
 PI4 = np.array([0.4, 0.3, 0.2, 0.1])

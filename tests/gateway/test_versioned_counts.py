@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gateway.errors import InputDataError
+from gateway.measures.reconstruction import reconstruct
+from gateway.measures.versioned_counts import VersionedCounts
 from gateway.randomized_response import RRMechanism, uniform
-from gateway.reconstruction import reconstruct
-from gateway.versioned_counts import VersionedCounts
 
 
 def _meta(version: str, mech: RRMechanism) -> dict[str, object]:

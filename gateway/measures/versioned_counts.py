@@ -20,10 +20,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.errors import InputDataError, PrivgwError
+from gateway.measures.published import mechanisms_from_meta, published_code
+from gateway.measures.reconstruction import reconstruct
 from gateway.mechanism_stamp import stamped_version
 from gateway.randomized_response import RRMechanism
-from gateway.reconstruction import reconstruct
-from gateway.workflows import _published_code, mechanisms_from_meta
 
 
 def _matrix_versions(meta: Mapping[str, Any]) -> dict[str, str]:
@@ -86,7 +86,7 @@ class VersionedCounts:
                     self.unknown_matrix[(version, name)] += 1
                     continue
                 target = found
-            code = _published_code(row[name], self._index[target][name])
+            code = published_code(row[name], self._index[target][name])
             if code == -1:
                 self.outside[(version, name)] += 1
             elif code is not None:
