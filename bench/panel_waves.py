@@ -54,7 +54,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.engine import Engine, SourceRef, ValidRecord
-from gateway.fileio import read_table, records_from_frame
+from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
 from gateway.measures import quality
 from gateway.measures.attack import linked_sets, value_keys, value_linkage

@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gateway.files.workflows import claim_frame, protect_file
 from gateway.measures import linkage, quality
 from gateway.measures.frequency_risk import key_codes, sample_frequencies
 from gateway.mixed_microaggregation import claim_columns
 from gateway.policy import MISSING_LABEL, load_policy
 from gateway.recode_suppress import strict_classes_below_k
-from gateway.workflows import claim_frame, protect_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

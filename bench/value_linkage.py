@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import panel_waves as pw  # the panel, its scenarios and its mode runs
 
 from gateway.engine import Engine, SourceRef, ValidRecord
-from gateway.fileio import read_table, records_from_frame
+from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
 from gateway.masking import round_to
 from gateway.measures.attack import value_keys, value_linkage

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from gateway import workflows
 from gateway.errors import PrivgwError
-from gateway.fileio import PICTURE_SUFFIXES, check_output
+from gateway.files import workflows
+from gateway.files.fileio import PICTURE_SUFFIXES, check_output
 from gateway.policy import load_policy
 
 log = logging.getLogger("privgw")
@@ -168,7 +168,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         )
     result = workflows.evaluate_files(args.original, args.protected, policy, p_pct=args.p)
     if args.report:
-        from gateway.utility_report import build_report  # noqa: PLC0415 - matplotlib
+        from gateway.files.utility_report import build_report  # noqa: PLC0415 - matplotlib
 
         assert policy is not None
         page = build_report(
@@ -583,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="the file to create (an existing file is never overwritten)")
     p.set_defaults(func=cmd_secret_create)
 
-    from gateway import risk_cli  # noqa: PLC0415  (sdcMicro-shaped commands: risk, kanon)
+    from gateway.files import risk_cli  # noqa: PLC0415  (sdcMicro-shaped commands: risk, kanon)
 
     risk_cli.register(sub)
 

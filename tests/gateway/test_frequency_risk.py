@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.cli import main
+from gateway.files.risk_files import file_risk
 from gateway.measures.frequency_risk import MISSING, key_codes, measure_risk, sample_frequencies
 from gateway.measures.suda import msu_weight, suda2
-from gateway.risk_files import file_risk
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 KEYS = ["urbrur", "roof", "walls", "water", "electcon", "relat", "sex"]

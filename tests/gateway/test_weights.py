@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from gateway import workflows
 from gateway.errors import PolicyError
+from gateway.files import workflows
 from gateway.policy import load_policy, parse_policy
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gateway.fileio import read_table, write_table
+from gateway.files.fileio import read_table, write_table
 from gateway.measures.frequency_risk import FrequencyRisk, Int, key_codes, measure_risk
 from gateway.measures.suda import Suda, suda2
 

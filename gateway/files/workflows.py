@@ -14,7 +14,7 @@ import pandas as pd
 from gateway import recode_suppress
 from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
-from gateway.fileio import Progress, chunks, read_table, records_from_frame, write_table
+from gateway.files.fileio import Progress, chunks, read_table, records_from_frame, write_table
 from gateway.grouping import file_claim
 from gateway.grouping.guarantees import republication_statement
 from gateway.grouping.strata import stratified_groups, stratum_ids

@@ -23,7 +23,7 @@ import orjson
 import pandas as pd
 
 from gateway import masking
-from gateway.fileio import read_table
+from gateway.files.fileio import read_table
 from gateway.measures.frequency_risk import weights_of
 from gateway.measures.published import mechanisms_from_meta
 from gateway.measures.reconstruction import reconstruct
