@@ -40,8 +40,8 @@ import panel_waves as pw  # the panel, its scenarios and its mode runs
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
-from gateway.masking import round_to
 from gateway.measures.attack import value_keys, value_linkage
+from gateway.mechanisms.masking import round_to
 from gateway.policy import Policy, parse_policy
 from state.memory_store import MemoryStore
 

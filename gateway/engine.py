@@ -23,7 +23,6 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from gateway import masking
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.guarantees import republication_statement
@@ -36,7 +35,9 @@ from gateway.grouping.strata import stratum_texts
 from gateway.keyed import KeyedSource, Keyring
 from gateway.measures import quality
 from gateway.measures.attack import unique_combinations
-from gateway.mechanism_stamp import stamp_column
+from gateway.mechanisms import masking
+from gateway.mechanisms.randomized_response import RRMechanism, from_spec
+from gateway.mechanisms.stamp import stamp_column
 from gateway.microaggregation import microaggregate
 from gateway.mixed_microaggregation import (
     EditRule,
@@ -58,7 +59,6 @@ from gateway.policy import (
     RepublicationMode,
     Role,
 )
-from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource, UniformSource, normals_from_uniforms
 from gateway.routing import StatePartitions
 from gateway.state_api import StateStore

@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway import masking
 from gateway.errors import MechanismError
+from gateway.mechanisms import masking
 from gateway.microaggregation import Block, group_means, mdav_blocks, mdav_groups
 from gateway.policy import (
     MISSING_LABEL,

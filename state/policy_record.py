@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import PrivgwError
+from gateway.mechanisms.randomized_response import from_spec
 from gateway.policy import Policy
 from gateway.policy.migration import (
     MigrationPlan,
@@ -43,7 +44,6 @@ from gateway.policy.migration import (
     migrate_entries,
 )
 from gateway.policy.upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, facets
-from gateway.randomized_response import from_spec
 from gateway.state_keys import is_group_key
 from state.errors import StateStoreError
 from state.failures import sqlite_error

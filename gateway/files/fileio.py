@@ -16,9 +16,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway import masking
 from gateway.engine import ValidRecord
 from gateway.errors import InputDataError
+from gateway.mechanisms import masking
 from gateway.policy import AttrType, ExtraFields, Policy
 from gateway.validation import has_duplicate_key
 

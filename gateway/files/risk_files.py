@@ -98,8 +98,8 @@ def kanon_file(
     file is written with the suppressed cells empty, every other cell as read."""
     import time  # noqa: PLC0415
 
-    from gateway.local_suppression import default_importance, suppress_to_k  # noqa: PLC0415
     from gateway.measures.frequency_risk import sample_frequencies  # noqa: PLC0415
+    from gateway.mechanisms.local_suppression import default_importance, suppress_to_k  # noqa: PLC0415
 
     frame = read_table(src, as_text=True)
     frame = frame.where(frame != "", None)

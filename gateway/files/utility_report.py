@@ -22,13 +22,13 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway import masking
 from gateway.files.fileio import read_table
 from gateway.measures.frequency_risk import weights_of
 from gateway.measures.published import mechanisms_from_meta
 from gateway.measures.reconstruction import reconstruct
+from gateway.mechanisms import masking
+from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.policy import AttrType, Method, Policy, Role
-from gateway.randomized_response import RRMechanism
 
 MAX_CATEGORIES = 12  # categories shown per marginal (the most frequent in the original)
 

@@ -26,6 +26,7 @@ from gateway.measures.published import (
     mechanisms_from_meta,
     reconstruct_rows,
 )
+from gateway.mechanisms.randomized_response import RRMechanism, from_spec
 from gateway.microaggregation import group_means, mdav_groups, microaggregate
 from gateway.mixed_microaggregation import (
     QIKind,
@@ -42,7 +43,6 @@ from gateway.policy import (
     Role,
     RRMode,
 )
-from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource
 
 RHO1_GRID = (0.05, 0.1, 0.2, 0.3)

@@ -12,8 +12,8 @@ import numpy as np
 
 from gateway.errors import InputDataError
 from gateway.measures.reconstruction import reconstruct
+from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.policy import MISSING_LABEL
-from gateway.randomized_response import RRMechanism
 
 
 def is_missing(v: object, tokens: Set[str] = frozenset()) -> bool:

@@ -33,7 +33,7 @@ import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
 from gateway.errors import InputDataError, MechanismError
-from gateway.randomized_response import RRMechanism
+from gateway.mechanisms.randomized_response import RRMechanism
 
 __all__ = ["DistributionEstimate", "count_codes", "project_to_simplex", "reconstruct"]
 

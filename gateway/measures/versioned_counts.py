@@ -3,7 +3,7 @@ keeping its rows (``privgw reconstruct --topic``).
 
 Rows are added as they are read; memory is O(versions × attributes × categories), not O(rows).
 A value is counted against the matrix it was drawn under: the one its stamp names
-(``gateway.mechanism_stamp``; a sticky draw keeps its matrix across policy versions), else the
+(``gateway.mechanisms.stamp``; a sticky draw keeps its matrix across policy versions), else the
 one of its record's policy version. A stream is not trusted: a metadata record that does not
 parse as a mechanism, a value outside its matrix's categories and a stamp that names no known
 matrix are skipped and counted, never fatal — unless nothing of a version could be counted,
@@ -22,8 +22,8 @@ from numpy.typing import NDArray
 from gateway.errors import InputDataError, PrivgwError
 from gateway.measures.published import mechanisms_from_meta, published_code
 from gateway.measures.reconstruction import reconstruct
-from gateway.mechanism_stamp import stamped_version
-from gateway.randomized_response import RRMechanism
+from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.stamp import stamped_version
 
 
 def _matrix_versions(meta: Mapping[str, Any]) -> dict[str, str]:

@@ -20,8 +20,7 @@ from scipy.optimize import linprog
 
 from gateway.errors import MechanismError
 from gateway.measures.reconstruction import DistributionEstimate, reconstruct
-from gateway.policy import MISSING_LABEL, Attribute, RRMode
-from gateway.randomized_response import (
+from gateway.mechanisms.randomized_response import (
     MIN_RETENTION_SHARE,
     RRMechanism,
     fine_grain,
@@ -31,6 +30,7 @@ from gateway.randomized_response import (
     gamma_for,
     uniform,
 )
+from gateway.policy import MISSING_LABEL, Attribute, RRMode
 
 CATS4 = ("a", "b", "c", "d")
 GAMMA_SLACK = 1e-9  # relative rounding slack on the amplification bound
