@@ -25,11 +25,11 @@ import numpy as np
 import pandas as pd
 
 from gateway.files.workflows import claim_frame, protect_file
+from gateway.grouping.mixed_microaggregation import claim_columns
+from gateway.grouping.recode_suppress import strict_classes_below_k
 from gateway.measures import linkage, quality
 from gateway.measures.frequency_risk import key_codes, sample_frequencies
-from gateway.mixed_microaggregation import claim_columns
 from gateway.policy import MISSING_LABEL, load_policy
-from gateway.recode_suppress import strict_classes_below_k
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def measure(src: Path, policy_path: Path, out: Path) -> dict[str, float]:
         for n in categorical:  # the original's recoded category, for the wrong-category count
             after[n] = pub[n]
         truth = pd.DataFrame({n: before[n] for n in categorical})
-        from gateway.recode_suppress import recode  # noqa: PLC0415
+        from gateway.grouping.recode_suppress import recode  # noqa: PLC0415
 
         for n in categorical:
             truth[n] = recode(before[n].tolist(), policy.attributes[n])

@@ -26,6 +26,15 @@ from numpy.typing import NDArray
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.guarantees import republication_statement
+from gateway.grouping.microaggregation import microaggregate
+from gateway.grouping.mixed_microaggregation import (
+    EditRule,
+    QIKind,
+    claim_columns,
+    claim_inputs,
+    mixed_centroids,
+    mixed_microaggregate,
+)
 from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
@@ -38,15 +47,6 @@ from gateway.measures.attack import unique_combinations
 from gateway.mechanisms import masking
 from gateway.mechanisms.randomized_response import RRMechanism, from_spec
 from gateway.mechanisms.stamp import stamp_column
-from gateway.microaggregation import microaggregate
-from gateway.mixed_microaggregation import (
-    EditRule,
-    QIKind,
-    claim_columns,
-    claim_inputs,
-    mixed_centroids,
-    mixed_microaggregate,
-)
 from gateway.policy import (
     MISSING_LABEL,
     ConsistencyMode,

@@ -11,12 +11,18 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway import recode_suppress
 from gateway.engine import Engine, ValidRecord
 from gateway.errors import InputDataError
 from gateway.files.fileio import Progress, chunks, read_table, records_from_frame, write_table
-from gateway.grouping import file_claim
+from gateway.grouping import file_claim, recode_suppress
 from gateway.grouping.guarantees import republication_statement
+from gateway.grouping.microaggregation import group_means, mdav_groups, microaggregate
+from gateway.grouping.mixed_microaggregation import (
+    QIKind,
+    claim_columns,
+    claim_inputs,
+    mixed_microaggregate,
+)
 from gateway.grouping.strata import stratified_groups, stratum_ids
 from gateway.measures import key_risk, linkage, quality, release_risk
 from gateway.measures.attack import averaging_attack, intersection_attack
@@ -27,13 +33,6 @@ from gateway.measures.published import (
     reconstruct_rows,
 )
 from gateway.mechanisms.randomized_response import RRMechanism, from_spec
-from gateway.microaggregation import group_means, mdav_groups, microaggregate
-from gateway.mixed_microaggregation import (
-    QIKind,
-    claim_columns,
-    claim_inputs,
-    mixed_microaggregate,
-)
 from gateway.policy import (
     MISSING_LABEL,
     AttrType,

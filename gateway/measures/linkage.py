@@ -47,6 +47,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from gateway.errors import InputDataError, MechanismError
+from gateway.grouping.mixed_microaggregation import QIColumn, QIKind
 from gateway.measures.key_risk import (
     check_frame,
     check_names,
@@ -54,7 +55,6 @@ from gateway.measures.key_risk import (
     combine_codes,
     require_columns,
 )
-from gateway.mixed_microaggregation import QIColumn, QIKind
 
 __all__ = ["LinkageResult", "MixedScaling", "mixed_linkage"]
 
@@ -138,7 +138,7 @@ def _prepare(frame: pd.DataFrame, columns: Sequence[QIColumn], what: str) -> _Pr
 
 @dataclass(frozen=True)
 class MixedScaling:
-    """:func:`gateway.mixed_microaggregation.embed`'s scaling, fitted on one file (the
+    """:func:`gateway.grouping.mixed_microaggregation.embed`'s scaling, fitted on one file (the
     original) and applied unchanged to any file with the same columns.
 
     Per column: numeric and ordinal (rank) values become (x - ``center``) / ``spread``; a
