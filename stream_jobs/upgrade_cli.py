@@ -1,6 +1,6 @@
 """``privgw policy diff`` and ``privgw state migrate``: policy upgrades on a state directory,
 offline (the worker stopped); ``privgw run --policy-upgrade VERSION`` does the same at start.
-The rules are in :mod:`gateway.policy_upgrade` and :mod:`state.policy_record`."""
+The rules are in :mod:`gateway.policy.upgrade` and :mod:`state.policy_record`."""
 
 from __future__ import annotations
 
