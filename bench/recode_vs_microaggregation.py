@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gateway.files.workflows import claim_frame, protect_file
+from gateway.files.evaluate import claim_frame
+from gateway.files.protect import protect_file
 from gateway.grouping.mixed_microaggregation import claim_columns
 from gateway.grouping.recode_suppress import strict_classes_below_k
 from gateway.measures import linkage, quality

@@ -38,7 +38,7 @@ def interval_label(value: float, bins: Sequence[float]) -> str:
 
 
 def recode(column: Sequence[object], attr: Attribute) -> list[str | None]:
-    """A claim column (as :func:`gateway.files.workflows.claim_frame` gives it for the original:
+    """A claim column (as :func:`gateway.files.evaluate.claim_frame` gives it for the original:
     numbers as floats, categories already generalized) globally recoded."""
     if attr.type is AttrType.NUMERIC:
         assert attr.bins is not None

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.engine import Engine
 from gateway.errors import PolicyError
-from gateway.files.workflows import protect_file
+from gateway.files.protect import protect_file
 from gateway.grouping.l_diversity import enforce_l_diversity
 from gateway.grouping.microaggregation import mdav_groups
 from gateway.grouping.strata import stratified_groups

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from gateway.errors import PolicyError
-from gateway.files.workflows import claim_frame, protect_file
+from gateway.files.evaluate import claim_frame
+from gateway.files.protect import protect_file
 from gateway.grouping.recode_suppress import interval_label, recode
 from gateway.measures.frequency_risk import MISSING, key_codes
 from gateway.policy import load_policy, parse_policy
