@@ -45,7 +45,8 @@ from gateway.keyed import KeyedSource, Keyring
 from gateway.measures import quality
 from gateway.measures.attack import unique_combinations
 from gateway.mechanisms import masking
-from gateway.mechanisms.randomized_response import RRMechanism, from_spec
+from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.rr_constructions import from_spec
 from gateway.mechanisms.stamp import stamp_column
 from gateway.policy import (
     MISSING_LABEL,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import PrivgwError
-from gateway.mechanisms.randomized_response import from_spec
+from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import Policy
 from gateway.policy.migration import (
     MigrationPlan,

@@ -21,7 +21,7 @@ from gateway.measures.published import (
     mechanisms_from_meta,
     reconstruct_rows,
 )
-from gateway.mechanisms.randomized_response import from_spec
+from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import (
     Policy,
     RRMode,

@@ -16,7 +16,8 @@ from gateway.grouping.guarantees import republication_statement
 from gateway.grouping.mixed_microaggregation import (
     claim_columns,
 )
-from gateway.mechanisms.randomized_response import RRMechanism, from_spec
+from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import (
     Method,
     Policy,

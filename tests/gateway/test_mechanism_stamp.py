@@ -121,7 +121,7 @@ def test_forged_rows_and_metadata_are_skipped_and_counted(tmp_path: Path) -> Non
 
 def test_a_column_with_no_value_of_its_metadata_is_the_wrong_metadata() -> None:
     from gateway.errors import InputDataError  # noqa: PLC0415
-    from gateway.mechanisms.randomized_response import uniform  # noqa: PLC0415
+    from gateway.mechanisms.rr_constructions import uniform  # noqa: PLC0415
 
     meta = {"policy_version": "va", "randomized_response": {
         "income": uniform(["<=50K", ">50K"], retention=0.75).to_dict()}}  # fmt: skip

@@ -20,12 +20,10 @@ from scipy.optimize import linprog
 
 from gateway.errors import MechanismError
 from gateway.measures.reconstruction import DistributionEstimate, reconstruct
-from gateway.mechanisms.randomized_response import (
+from gateway.mechanisms.randomized_response import RRMechanism, from_dict, from_matrix
+from gateway.mechanisms.rr_constructions import (
     MIN_RETENTION_SHARE,
-    RRMechanism,
     fine_grain,
-    from_dict,
-    from_matrix,
     from_spec,
     gamma_for,
     uniform,

@@ -24,7 +24,8 @@ from gateway.measures.reconstruction import (
     project_to_simplex,
     reconstruct,
 )
-from gateway.mechanisms.randomized_response import RRMechanism, fine_grain, from_matrix, uniform
+from gateway.mechanisms.randomized_response import RRMechanism, from_matrix
+from gateway.mechanisms.rr_constructions import fine_grain, uniform
 
 CATS4 = ("a", "b", "c", "d")
 PI4 = np.array([0.4, 0.3, 0.2, 0.1])

@@ -9,7 +9,8 @@ import pytest
 from gateway.errors import InputDataError
 from gateway.measures.reconstruction import reconstruct
 from gateway.measures.versioned_counts import VersionedCounts
-from gateway.mechanisms.randomized_response import RRMechanism, uniform
+from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.rr_constructions import uniform
 
 
 def _meta(version: str, mech: RRMechanism) -> dict[str, object]:
