@@ -1,7 +1,7 @@
 """Fine-grain randomized response: LP solve time against same-run baselines.
 
-Times ``gateway.randomized_response.fine_grain`` (the compact O(m) LP on HiGHS plus matrix
-construction and validation) for m = 10, 50, 200, 1000 categories, and in the same run:
+Times ``gateway.mechanisms.rr_constructions.fine_grain`` (the compact O(m) LP on HiGHS plus
+matrix construction and validation) for m = 10, 50, 200, 1000 categories, and in the same run:
 
 - the closed-form uniform mechanism at the same γ (``uniform``), the cost floor of building
   and validating an m×m mechanism;
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.optimize import linprog
 
-from gateway.randomized_response import fine_grain, uniform
+from gateway.mechanisms.rr_constructions import fine_grain, uniform
 
 SIZES = (10, 50, 200, 1000)
 DENSE_MAX_M = 200

@@ -25,7 +25,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import microaggregation as ma
+from gateway.grouping import microaggregation as ma
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "synth_gauss_20000x5.csv"
 SDCMICRO_K3_SECONDS = {20_000: (1.3, 1.9), 100_000: (68.0, 68.0)}

@@ -30,8 +30,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import microaggregation as ma
-from gateway.mixed_microaggregation import (
+from gateway.grouping import microaggregation as ma
+from gateway.grouping.mixed_microaggregation import (
     QIColumn,
     QIKind,
     claim_columns,

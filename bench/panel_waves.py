@@ -30,7 +30,7 @@ published, the smallest class within the release and over the history, the linke
 set (smallest, share below k: the intersection attack over all releases so far), SSE/SST of the
 numeric quasi-identifiers, the share of categorical quasi-identifier cells published as another
 category, suppressed records, the share of the release's records linkable to the previous
-release by their published sensitive values alone (``gateway.attack.value_linkage``: a
+release by their published sensitive values alone (``gateway.measures.attack.value_linkage``: a
 combination unique in both releases; its precision is printed per mode at the end), and the
 engine's µs a record. Engine cost ratios against ``deferred`` are measured in the same run.
 ``--unrounded`` publishes the noised amounts without the policy's ``round_to``.
@@ -53,11 +53,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import quality
-from gateway.attack import linked_sets, value_keys, value_linkage
 from gateway.engine import Engine, SourceRef, ValidRecord
-from gateway.fileio import read_table, records_from_frame
+from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
+from gateway.measures import quality
+from gateway.measures.attack import linked_sets, value_keys, value_linkage
 from gateway.policy import Method, Policy, Role, parse_policy
 from state.memory_store import MemoryStore
 from stream_jobs.memory import tune_memory

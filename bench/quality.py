@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gateway import quality
+from gateway.measures import quality
 
 COLUMNS = ["age", "education_num", "hours_per_week"]
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "adult.csv"

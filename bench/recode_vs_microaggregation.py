@@ -24,12 +24,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gateway import key_risk, quality
-from gateway.frequency_risk import key_codes, sample_frequencies
-from gateway.mixed_microaggregation import claim_columns
+from gateway.files.evaluate import claim_frame
+from gateway.files.protect import protect_file
+from gateway.grouping.mixed_microaggregation import claim_columns
+from gateway.grouping.recode_suppress import strict_classes_below_k
+from gateway.measures import linkage, quality
+from gateway.measures.frequency_risk import key_codes, sample_frequencies
 from gateway.policy import MISSING_LABEL, load_policy
-from gateway.recode_suppress import strict_classes_below_k
-from gateway.workflows import claim_frame, protect_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +63,7 @@ def measure(src: Path, policy_path: Path, out: Path) -> dict[str, float]:
         for n in categorical:  # the original's recoded category, for the wrong-category count
             after[n] = pub[n]
         truth = pd.DataFrame({n: before[n] for n in categorical})
-        from gateway.recode_suppress import recode  # noqa: PLC0415
+        from gateway.grouping.recode_suppress import recode  # noqa: PLC0415
 
         for n in categorical:
             truth[n] = recode(before[n].tolist(), policy.attributes[n])
@@ -76,7 +77,7 @@ def measure(src: Path, policy_path: Path, out: Path) -> dict[str, float]:
     suppressed = pub.isna() & before[keys].notna() & (before[keys] != MISSING_LABEL)
     x = before[numeric].to_numpy(dtype=float)
     xm = after[numeric].to_numpy(dtype=float)
-    link = key_risk.mixed_linkage(before, after, claim_columns(policy))
+    link = linkage.mixed_linkage(before, after, claim_columns(policy))
     k = policy.microaggregation.k
     return {
         "records below k (missing matches any)": int((fk < k).sum()),

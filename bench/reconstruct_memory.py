@@ -47,7 +47,7 @@ WHOLE = (
     + """
 import sys
 from stream_jobs.topic_reader import read_protected
-from gateway.workflows import mechanisms_from_meta, reconstruct_rows
+from gateway.measures.published import mechanisms_from_meta, reconstruct_rows
 meta, rows = read_protected(sys.argv[1], sys.argv[2])
 est = reconstruct_rows(rows, mechanisms_from_meta(meta))
 print(len(rows), est["income"]["em"][0], peak_kib())

@@ -9,7 +9,7 @@ shipped policy's noised amounts unrounded. Rounding is the last, deterministic s
 path, so each (capital_gain step, capital_loss step) is applied to that run's published amounts
 afterwards — the engine would publish exactly these values (the same keyed draws, then rounded;
 tests/gateway/test_value_linkage.py checks it). For each step it prints the share of wave 2's
-records linkable to wave 1 (``gateway.attack.value_linkage``: a combination unique in both
+records linkable to wave 1 (``gateway.measures.attack.value_linkage``: a combination unique in both
 releases) by all four published sensitive values, by the two amounts alone and by the two
 randomized ones alone, with the precision of the links.
 
@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import panel_waves as pw  # the panel, its scenarios and its mode runs
 
-from gateway.attack import value_keys, value_linkage
 from gateway.engine import Engine, SourceRef, ValidRecord
-from gateway.fileio import read_table, records_from_frame
+from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
-from gateway.masking import round_to
+from gateway.measures.attack import value_keys, value_linkage
+from gateway.mechanisms.masking import round_to
 from gateway.policy import Policy, parse_policy
 from state.memory_store import MemoryStore
 

@@ -39,7 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.engine import Engine, SourceRef, ValidRecord
-from gateway.fileio import read_table, records_from_frame
+from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
 from gateway.policy import Policy, parse_policy, policy_from_yaml
 from state.memory_store import MemoryStore

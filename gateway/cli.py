@@ -16,9 +16,13 @@ from typing import Any
 
 import orjson
 
-from gateway import workflows
 from gateway.errors import PrivgwError
-from gateway.fileio import PICTURE_SUFFIXES, check_output
+from gateway.files.analysis import attack_history, read_jsonl_rows, reconstruct_file
+from gateway.files.evaluate import evaluate_files
+from gateway.files.fileio import PICTURE_SUFFIXES, check_output
+from gateway.files.policy_report import policy_report
+from gateway.files.protect import meta_path, microaggregate_file, protect_file
+from gateway.files.ru_map import plot_ru_map, ru_map
 from gateway.launch import STOPPED_EARLY, note_sigterm, sigterm_received
 from gateway.policy import load_policy
 
@@ -57,9 +61,9 @@ def cmd_protect(args: argparse.Namespace) -> int:
     if args.seed is not None and args.seed < 0:
         raise PrivgwError(f"--seed must be a whole number ≥ 0, got {args.seed}")
     # OUT.meta.json too: a symlink there, or an input of that name, would be overwritten
-    meta = workflows.meta_path(args.output)
+    meta = meta_path(args.output)
     check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
-    summary = workflows.protect_file(args.input, policy, args.output, seed=args.seed)
+    summary = protect_file(args.input, policy, args.output, seed=args.seed)
     print(
         f"protected {summary['published']} of {summary['records']} records -> {args.output} "
         f"(policy {summary['policy_version']}; {summary['groups']} groups, smallest "
@@ -131,7 +135,7 @@ def cmd_protect(args: argparse.Namespace) -> int:
 def cmd_microaggregate(args: argparse.Namespace) -> int:
     cols = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
     check_output(args.output, inputs=(args.input,))
-    s = workflows.microaggregate_file(
+    s = microaggregate_file(
         args.input,
         args.output,
         k=args.k,
@@ -167,9 +171,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             inputs=(args.original, args.protected),
             setting="--report",
         )
-    result = workflows.evaluate_files(args.original, args.protected, policy, p_pct=args.p)
+    result = evaluate_files(args.original, args.protected, policy, p_pct=args.p)
     if args.report:
-        from gateway.utility_report import build_report  # noqa: PLC0415 - matplotlib
+        from gateway.files.utility_report import build_report  # noqa: PLC0415 - matplotlib
 
         assert policy is not None
         page = build_report(
@@ -204,7 +208,7 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
             f"--k must be a comma-separated list of integers, got '{args.k}'"
         ) from None
     check_output(args.output, suffixes=PICTURE_SUFFIXES, inputs=(args.input, args.policy))
-    rows = workflows.ru_map(args.input, policy, ks)
+    rows = ru_map(args.input, policy, ks)
     nan = float("nan")
     print(
         f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'changed':>8} {'DLD':>8} {'ID':>8} "
@@ -219,13 +223,13 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
             f"{r.get('score', nan):>8.4f} {r['whole_key_linkage']:>18.4f} "
             f"{r['expected_reidentifications']:>9.3f}"
         )
-    workflows.plot_ru_map(rows, args.output)
+    plot_ru_map(rows, args.output)
     print(f"R-U map -> {args.output}")
     return 0
 
 
 def cmd_check_policy(args: argparse.Namespace) -> int:
-    report = workflows.policy_report(load_policy(args.policy), data=args.data)
+    report = policy_report(load_policy(args.policy), data=args.data)
     if args.json:
         _print_json(report)
         return 0
@@ -329,7 +333,7 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     else:
         if not args.protected or not args.policy:
             raise PrivgwError("give PROTECTED --policy P, or --bootstrap B --topic T")
-        result = workflows.reconstruct_file(args.protected, load_policy(args.policy))
+        result = reconstruct_file(args.protected, load_policy(args.policy))
     if args.json:
         _print_json(result)
         return 0
@@ -365,15 +369,13 @@ def cmd_attack(args: argparse.Namespace) -> int:
     else:
         if not args.history:
             raise PrivgwError("give the history as JSONL files, or --bootstrap B --topic T")
-        history = workflows.read_jsonl_rows(args.history)
+        history = read_jsonl_rows(args.history)
         meta = {}
-    truth = workflows.read_jsonl_rows([args.truth])
+    truth = read_jsonl_rows([args.truth])
     qi = [c for c in (args.qi or "").split(",") if c] or list(meta.get("microaggregated", []))
     k = args.k or int(meta.get("k", 0)) or 2
     ts = [int(t) for t in args.t.split(",")]
-    result = workflows.attack_history(
-        history, truth, attribute=args.attribute, qi_columns=qi, k=k, ts=ts
-    )
+    result = attack_history(history, truth, attribute=args.attribute, qi_columns=qi, k=k, ts=ts)
     if args.json:
         _print_json(result)
         return 0
@@ -584,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="the file to create (an existing file is never overwritten)")
     p.set_defaults(func=cmd_secret_create)
 
-    from gateway import risk_cli  # noqa: PLC0415  (sdcMicro-shaped commands: risk, kanon)
+    from gateway.files import risk_cli  # noqa: PLC0415  (sdcMicro-shaped commands: risk, kanon)
 
     risk_cli.register(sub)
 

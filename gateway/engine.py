@@ -23,22 +23,12 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from gateway import masking, quality
-from gateway.attack import unique_combinations
 from gateway.draw_derivation import META_NAME, DrawDerivation, DrawPin
 from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision, published_column
 from gateway.grouping.guarantees import republication_statement
-from gateway.grouping.parking import Parking
-from gateway.grouping.registry import Group
-from gateway.grouping.release import ReleaseClock, release_keys
-from gateway.grouping.republish import Republisher, WindowQI
-from gateway.grouping.scope import Diversifier, GroupingInputs, refuse_in_stream, same_stratum
-from gateway.grouping.strata import stratum_texts
-from gateway.keyed import KeyedSource, Keyring
-from gateway.mechanism_stamp import stamp_column
-from gateway.microaggregation import microaggregate
-from gateway.mixed_microaggregation import (
+from gateway.grouping.microaggregation import microaggregate
+from gateway.grouping.mixed_microaggregation import (
     EditRule,
     QIKind,
     claim_columns,
@@ -46,6 +36,19 @@ from gateway.mixed_microaggregation import (
     mixed_centroids,
     mixed_microaggregate,
 )
+from gateway.grouping.parking import Parking
+from gateway.grouping.registry import Group
+from gateway.grouping.release import ReleaseClock, release_keys
+from gateway.grouping.republish import Republisher, WindowQI
+from gateway.grouping.scope import Diversifier, GroupingInputs, refuse_in_stream, same_stratum
+from gateway.grouping.strata import stratum_texts
+from gateway.keyed import KeyedSource, Keyring
+from gateway.measures import quality
+from gateway.measures.attack import unique_combinations
+from gateway.mechanisms import masking
+from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.rr_constructions import from_spec
+from gateway.mechanisms.stamp import stamp_column
 from gateway.policy import (
     MISSING_LABEL,
     ConsistencyMode,
@@ -58,11 +61,11 @@ from gateway.policy import (
     RepublicationMode,
     Role,
 )
-from gateway.randomized_response import RRMechanism, from_spec
 from gateway.randomness import SeededSource, UniformSource, normals_from_uniforms
 from gateway.routing import StatePartitions
 from gateway.state_api import StateStore
-from gateway.state_codec import decode_state, encode_state
+from gateway.state_codec import decode_state, encode_state, registry_counts, registry_value
+from gateway.state_keys import group_id, group_key, is_group_key, scoped_key
 
 # The per-record types below are NamedTuples, not frozen dataclasses: equally immutable, but a
 # frozen dataclass sets each field through object.__setattr__, which cost ~5 µs per published
@@ -137,46 +140,6 @@ _CATEGORIES_DIGEST_ATTR = "\x00categorical-quasi-identifiers"  # a tuple's categ
 _STRATUM_DIGEST_ATTR = "\x00stratum"
 _PUBLISHED_DIGEST_ATTR = "\x00published:"  # + attribute: a published value (l-diversity)
 _PUBLISHED_DIGEST_BYTES = 8  # a group keeps its release's distinct values as these
-GROUP_KEY_PREFIX = b"group:"  # registry entries; respondent keys are 32-byte digests
-
-
-def _group_key(group_id: str) -> bytes:
-    return GROUP_KEY_PREFIX + group_id.encode()
-
-
-def _group_id(key: bytes) -> str:
-    """The group id of a registry key (the inverse of :func:`_group_key`)."""
-    return key[len(GROUP_KEY_PREFIX) :].decode()
-
-
-def _live_entry(count: int, size: int | None = None) -> bytes:
-    """A group's registry value: its live-member count and, since 2026-11-24, the number of
-    distinct respondents it was formed with (the size of its published class, which the
-    history never shrinks)."""
-    return encode_state({"live": count} if size is None else {"live": count, "size": size})
-
-
-def _registry_entry(raw: bytes) -> tuple[int, int | None]:
-    """(live members, formation size or None for groups formed before sizes were kept)."""
-    entry = decode_state(raw)
-    size = entry.get("size")
-    return int(entry["live"]), None if size is None else int(size)
-
-
-_PARTITION_BYTES = 2  # partition-scoped respondent keys: partition (big-endian) + digest
-_DIGEST_BYTES = 32
-
-
-def state_key_partition(key: bytes) -> int | None:
-    """The input partition a state key belongs to, for an engine with ``partition_scope``:
-    respondent keys carry it in front of the digest, group ids as ``<partition>.<id>``.
-    None for keys of an engine without partition scope."""
-    if key.startswith(GROUP_KEY_PREFIX):
-        head, dot, _ = key[len(GROUP_KEY_PREFIX) :].partition(b".")
-        return int(head) if dot and head.isdigit() else None
-    if len(key) == _PARTITION_BYTES + _DIGEST_BYTES:
-        return int.from_bytes(key[:_PARTITION_BYTES], "big")
-    return None
 
 
 def _state_partitions(
@@ -209,7 +172,7 @@ class LiveCountAudit:
     def repairs(self) -> dict[bytes, bytes]:
         """The registry entries that set every drifted count to its actual value."""
         return {
-            _group_key(gid): _live_entry(actual, self.sizes.get(gid))
+            group_key(gid): registry_value(actual, self.sizes.get(gid))
             for gid, (_, actual) in self.drifted.items()
         }
 
@@ -224,9 +187,9 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
     actual: dict[str, int] = {}
     respondents = 0
     for key, raw in entries:
-        if key.startswith(GROUP_KEY_PREFIX):
-            gid = _group_id(key)
-            stored[gid], size = _registry_entry(raw)
+        if is_group_key(key):
+            gid = group_id(key)
+            stored[gid], size = registry_counts(raw)
             if size is not None:
                 sizes[gid] = size
             continue
@@ -528,8 +491,8 @@ class Engine:
 
         ``partition_scope``: the state follows input partitions (scale-out with state that
         moves with its partition): every state key names its record's partition
-        (:func:`state_key_partition`) and microaggregation groups are formed within one
-        partition, so a group's members and its registry entry always move together.
+        (:func:`gateway.state_keys.state_key_partition`) and microaggregation groups are formed
+        within one partition, so a group's members and its registry entry always move together.
 
         ``measure_risk=False``: a risk-sampled window returns its microaggregated records
         (``WindowResult.aggregated``) without measuring them — a shard of a window
@@ -819,7 +782,7 @@ class Engine:
                 for i, r in enumerate(records):
                     if r.respondent_id is not None:
                         part = self._parts[i]
-                        rkeys[i] = part.to_bytes(_PARTITION_BYTES, "big") + (rkeys[i] or b"")
+                        rkeys[i] = scoped_key(part, rkeys[i] or b"")
         states: dict[bytes, dict[str, Any]] = {}
         if self._store is not None:
             wanted = sorted({key for key in rkeys if key is not None})
@@ -940,7 +903,7 @@ class Engine:
             if ret is not None:
                 retention[name], randomized[name] = ret
             if under is not None and self._store is not None:  # each value's matrix
-                col_names.append(stamp_column(name))  # (gateway.mechanism_stamp)
+                col_names.append(stamp_column(name))  # (gateway.mechanisms.stamp)
                 columns.append(under)
             if suppressed_set and attr.role is Role.QUASI_IDENTIFIER:
                 out = [
@@ -996,10 +959,10 @@ class Engine:
                     touched.add(rkey)
             entries = {key: encode_state(states[key]) for key in touched}
             for gid in view.live_touched:
-                entries[_group_key(gid)] = _live_entry(view.live[gid], view.sizes.get(gid))
+                entries[group_key(gid)] = registry_value(view.live[gid], view.sizes.get(gid))
             for gid, grp in regroups.items():
                 if grp.changed:
-                    entries[_group_key(gid)] = encode_state(grp.to_doc())
+                    entries[group_key(gid)] = encode_state(grp.to_doc())
             if entries:
                 self._store.put_many(entries)
 
@@ -1145,8 +1108,8 @@ class Engine:
 
     def _load_live(self, group_ids: Sequence[str]) -> dict[str, tuple[int, int | None]]:
         assert self._store is not None
-        found = self._store.get_many([_group_key(g) for g in group_ids])
-        return {_group_id(key): _registry_entry(raw) for key, raw in found.items()}
+        found = self._store.get_many([group_key(g) for g in group_ids])
+        return {group_id(key): registry_counts(raw) for key, raw in found.items()}
 
     def _key_measures(
         self,
@@ -1547,12 +1510,12 @@ class Engine:
 
     def _load_groups(self, group_ids: Sequence[str]) -> dict[str, Group]:
         assert self._store is not None
-        found = self._store.get_many([_group_key(g) for g in group_ids])
+        found = self._store.get_many([group_key(g) for g in group_ids])
         out: dict[str, Group] = {}
         for key, raw in found.items():
             grp = Group.from_doc(decode_state(raw))
             if grp is not None:
-                out[_group_id(key)] = grp
+                out[group_id(key)] = grp
         return out
 
     def _hold_or_suppress(

@@ -38,3 +38,18 @@ def decode_state(raw: bytes) -> dict[str, Any]:
     if raw[0] == _JSON_OBJECT:
         return orjson.loads(raw)  # type: ignore[no-any-return]
     return _decode(raw)  # type: ignore[no-any-return]
+
+
+def registry_value(live: int, size: int | None = None) -> bytes:
+    """A group's registry value: its live-member count and, since 2026-11-24, the number of
+    distinct respondents it was formed with (the size of its published class, which the
+    history never shrinks)."""
+    return encode_state({"live": live} if size is None else {"live": live, "size": size})
+
+
+def registry_counts(raw: bytes) -> tuple[int, int | None]:
+    """(live members, formation size or None for groups formed before sizes were kept) of a
+    group's registry value (regroup and cohort entries carry more, read elsewhere)."""
+    entry = decode_state(raw)
+    size = entry.get("size")
+    return int(entry["live"]), None if size is None else int(size)

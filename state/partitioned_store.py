@@ -1,7 +1,7 @@
 """PartitionedStore: one RocksStore per input partition, each written through its changelog.
 
 The engine runs with ``partition_scope`` and names every key's partition
-(``gateway.engine.state_key_partition``); this store routes each key to the store of that
+(``gateway.state_keys.state_key_partition``); this store routes each key to the store of that
 partition. A worker opens a partition's store when the partition is assigned to it — after
 rebuilding it from the changelog — and closes it when the partition is revoked, so the state of
 a partition lives with the worker that owns the partition.
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gateway.engine import state_key_partition
+from gateway.state_keys import state_key_partition
 from state.changelog import ChangelogWriter
 from state.errors import StateStoreError, check_entries, check_keys
 from state.rocks_store import RocksStore

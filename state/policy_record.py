@@ -1,7 +1,7 @@
 """The policy a state was written under, and policy upgrades on a state (issue 30, item 2).
 
 Each state file of the sqlite backend (one per engine shard) records, in its ``privgw_meta``
-table, the :class:`~gateway.policy_upgrade.PolicyFacets` of the policy it was written under
+table, the :class:`~gateway.policy.upgrade.PolicyFacets` of the policy it was written under
 and the upgrades applied to it (``PolicyRecord``); the partitioned backend keeps the record in
 ``policy-record.json`` in the state directory. :func:`check_policy` runs before the engine
 opens the state:
@@ -10,7 +10,7 @@ opens the state:
 * the same facets (the version may differ: windows, topics, thresholds) run as they are;
 * other facets stop the start with one line naming each change and its class, unless the
   operator accepts this very policy version (``--policy-upgrade VERSION``, or
-  ``privgw state migrate``): then the state is migrated (:mod:`gateway.state_migration`) and
+  ``privgw state migrate``): then the state is migrated (:mod:`gateway.policy.migration`) and
   the upgrade recorded — an event counted by ``privgw_policy_upgrades_total{action}`` across
   restarts and announced on the metadata topic.
 
@@ -35,16 +35,16 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import PrivgwError
+from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import Policy
-from gateway.policy_upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, facets
-from gateway.randomized_response import from_spec
-from gateway.state_migration import (
+from gateway.policy.migration import (
     MigrationPlan,
     MigrationReport,
     groups_to_drop,
-    is_group_key,
     migrate_entries,
 )
+from gateway.policy.upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, facets
+from gateway.state_keys import is_group_key
 from state.errors import StateStoreError
 from state.failures import sqlite_error
 from state.layout import resolve_shards, shard_paths

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 
-from gateway.engine import state_key_partition
 from gateway.errors import PrivgwError
 from gateway.state_codec import decode_state
+from gateway.state_keys import state_key_partition
 from state.changelog import FINGERPRINT_ENTRY, META_ENTRY_PREFIX
 from stream_jobs.kafka import (
     BatchItem,

@@ -47,9 +47,10 @@ from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
 from gateway.cli import package_version
-from gateway.engine import GROUP_KEY_PREFIX, WindowReport
+from gateway.engine import WindowReport
 from gateway.errors import PrivgwError
 from gateway.state_api import StateStore
+from gateway.state_keys import GROUP_KEY_PREFIX
 from gateway.validation import DLQReason
 from stream_jobs.bounded_http import BoundedHTTPServer
 from stream_jobs.monitor import Monitor, start_monitor

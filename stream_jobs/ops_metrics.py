@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gateway.policy_upgrade import UpgradeAction
+from gateway.policy.upgrade import UpgradeAction
 from stream_jobs.monitor import Monitor
 from stream_jobs.worker import GatewayWorker
 

@@ -19,7 +19,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.errors import PrivgwError
-from gateway.versioned_counts import VersionedCounts
+from gateway.measures.versioned_counts import VersionedCounts
 from stream_jobs.kafka import check_bootstrap, security_kwargs
 from stream_jobs.meta import is_announcement, parse_meta
 from stream_jobs.settings import WorkerSettings

@@ -1,6 +1,6 @@
 """``privgw policy diff`` and ``privgw state migrate``: policy upgrades on a state directory,
 offline (the worker stopped); ``privgw run --policy-upgrade VERSION`` does the same at start.
-The rules are in :mod:`gateway.policy_upgrade` and :mod:`state.policy_record`."""
+The rules are in :mod:`gateway.policy.upgrade` and :mod:`state.policy_record`."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _backend(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_policy_diff(args: argparse.Namespace) -> int:
-    from gateway.policy_upgrade import diff  # noqa: PLC0415
+    from gateway.policy.upgrade import diff  # noqa: PLC0415
     from state.failures import check_existing_state_dir  # noqa: PLC0415
     from state.policy_record import policy_facets, upgrade_for  # noqa: PLC0415
 

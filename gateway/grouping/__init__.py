@@ -1,5 +1,12 @@
 """Grouping: who publishes which quasi-identifier tuple, within a window and across releases.
 
+* :mod:`gateway.grouping.microaggregation` — MDAV (sdcMicro's partition) and individual ranking
+  over numeric keys; :mod:`gateway.grouping.mixed_microaggregation` — MDAV over numeric,
+  ordinal and nominal keys together (the whole-key k claim);
+  :mod:`gateway.grouping.recode_suppress` — global recoding then local suppression, the
+  non-perturbative route to the same claim;
+* :mod:`gateway.grouping.decision` — a window's decision: each record's tuple and group, held
+  or suppressed; :mod:`gateway.grouping.guarantees` — what each republication mode guarantees;
 * :mod:`gateway.grouping.release` — what a release is (a wave, or an output window) and when one
   is closed; :mod:`gateway.grouping.parking` — waves decided when they close;
 * :mod:`gateway.grouping.registry` — a group's stored entry: its tuple, members, live count and

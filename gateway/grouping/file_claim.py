@@ -12,15 +12,15 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from gateway.frequency_risk import key_codes
 from gateway.grouping.l_diversity import enforce_l_diversity
-from gateway.grouping.strata import stratified_groups, stratum_ids
-from gateway.mixed_microaggregation import (
+from gateway.grouping.mixed_microaggregation import (
     claim_columns,
     embed,
     mixed_centroids,
     mixed_microaggregate,
 )
+from gateway.grouping.strata import stratified_groups, stratum_ids
+from gateway.measures.frequency_risk import key_codes
 from gateway.policy import Policy
 
 Int = NDArray[np.int64]

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from gateway.errors import PolicyError
 from gateway.grouping.l_diversity import diversify
-from gateway.mixed_microaggregation import QIColumn, embed
+from gateway.grouping.mixed_microaggregation import QIColumn, embed
 from gateway.policy import Policy, SmallStrata
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.attack import averaging_attack, intersection_attack
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.keyed import Keyring
+from gateway.measures.attack import averaging_attack, intersection_attack
 from gateway.policy import policy_from_yaml
 
 KEY = Keyring(b"attack-test-secret-0123456789")

@@ -377,7 +377,7 @@ def test_partition_scope_keeps_groups_and_state_within_a_partition() -> None:
     """With state that follows input partitions, every state key names its partition and
     every group is formed inside one partition; randomized response is the same draw as
     without partition scope (bound to the respondent, not to where its state lives)."""
-    from gateway.engine import state_key_partition  # noqa: PLC0415
+    from gateway.state_keys import state_key_partition  # noqa: PLC0415
 
     rng = np.random.default_rng(4)
     records = _spread(_records(1, 60, rng), 3)

@@ -1,6 +1,6 @@
 """Frequency risk and SUDA2 against sdcMicro 5.8.1.
 
-Every expected figure here comes from outside gateway.frequency_risk / gateway.suda:
+Every expected figure here comes from outside gateway.measures.frequency_risk and .suda:
 * an independent computation in this file from the published formulas (pandas group sizes
   for fk and Fk; the Benedetti-Franconi approximation written out per record with math.log;
   MSUs by brute force over all subsets with Python tuples and Counters), or
@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.cli import main
-from gateway.frequency_risk import MISSING, key_codes, measure_risk, sample_frequencies
-from gateway.risk_files import file_risk
-from gateway.suda import msu_weight, suda2
+from gateway.files.risk_files import file_risk
+from gateway.measures.frequency_risk import MISSING, key_codes, measure_risk, sample_frequencies
+from gateway.measures.suda import msu_weight, suda2
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 KEYS = ["urbrur", "roof", "walls", "water", "electcon", "relat", "sex"]

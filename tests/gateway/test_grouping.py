@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from gateway.engine import Engine
 from gateway.errors import PolicyError
+from gateway.files.protect import protect_file
 from gateway.grouping.l_diversity import enforce_l_diversity
+from gateway.grouping.microaggregation import mdav_groups
 from gateway.grouping.strata import stratified_groups
-from gateway.microaggregation import mdav_groups
 from gateway.policy import SmallStrata, load_policy, parse_policy
-from gateway.workflows import protect_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import PolicyError
+from gateway.mechanisms.rr_constructions import from_spec, invariant, uniform
 from gateway.policy import RRMode, parse_policy
-from gateway.randomized_response import from_spec, invariant, uniform
 
 
 def _gamma(matrix: np.ndarray) -> float:

@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InputDataError, MechanismError
-from gateway.key_risk import MixedScaling, class_sizes, key_risk, mixed_linkage
-from gateway.mixed_microaggregation import QIColumn, QIKind, embed, mixed_microaggregate
+from gateway.grouping.mixed_microaggregation import QIColumn, QIKind, embed, mixed_microaggregate
+from gateway.measures.key_risk import class_sizes, key_risk
+from gateway.measures.linkage import MixedScaling, mixed_linkage
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 NUM = ("age", "education_num", "hours_per_week")

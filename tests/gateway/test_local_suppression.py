@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.cli import main
-from gateway.frequency_risk import MISSING, key_codes
-from gateway.local_suppression import suppress_to_k
+from gateway.measures.frequency_risk import MISSING, key_codes
+from gateway.mechanisms.local_suppression import suppress_to_k
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 KEYS = ["urbrur", "roof", "walls", "water", "electcon", "relat", "sex"]

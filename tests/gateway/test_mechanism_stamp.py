@@ -16,10 +16,10 @@ import pytest
 
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.keyed import Keyring
-from gateway.mechanism_stamp import stamp_column
+from gateway.measures.versioned_counts import VersionedCounts
+from gateway.mechanisms.stamp import stamp_column
 from gateway.policy import Policy, load_policy
 from gateway.validation import Validator
-from gateway.versioned_counts import VersionedCounts
 from state.memory_store import MemoryStore
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
@@ -121,7 +121,7 @@ def test_forged_rows_and_metadata_are_skipped_and_counted(tmp_path: Path) -> Non
 
 def test_a_column_with_no_value_of_its_metadata_is_the_wrong_metadata() -> None:
     from gateway.errors import InputDataError  # noqa: PLC0415
-    from gateway.randomized_response import uniform  # noqa: PLC0415
+    from gateway.mechanisms.rr_constructions import uniform  # noqa: PLC0415
 
     meta = {"policy_version": "va", "randomized_response": {
         "income": uniform(["<=50K", ">50K"], retention=0.75).to_dict()}}  # fmt: skip

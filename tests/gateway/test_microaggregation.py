@@ -13,7 +13,7 @@ with default arguments), as read from the sdcMicro sources:
   of sdcMicro's bucket sort, which puts a record before earlier ones at an equal distance;
 * s is the farthest from r among the records remaining before r's group is removed.
 
-The fast implementation in ``gateway.microaggregation`` is compared with it record for
+The fast implementation in ``gateway.grouping.microaggregation`` is compared with it record for
 record on the CASC reference data and on random data full of ties.
 """
 
@@ -30,9 +30,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from gateway import microaggregation as ma
 from gateway.errors import MechanismError
-from gateway.microaggregation import group_means, mdav_groups, microaggregate, ranking_groups
+from gateway.grouping import microaggregation as ma
+from gateway.grouping.microaggregation import (
+    group_means,
+    mdav_groups,
+    microaggregate,
+    ranking_groups,
+)
 from gateway.policy import MicroaggAlgorithm
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -1,5 +1,5 @@
 """MDAV over numeric, ordinal and nominal quasi-identifiers together: the group and centroid
-rules of gateway.mixed_microaggregation, checked on random mixed data against plain-Python
+rules of gateway.grouping.mixed_microaggregation, checked on random mixed data against plain-Python
 restatements (group sizes, one published tuple per group, mean / lower median / first mode)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import microaggregation as ma
-from gateway import mixed_microaggregation as mmx
-from gateway.microaggregation import mdav_groups
-from gateway.mixed_microaggregation import (
+from gateway.grouping import microaggregation as ma
+from gateway.grouping import mixed_microaggregation as mmx
+from gateway.grouping.microaggregation import mdav_groups
+from gateway.grouping.mixed_microaggregation import (
     EditRule,
     QIColumn,
     QIKind,

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gateway import quality as q
 from gateway.errors import InputDataError
+from gateway.measures import quality as q
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 

@@ -19,18 +19,16 @@ from scipy import stats
 from scipy.optimize import linprog
 
 from gateway.errors import MechanismError
-from gateway.policy import MISSING_LABEL, Attribute, RRMode
-from gateway.randomized_response import (
+from gateway.measures.reconstruction import DistributionEstimate, reconstruct
+from gateway.mechanisms.randomized_response import RRMechanism, from_dict, from_matrix
+from gateway.mechanisms.rr_constructions import (
     MIN_RETENTION_SHARE,
-    RRMechanism,
     fine_grain,
-    from_dict,
-    from_matrix,
     from_spec,
     gamma_for,
     uniform,
 )
-from gateway.reconstruction import DistributionEstimate, reconstruct
+from gateway.policy import MISSING_LABEL, Attribute, RRMode
 
 CATS4 = ("a", "b", "c", "d")
 GAMMA_SLACK = 1e-9  # relative rounding slack on the amplification bound

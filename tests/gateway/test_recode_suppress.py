@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from gateway.errors import PolicyError
-from gateway.frequency_risk import MISSING, key_codes
+from gateway.files.evaluate import claim_frame
+from gateway.files.protect import protect_file
+from gateway.grouping.recode_suppress import interval_label, recode
+from gateway.measures.frequency_risk import MISSING, key_codes
 from gateway.policy import load_policy, parse_policy
-from gateway.recode_suppress import interval_label, recode
-from gateway.workflows import claim_frame, protect_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"

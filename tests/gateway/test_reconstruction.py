@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from gateway.errors import InputDataError, MechanismError
-from gateway.randomized_response import RRMechanism, fine_grain, from_matrix, uniform
-from gateway.reconstruction import (
+from gateway.measures.reconstruction import (
     DistributionEstimate,
     count_codes,
     project_to_simplex,
     reconstruct,
 )
+from gateway.mechanisms.randomized_response import RRMechanism, from_matrix
+from gateway.mechanisms.rr_constructions import fine_grain, uniform
 
 CATS4 = ("a", "b", "c", "d")
 PI4 = np.array([0.4, 0.3, 0.2, 0.1])

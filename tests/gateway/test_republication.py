@@ -14,9 +14,9 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.attack import intersection_attack
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.keyed import Keyring
+from gateway.measures.attack import intersection_attack
 from gateway.policy import policy_from_yaml
 from state.memory_store import MemoryStore
 

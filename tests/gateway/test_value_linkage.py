@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.attack import unique_combinations, value_keys, value_linkage
 from gateway.engine import Engine, SourceRef, ValidRecord
 from gateway.errors import PolicyError
 from gateway.keyed import Keyring
-from gateway.masking import round_to
+from gateway.measures.attack import unique_combinations, value_keys, value_linkage
+from gateway.mechanisms.masking import round_to
 from gateway.policy import Policy, policy_from_yaml
 from gateway.shards import ShardedEngine, route
 

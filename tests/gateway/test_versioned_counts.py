@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from gateway.errors import InputDataError
-from gateway.randomized_response import RRMechanism, uniform
-from gateway.reconstruction import reconstruct
-from gateway.versioned_counts import VersionedCounts
+from gateway.measures.reconstruction import reconstruct
+from gateway.measures.versioned_counts import VersionedCounts
+from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.rr_constructions import uniform
 
 
 def _meta(version: str, mech: RRMechanism) -> dict[str, object]:

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from gateway import workflows
 from gateway.errors import PolicyError
+from gateway.files.evaluate import evaluate_files
+from gateway.files.protect import protect_file
 from gateway.policy import load_policy, parse_policy
 
 
@@ -87,12 +88,12 @@ def test_weight_is_published_rounded_and_weights_every_figure(files, tmp_path) -
     src, pol = files
     policy = load_policy(pol)
     out = tmp_path / "out.csv"
-    summary = workflows.protect_file(src, policy, out, seed=3)
+    summary = protect_file(src, policy, out, seed=3)
     orig, prot = pd.read_csv(src), pd.read_csv(out)
     np.testing.assert_allclose(prot["w"], np.round(orig["w"] / 10) * 10)
     assert summary["frequency_risk"]["weight"] == "w"
 
-    result = workflows.evaluate_files(src, out, policy)
+    result = evaluate_files(src, out, policy)
     # Fk of the original: the sum of the weights of the records sharing the key
     keys = ["region", "sex"]
     fk = orig.groupby(keys)["w"].transform("size").to_numpy(dtype=float)

@@ -21,7 +21,7 @@ from conftest import TEST_SECRET
 from gateway.engine import Engine, ValidRecord
 from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy, policy_from_yaml
-from gateway.policy_upgrade import UpgradeAction, diff
+from gateway.policy.upgrade import UpgradeAction, diff
 from gateway.state_codec import decode_state
 from gateway.validation import Validator
 from state.policy_record import Outcome, PolicyChangedError, check_policy, policy_facets

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import NewTopic
 
-from gateway.engine import state_key_partition
 from gateway.state_codec import encode_state
+from gateway.state_keys import state_key_partition
 from state.rocks_store import RocksStore
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.changelog import KafkaChangelog, restore_partitions

@@ -28,9 +28,9 @@ from streamkit import (
     settings_for,
 )
 
+from gateway.measures.reconstruction import reconstruct
+from gateway.mechanisms.randomized_response import from_dict
 from gateway.policy import load_policy, policy_from_yaml
-from gateway.randomized_response import from_dict
-from gateway.reconstruction import reconstruct
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 

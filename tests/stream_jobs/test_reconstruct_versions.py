@@ -21,10 +21,10 @@ from confluent_kafka import Producer
 
 from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord
 from gateway.keyed import Keyring
+from gateway.measures.published import mechanisms_from_meta
+from gateway.measures.reconstruction import reconstruct
 from gateway.policy import Policy, load_policy
-from gateway.reconstruction import reconstruct
 from gateway.validation import Validator
-from gateway.workflows import mechanisms_from_meta
 from state.memory_store import MemoryStore
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.meta import meta_message

@@ -36,7 +36,7 @@ from streamkit import (
     small_window_policy,
 )
 
-from gateway.attack import intersection_attack
+from gateway.measures.attack import intersection_attack
 from gateway.policy import AttrType, load_policy
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.metrics import GatewayMetrics

@@ -1,9 +1,10 @@
 """Local suppression to k-anonymity, missing values matching anything (sdcMicro ``kAnon``).
 
 A record violates k-anonymity when fewer than k records **match** its key (equal wherever both
-have a value: :func:`gateway.frequency_risk.sample_frequencies`). Suppressing one of its cells
-(setting it missing) can only raise the counts: the record then matches more records, and
-every record it newly matches counts it too. The algorithm suppresses one cell at a time:
+have a value: :func:`gateway.measures.frequency_risk.sample_frequencies`). Suppressing one of
+its cells (setting it missing) can only raise the counts: the record then matches more
+records, and every record it newly matches counts it too. The algorithm suppresses one cell at
+a time:
 
 1. take the violating record with the fewest matches (ties: the earlier record);
 2. among its present cells, suppress the one whose suppression gives it the most matches,
@@ -29,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.errors import InputDataError
-from gateway.frequency_risk import MISSING, sample_frequencies
+from gateway.measures.frequency_risk import MISSING, sample_frequencies
 
 __all__ = ["Suppression", "default_importance", "suppress_to_k"]
 

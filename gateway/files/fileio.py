@@ -8,7 +8,7 @@ import io
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway import masking
 from gateway.engine import ValidRecord
 from gateway.errors import InputDataError
+from gateway.mechanisms import masking
 from gateway.policy import AttrType, ExtraFields, Policy
 from gateway.validation import has_duplicate_key
 
@@ -314,3 +314,18 @@ class Progress:
 def chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
     for start in range(0, n, size):
         yield start, min(n, start + size)
+
+
+def numeric_matrix(df: pd.DataFrame, columns: Sequence[str], path: str | Path) -> np.ndarray:
+    """The named columns as floats; a missing column or a non-numeric cell is an error naming
+    the column."""
+    out = np.empty((len(df), len(columns)))
+    for j, c in enumerate(columns):
+        if c not in df.columns:
+            raise InputDataError(f"{path}: no column '{c}'")
+        col = pd.to_numeric(df[c], errors="coerce")
+        bad = int((col.isna() & df[c].notna()).sum())
+        if bad:
+            raise InputDataError(f"{path}: column '{c}' has {bad} non-numeric value(s)")
+        out[:, j] = col.to_numpy(dtype=float)
+    return out

@@ -1,6 +1,6 @@
 """Frequency risk and weighted estimates of a release, for ``evaluate``, ``protect``, the R-U
-map and the utility report: the figures of :mod:`gateway.frequency_risk` and
-:mod:`gateway.suda` over the published quasi-identifiers, before and after protection."""
+map and the utility report: the figures of :mod:`gateway.measures.frequency_risk` and
+:mod:`gateway.measures.suda` over the published quasi-identifiers, before and after protection."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gateway.frequency_risk import key_codes, measure_risk, weights_of
+from gateway.measures.frequency_risk import key_codes, measure_risk, weights_of
+from gateway.measures.suda import suda2
 from gateway.policy import Method, Policy, Role
-from gateway.suda import suda2
 
 #: SUDA on a release searches MSUs up to this size (the cost grows with 2^keys; MSUs of more
 #: than 5 variables weigh at most (ATT-5)! and disclosure reviews rarely look beyond)

@@ -1,4 +1,4 @@
-"""A state written under one policy, made valid under another (:mod:`gateway.policy_upgrade`).
+"""A state written under one policy, made valid under another (:mod:`gateway.policy.upgrade`).
 
 * **re-grouping** (a raised k): every microaggregation group formed with fewer respondents
   than the new k loses its memberships — its members' current group and their stored tuples
@@ -8,8 +8,8 @@
 * **fresh draws** (a new matrix, noise or coding spec): the attribute's stored draws are
   dropped; the next publication of each value is drawn again, under the new mechanism.
 
-The state format this relies on (``gateway.engine``'s documents, read and written through the
-small functions below so that a change of format is met here in one place):
+The state format this relies on (the engine's documents; registry keys and values are read
+and written through :mod:`gateway.state_keys` and :mod:`gateway.state_codec`):
 
 * group registry rows: key ``GROUP_KEY_PREFIX + group id``, value ``{"live": n, "size": m}``
   (``size``, the formation size, absent in groups formed before it was kept; regroup and cohort
@@ -32,15 +32,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engine import GROUP_KEY_PREFIX
-from gateway.policy_upgrade import Upgrade
-from gateway.state_codec import decode_state, encode_state
+from gateway.policy.upgrade import Upgrade
+from gateway.state_codec import decode_state, encode_state, registry_counts, registry_value
+from gateway.state_keys import group_id, is_group_key
 
 __all__ = [
     "MigrationPlan",
     "MigrationReport",
     "groups_to_drop",
-    "is_group_key",
     "migrate_entries",
 ]
 
@@ -101,25 +100,6 @@ class MigrationReport:
         )
 
 
-# -- the state format (see the module docstring) ----------------------------------------
-def is_group_key(key: bytes) -> bool:
-    return key.startswith(GROUP_KEY_PREFIX)
-
-
-def _group_id(key: bytes) -> str:
-    return key[len(GROUP_KEY_PREFIX) :].decode()
-
-
-def _registry(raw: bytes) -> tuple[int, int | None]:
-    entry = decode_state(raw)
-    size = entry.get("size")
-    return int(entry["live"]), None if size is None else int(size)
-
-
-def _registry_value(live: int, size: int | None) -> bytes:
-    return encode_state({"live": live} if size is None else {"live": live, "size": size})
-
-
 # -- the migration ----------------------------------------------------------------------
 def groups_to_drop(
     registry: Iterable[tuple[bytes, bytes]], plan: MigrationPlan
@@ -135,12 +115,12 @@ def groups_to_drop(
         seen += 1
         if not plan.regroups:
             continue
-        live, size = _registry(raw)
+        live, size = registry_counts(raw)
         small = plan.min_group_size is not None and (size is None or size < plan.min_group_size)
         if plan.regroup_all or small:
-            dropped.add(_group_id(key))
+            dropped.add(group_id(key))
             if live:
-                rows[key] = _registry_value(0, size)
+                rows[key] = registry_value(0, size)
     return dropped, rows, seen
 
 

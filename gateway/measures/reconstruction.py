@@ -33,7 +33,7 @@ import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
 from gateway.errors import InputDataError, MechanismError
-from gateway.randomized_response import RRMechanism
+from gateway.mechanisms.randomized_response import RRMechanism
 
 __all__ = ["DistributionEstimate", "count_codes", "project_to_simplex", "reconstruct"]
 
@@ -169,40 +169,12 @@ def reconstruct(
 
     inv, inv_raw, inv_se, inv_ok = nan, nan, nan, False
     if method in ("both", "inversion"):
-        if mech.is_invertible:
-            inv_raw, inv_se = _inversion(p, qhat, n_total)
-            inv = project_to_simplex(inv_raw)
-            inv_ok = True
-            if bool(np.any(inv_raw < 0.0)):
-                notes.append(
-                    "P⁻¹q̂ left the simplex and was projected onto it; the inversion SE is the "
-                    "delta-method SE of the unprojected estimate"
-                )
-        else:
-            notes.append(
-                f"P is singular (condition number {mech.condition_number:.3g}); inversion is "
-                "undefined, so its fields are NaN: use the EM estimate"
-            )
-
+        inv, inv_raw, inv_se, inv_ok = _inversion_estimate(mech, qhat, n_total, notes)
     em, em_se, iterations, converged = nan, nan, 0, False
     if method in ("both", "em"):
-        em, iterations, converged = _em(p, qhat, tol, max_iter)
-        em_se = _em_se(p, c, em)
-        if not converged:
-            notes.append(
-                f"EM stopped after max_iter={max_iter} iterations without moving less than "
-                f"tol={tol:g}; raise max_iter or tol"
-            )
-        if not bool(np.all(np.isfinite(em_se))):
-            notes.append(
-                "the observed information is singular: the data cannot identify π "
-                "(P not invertible), so em_se is inf"
-            )
-        elif bool(np.any(em <= 1e-8)):
-            notes.append(
-                "the EM estimate is on the simplex boundary (some category ≈ 0); its SE is "
-                "only indicative there"
-            )
+        em, em_se, iterations, converged = _em_estimate(
+            p, c, qhat, tol=tol, max_iter=max_iter, notes=notes
+        )
 
     for arr in (qhat, inv, inv_raw, inv_se, em, em_se):
         arr.setflags(write=False)
@@ -223,6 +195,61 @@ def reconstruct(
 
 
 # -- internals ----------------------------------------------------------------------------------
+
+
+def _inversion_estimate(
+    mech: RRMechanism, qhat: NDArray[np.float64], n_total: float, notes: list[str]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], bool]:
+    """P⁻¹q̂ projected onto the simplex, unprojected, its SE, and whether P was invertible
+    (NaN otherwise); what the caller should know goes to ``notes``."""
+    nan = np.full(mech.m, np.nan)
+    inv, inv_raw, inv_se, inv_ok = nan, nan, nan, False
+    if mech.is_invertible:
+        inv_raw, inv_se = _inversion(mech.matrix, qhat, n_total)
+        inv = project_to_simplex(inv_raw)
+        inv_ok = True
+        if bool(np.any(inv_raw < 0.0)):
+            notes.append(
+                "P⁻¹q̂ left the simplex and was projected onto it; the inversion SE is the "
+                "delta-method SE of the unprojected estimate"
+            )
+    else:
+        notes.append(
+            f"P is singular (condition number {mech.condition_number:.3g}); inversion is "
+            "undefined, so its fields are NaN: use the EM estimate"
+        )
+    return inv, inv_raw, inv_se, inv_ok
+
+
+def _em_estimate(
+    p: NDArray[np.float64],
+    c: NDArray[np.float64],
+    qhat: NDArray[np.float64],
+    *,
+    tol: float,
+    max_iter: int,
+    notes: list[str],
+) -> tuple[NDArray[np.float64], NDArray[np.float64], int, bool]:
+    """The EM estimate, its SE, the iterations taken and whether it converged; what the caller
+    should know goes to ``notes``."""
+    em, iterations, converged = _em(p, qhat, tol, max_iter)
+    em_se = _em_se(p, c, em)
+    if not converged:
+        notes.append(
+            f"EM stopped after max_iter={max_iter} iterations without moving less than "
+            f"tol={tol:g}; raise max_iter or tol"
+        )
+    if not bool(np.all(np.isfinite(em_se))):
+        notes.append(
+            "the observed information is singular: the data cannot identify π "
+            "(P not invertible), so em_se is inf"
+        )
+    elif bool(np.any(em <= 1e-8)):
+        notes.append(
+            "the EM estimate is on the simplex boundary (some category ≈ 0); its SE is "
+            "only indicative there"
+        )
+    return em, em_se, iterations, converged
 
 
 def _json_list(x: NDArray[np.float64]) -> list[float]:

@@ -22,12 +22,13 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway import masking
-from gateway.fileio import read_table
-from gateway.frequency_risk import weights_of
+from gateway.files.fileio import read_table
+from gateway.measures.frequency_risk import weights_of
+from gateway.measures.published import mechanisms_from_meta
+from gateway.measures.reconstruction import reconstruct
+from gateway.mechanisms import masking
+from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.policy import AttrType, Method, Policy, Role
-from gateway.randomized_response import RRMechanism
-from gateway.reconstruction import reconstruct
 
 MAX_CATEGORIES = 12  # categories shown per marginal (the most frequent in the original)
 
@@ -185,8 +186,6 @@ def build_report(
     meta_file = Path(str(protected) + ".meta.json")
     mechanisms: dict[str, RRMechanism] = {}
     if meta_file.exists():
-        from gateway.workflows import mechanisms_from_meta  # noqa: PLC0415
-
         mechanisms = mechanisms_from_meta(orjson.loads(meta_file.read_bytes()))
     q = shlex.quote
     cmd = (

@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from gateway.errors import PrivgwError
-from gateway.fileio import check_output
+from gateway.files.fileio import check_output
 
 
 def _names(text: str, setting: str) -> list[str]:
@@ -48,7 +48,7 @@ def _print_risk(s: dict[str, Any]) -> None:
 
 
 def cmd_risk(args: argparse.Namespace) -> int:
-    from gateway.risk_files import risk_file  # noqa: PLC0415
+    from gateway.files.risk_files import risk_file  # noqa: PLC0415
 
     keys = _names(args.keys, "--keys")
     if args.output:
@@ -74,7 +74,7 @@ def cmd_risk(args: argparse.Namespace) -> int:
 
 
 def cmd_kanon(args: argparse.Namespace) -> int:
-    from gateway.risk_files import kanon_file  # noqa: PLC0415
+    from gateway.files.risk_files import kanon_file  # noqa: PLC0415
 
     keys = _names(args.keys, "--keys")
     importance = None

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gateway.fileio import read_table, write_table
-from gateway.frequency_risk import FrequencyRisk, Int, key_codes, measure_risk
-from gateway.suda import Suda, suda2
+from gateway.files.fileio import read_table, write_table
+from gateway.measures.frequency_risk import FrequencyRisk, Int, key_codes, measure_risk
+from gateway.measures.suda import Suda, suda2
 
 
 def sdcmicro_values(frame: pd.DataFrame, keys: Sequence[str]) -> Int:
@@ -98,8 +98,8 @@ def kanon_file(
     file is written with the suppressed cells empty, every other cell as read."""
     import time  # noqa: PLC0415
 
-    from gateway.frequency_risk import sample_frequencies  # noqa: PLC0415
-    from gateway.local_suppression import default_importance, suppress_to_k  # noqa: PLC0415
+    from gateway.measures.frequency_risk import sample_frequencies  # noqa: PLC0415
+    from gateway.mechanisms.local_suppression import default_importance, suppress_to_k  # noqa: PLC0415
 
     frame = read_table(src, as_text=True)
     frame = frame.where(frame != "", None)

@@ -4,8 +4,8 @@
 Every key is recoded first, for all records alike: a categorical key climbs its policy
 hierarchy (method ``generalize``), a numeric key becomes the interval of its ``bins`` that
 holds it (``[25,35)``; ``<25`` and ``>=55`` at the ends). Then cells are suppressed
-(:mod:`gateway.local_suppression`) until every record matches at least k records, a missing
-value matching any category (sdcMicro's convention). No published value is wrong: a value is
+(:mod:`gateway.mechanisms.local_suppression`) until every record matches at least k records, a
+missing value matching any category (sdcMicro's convention). No published value is wrong: a value is
 its own category or interval, or missing. Pure functions on a window held as columns; the file
 workflow uses them through :func:`protect_keys`, the stream engine does not yet.
 """
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gateway.frequency_risk import MISSING, key_codes
-from gateway.local_suppression import Suppression, suppress_to_k
+from gateway.measures.frequency_risk import MISSING, key_codes
+from gateway.mechanisms.local_suppression import Suppression, suppress_to_k
 from gateway.policy import Attribute, AttrType, Method, MicroaggAlgorithm, Policy
 
 __all__ = ["RecodedRelease", "engine_policy", "interval_label", "protect_keys", "recode"]
@@ -38,7 +38,7 @@ def interval_label(value: float, bins: Sequence[float]) -> str:
 
 
 def recode(column: Sequence[object], attr: Attribute) -> list[str | None]:
-    """A claim column (as :func:`gateway.workflows.claim_frame` gives it for the original:
+    """A claim column (as :func:`gateway.files.evaluate.claim_frame` gives it for the original:
     numbers as floats, categories already generalized) globally recoded."""
     if attr.type is AttrType.NUMERIC:
         assert attr.bins is not None

@@ -11,7 +11,7 @@ the new k. So the state records its policy's :class:`PolicyFacets`, and a change
   to a quasi-identifier, a new published attribute, another pseudonym mode, ...);
 * **re-grouping**: stored groups do not meet the new policy — a raised k (groups formed with
   fewer members than the new k) or another quasi-identifier set, algorithm or attribute spec
-  (every group). Their memberships are dropped (:mod:`gateway.state_migration`) and their
+  (every group). Their memberships are dropped (:mod:`gateway.policy.migration`) and their
   members grouped again, at the new k, when they next appear;
 * **fresh draws**: stored draws were made under another mechanism — a new randomized-response
   matrix (an added category changes it) or another noise or coding spec. The attribute's

@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.errors import InputDataError
-from gateway.frequency_risk import MISSING, dense_ids
+from gateway.measures.frequency_risk import MISSING, dense_ids
 
 __all__ = ["Suda", "msu_weight", "suda2"]
 

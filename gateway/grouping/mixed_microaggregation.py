@@ -38,7 +38,7 @@ centroid a point of the same space as the records, so the distances stay Euclide
 Published groups are still k-anonymous on the whole tuple, whatever the distance.
 
 The distance is the squared Euclidean distance between the embedded rows, so MDAV runs on the
-embedded matrix unchanged (:func:`gateway.microaggregation.mdav_groups` with unit weights).
+embedded matrix unchanged (:func:`gateway.grouping.microaggregation.mdav_groups` with unit weights).
 With numeric attributes only, the partition is sdcMicro 5.8.1's record for record (the
 embedding is skipped and ``mdav_groups`` standardises exactly as sdcMicro does).
 """
@@ -53,9 +53,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway import masking
 from gateway.errors import MechanismError
-from gateway.microaggregation import Block, group_means, mdav_blocks, mdav_groups
+from gateway.grouping.microaggregation import Block, group_means, mdav_blocks, mdav_groups
+from gateway.mechanisms import masking
 from gateway.policy import (
     MISSING_LABEL,
     Attribute,

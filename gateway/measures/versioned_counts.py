@@ -3,7 +3,7 @@ keeping its rows (``privgw reconstruct --topic``).
 
 Rows are added as they are read; memory is O(versions × attributes × categories), not O(rows).
 A value is counted against the matrix it was drawn under: the one its stamp names
-(``gateway.mechanism_stamp``; a sticky draw keeps its matrix across policy versions), else the
+(``gateway.mechanisms.stamp``; a sticky draw keeps its matrix across policy versions), else the
 one of its record's policy version. A stream is not trusted: a metadata record that does not
 parse as a mechanism, a value outside its matrix's categories and a stamp that names no known
 matrix are skipped and counted, never fatal — unless nothing of a version could be counted,
@@ -20,10 +20,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.errors import InputDataError, PrivgwError
-from gateway.mechanism_stamp import stamped_version
-from gateway.randomized_response import RRMechanism
-from gateway.reconstruction import reconstruct
-from gateway.workflows import _published_code, mechanisms_from_meta
+from gateway.measures.published import mechanisms_from_meta, published_code
+from gateway.measures.reconstruction import reconstruct
+from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.stamp import stamped_version
 
 
 def _matrix_versions(meta: Mapping[str, Any]) -> dict[str, str]:
@@ -86,7 +86,7 @@ class VersionedCounts:
                     self.unknown_matrix[(version, name)] += 1
                     continue
                 target = found
-            code = _published_code(row[name], self._index[target][name])
+            code = published_code(row[name], self._index[target][name])
             if code == -1:
                 self.outside[(version, name)] += 1
             elif code is not None:

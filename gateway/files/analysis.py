@@ -1,0 +1,141 @@
+"""The analyst's and the adversary's side on published files: reconstruction of the
+randomized attributes (``privgw reconstruct``) and the attacks on a publication history
+(``privgw attack``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+
+from gateway.errors import InputDataError
+from gateway.files.fileio import (
+    read_table,
+)
+from gateway.files.protect import meta_path
+from gateway.measures.attack import averaging_attack, intersection_attack
+from gateway.measures.published import (
+    mechanisms_from_meta,
+    reconstruct_rows,
+)
+from gateway.mechanisms.rr_constructions import from_spec
+from gateway.policy import (
+    Policy,
+    RRMode,
+)
+
+
+def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
+    df = read_table(protected)
+    mp = meta_path(protected)
+    if mp.exists():
+        try:
+            meta = orjson.loads(mp.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as err:
+            meta = err
+        if not isinstance(meta, dict):
+            raise InputDataError(
+                f"{mp} is not the JSON object `privgw protect` writes ({meta.__class__.__name__}):"
+                " restore it, or protect the data again to write it anew"
+            )
+        if meta.get("policy_version") != policy.version:
+            raise InputDataError(
+                f"{mp} was written under policy version {meta.get('policy_version')}, not "
+                f"{policy.version}; reconstruct with the policy that protected the file"
+            )
+        mechanisms = mechanisms_from_meta(meta)
+    else:
+        mechanisms = {}
+        for name in policy.randomized:
+            attr = policy.attributes[name]
+            assert attr.rr is not None
+            if attr.rr.mode in (RRMode.FINE_GRAIN, RRMode.INVARIANT) and attr.rr.weights is None:
+                raise InputDataError(
+                    f"{mp} is missing and '{name}' uses fine-grain weights from the data: the "
+                    "matrix is only in that file"
+                )
+            mechanisms[name] = from_spec(attr)
+    return reconstruct_rows(frame_rows(df), mechanisms)
+
+
+def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts with None for missing cells."""
+    clean = df.astype(object).where(df.notna(), None)
+    return [{str(k): v for k, v in row.items()} for row in clean.to_dict(orient="records")]
+
+
+def read_jsonl_rows(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows.extend(frame_rows(read_table(path)))
+    return rows
+
+
+def attack_history(
+    history: Sequence[Mapping[str, Any]],
+    truth: Sequence[Mapping[str, Any]],
+    *,
+    attribute: str | None,
+    qi_columns: Sequence[str],
+    k: int,
+    ts: Sequence[int],
+) -> dict[str, Any]:
+    """Run both adversaries on a publication history (rows with record_id and wave).
+
+    ``truth`` rows carry record_id, respondent_id and the true values: the simulator's
+    ground truth, linking each published record to its respondent.
+    """
+    respondent_of = {str(t["record_id"]): str(t["respondent_id"]) for t in truth}
+    waves: dict[Any, list[Mapping[str, Any]]] = {}
+    for row in history:
+        waves.setdefault(row.get("wave"), []).append(row)
+    order = sorted(waves, key=lambda w: (w is None, w))
+    result: dict[str, Any] = {"releases": len(order), "records": len(history)}
+    if attribute is not None:
+        true_value: dict[str, Any] = {}
+        for t in truth:
+            true_value[str(t["respondent_id"])] = t.get(attribute)
+        releases = [
+            {
+                respondent_of[str(r["record_id"])]: r.get(attribute)
+                for r in waves[w]
+                if str(r["record_id"]) in respondent_of
+            }
+            for w in order
+        ]
+        ts_ok = [t for t in ts if t <= len(releases)]
+        result["averaging"] = [
+            {
+                "T": p.releases,
+                "respondents": p.respondents,
+                "accuracy": p.accuracy,
+                "ci95": [p.ci_low, p.ci_high],
+            }
+            for p in averaging_attack(releases, true_value, ts_ok)
+        ]
+    if qi_columns:
+        qi_releases = []
+        for w in order:
+            rel: dict[str, Any] = {}
+            for r in waves[w]:
+                rid = respondent_of.get(str(r["record_id"]))
+                if rid is None:
+                    continue
+                tup = tuple(r.get(c) for c in qi_columns)
+                rel[rid] = None if any(v is None for v in tup) else tup
+            qi_releases.append(rel)
+        inter = intersection_attack(qi_releases, k)
+        dist = inter.distribution(k)
+        result["intersection"] = {
+            "k": k,
+            "respondents": inter.respondents,
+            "below_k": inter.below_k,
+            "share_below_k": dist["share_below_k"],
+            "singled_out": int(dist["singled_out"]),
+            "median": dist["median"],
+            "smallest_candidate_sets": inter.smallest,
+        }
+    return result

@@ -1,0 +1,217 @@
+"""Evaluating a protected file against its original: information loss and disclosure risk
+of the numeric columns, retention of the randomized ones, risk over the whole key (the k
+claim) and the frequency risk of the release. Each function returns data; the CLI formats it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gateway.errors import InputDataError
+from gateway.files.fileio import (
+    numeric_matrix,
+    read_table,
+)
+from gateway.grouping.mixed_microaggregation import (
+    QIKind,
+    claim_columns,
+    claim_inputs,
+)
+from gateway.measures import key_risk, linkage, quality, release_risk
+from gateway.measures.frequency_risk import weights_of
+from gateway.measures.published import (
+    is_missing,
+)
+from gateway.policy import (
+    MISSING_LABEL,
+    AttrType,
+    Method,
+    Policy,
+    Role,
+)
+
+
+def missing_to_none(values: Sequence[object], tokens: set[str]) -> list[object]:
+    return [None if is_missing(v, tokens) else v for v in values]
+
+
+def claim_frame(df: pd.DataFrame, policy: Policy, *, published: bool) -> pd.DataFrame:
+    """The k claim's columns as the partition sees them: numbers as floats, categories as
+    text (an original's generalized as the policy says; a published file's already are), a
+    missing value as the missing category where it is one, else None."""
+    tokens = set(policy.input.missing_tokens)
+    out: dict[str, list[object]] = {}
+    for name in policy.k_claim:
+        attr = policy.attributes[name]
+        values = missing_to_none(df[name].tolist(), tokens)
+        if attr.type is AttrType.NUMERIC:
+            out[name] = [None if v is None else float(str(v)) for v in values]
+        elif published:
+            label = MISSING_LABEL if attr.missing_is_category else None
+            out[name] = [label if v is None else str(v) for v in values]
+        else:
+            out[name] = claim_inputs(attr, values)
+    return pd.DataFrame(out, index=df.index)
+
+
+def changed_categories(
+    original: pd.DataFrame, published: pd.DataFrame, policy: Policy
+) -> dict[str, float]:
+    """Per categorical attribute of the k claim: the share of records published with another
+    category than their own (the categorical information loss of the microaggregation)."""
+    out: dict[str, float] = {}
+    for c in claim_columns(policy):
+        if c.kind is QIKind.NUMERIC:
+            continue
+        a, b = original[c.name].to_numpy(dtype=object), published[c.name].to_numpy(dtype=object)
+        both = np.array([x is not None and y is not None for x, y in zip(a, b, strict=True)])
+        out[c.name] = float(np.mean(a[both] != b[both])) if both.any() else float("nan")
+    return out
+
+
+def whole_key_evaluation(
+    orig: pd.DataFrame,
+    prot: pd.DataFrame,
+    policy: Policy,
+    original: str | Path,
+    protected: str | Path,
+) -> dict[str, Any]:
+    """Risk over the whole quasi-identifier tuple (the k claim): frequency counts and
+    l-diversity of the original and of the published file, record linkage with the mixed
+    distance, and the categories the microaggregation changed."""
+    claim = policy.k_claim
+    if not claim:
+        return {}
+    for name in claim:
+        for df, path in ((orig, original), (prot, protected)):
+            if name not in df.columns:
+                raise InputDataError(
+                    f"{path}: no column '{name}', a quasi-identifier of the policy's k claim"
+                )
+    k = policy.microaggregation.k
+    sensitive = [
+        n
+        for n, a in policy.attributes.items()
+        if a.role is Role.SENSITIVE and n in orig.columns and n in prot.columns
+    ]
+    before, after = (
+        claim_frame(orig, policy, published=False),
+        claim_frame(prot, policy, published=True),
+    )
+    tokens = set(policy.input.missing_tokens)
+    sens_o = pd.DataFrame({n: missing_to_none(orig[n].tolist(), tokens) for n in sensitive})
+    sens_p = pd.DataFrame({n: missing_to_none(prot[n].tolist(), tokens) for n in sensitive})
+    risk_before = key_risk.key_risk(pd.concat([before, sens_o], axis=1), claim, k, sensitive)
+    risk_after = key_risk.key_risk(pd.concat([after, sens_p], axis=1), claim, k, sensitive)
+    linked = linkage.mixed_linkage(before, after, claim_columns(policy))
+    return {
+        "k_claim": claim,
+        "unprotected_quasi_identifiers": policy.unprotected_quasi_identifiers,
+        "whole_key_original": risk_before.to_dict(),
+        "whole_key": risk_after.to_dict(),
+        "whole_key_linkage": linked.to_dict(),
+        "changed_categories": changed_categories(before, after, policy),
+    }
+
+
+def _category_codes(
+    values: Sequence[object], domain: Sequence[str], tokens: set[str]
+) -> np.ndarray:
+    """Codes in the policy's domain; missing → the missing category or -1; unknown → -2."""
+    index = {c: i for i, c in enumerate(domain)}
+    missing = index.get(MISSING_LABEL, -1)
+    out = [missing if is_missing(v, tokens) else index.get(str(v), -2) for v in values]
+    return np.array(out, dtype=np.int64)
+
+
+def _numeric_columns_for(
+    policy: Policy | None, orig: pd.DataFrame, prot: pd.DataFrame
+) -> list[str]:
+    if policy is not None:
+        return [
+            n
+            for n, a in policy.attributes.items()
+            if a.type is AttrType.NUMERIC
+            and a.method in (Method.MICROAGGREGATION, Method.NOISE, Method.TOP_BOTTOM_CODE)
+            and n in orig.columns
+            and n in prot.columns
+        ]
+    return [
+        str(c)
+        for c in orig.columns
+        if c in prot.columns
+        and pd.api.types.is_numeric_dtype(orig[c])
+        and pd.api.types.is_numeric_dtype(prot[c])
+    ]
+
+
+def evaluate_files(
+    original: str | Path,
+    protected: str | Path,
+    policy: Policy | None = None,
+    *,
+    p_pct: float | None = None,
+) -> dict[str, Any]:
+    """Information loss and disclosure risk of PROTECTED against ORIGINAL (rows aligned)."""
+    orig = read_table(original)
+    prot = read_table(protected)
+    if len(orig) != len(prot):
+        raise InputDataError(
+            f"the files have {len(orig)} and {len(prot)} rows; evaluation needs the rows of "
+            "both files in the same order"
+        )
+    cols = _numeric_columns_for(policy, orig, prot)
+    if not cols and not (
+        policy is not None
+        and any(n in orig.columns and n in prot.columns for n in policy.randomized)
+    ):
+        raise InputDataError(
+            f"{original} and {protected} have no numeric column in common to evaluate; check "
+            "that both files have the same header (or give the --policy that protected them)"
+        )
+    pct = p_pct if p_pct is not None else (policy.risk.interval_pct if policy else 10.0)
+    result: dict[str, Any] = {"records": len(orig), "columns": cols}
+    if cols:
+        x = numeric_matrix(orig, cols, original)
+        xm = numeric_matrix(prot, cols, protected)
+        complete = np.isfinite(x).all(axis=1) & np.isfinite(xm).all(axis=1)
+        result["excluded_incomplete_rows"] = int((~complete).sum())
+        rep = quality.evaluate_numeric(x[complete], xm[complete], p_pct=pct)
+        result.update(rep.to_dict())
+    if policy is not None:
+        retention = {}
+        for name in policy.randomized:
+            attr = policy.attributes[name]
+            if name not in orig.columns or name not in prot.columns:
+                continue
+            tokens = set(policy.input.missing_tokens)
+            t = _category_codes(orig[name].tolist(), attr.domain, tokens)
+            p = _category_codes(prot[name].tolist(), attr.domain, tokens)
+            if (t == -2).any() or (p == -2).any():
+                raise InputDataError(f"column '{name}' has values outside the policy's categories")
+            retention[name] = quality.rr_retention(t, p)
+        if retention:
+            result["retention"] = retention
+        result.update(whole_key_evaluation(orig, prot, policy, original, protected))
+        result.update(_weighted_and_frequency(orig, prot, policy, cols))
+    return result
+
+
+def _weighted_and_frequency(
+    orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy, numeric: Sequence[str]
+) -> dict[str, Any]:
+    """The frequency risk of the release and, with a weight, the weighted estimates."""
+    out: dict[str, Any] = {}
+    freq = release_risk.release_risk(orig, prot, policy)
+    if freq:
+        out["frequency_risk"] = freq
+    weight = policy.weight
+    if weight is not None and weight in orig.columns and numeric:
+        w = weights_of(orig, weight)
+        assert w is not None
+        out["weighted_estimates"] = release_risk.weighted_estimates(orig, prot, numeric, w)
+    return out

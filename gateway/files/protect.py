@@ -1,0 +1,222 @@
+"""Protecting a file: the engine over the whole file as one window (``privgw protect``), and
+MDAV alone on numeric columns (``privgw microaggregate``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from gateway.engine import Engine, ValidRecord
+from gateway.errors import InputDataError
+from gateway.files.evaluate import claim_frame, missing_to_none, whole_key_evaluation
+from gateway.files.fileio import (
+    Progress,
+    chunks,
+    numeric_matrix,
+    read_table,
+    records_from_frame,
+    write_table,
+)
+from gateway.grouping import file_claim, recode_suppress
+from gateway.grouping.microaggregation import group_means, mdav_groups, microaggregate
+from gateway.grouping.strata import stratified_groups, stratum_ids
+from gateway.measures import quality, release_risk
+from gateway.policy import (
+    MISSING_LABEL,
+    Method,
+    MicroaggAlgorithm,
+    Policy,
+    RRMode,
+)
+from gateway.randomness import SeededSource
+
+
+def meta_path(out: str | Path) -> Path:
+    p = Path(out)
+    return p.with_name(p.name + ".meta.json")
+
+
+def value_frequencies(
+    records: Sequence[ValidRecord], policy: Policy
+) -> dict[str, dict[str, float]]:
+    """Value frequencies for fine-grain weights when the policy gives none (file workflow)."""
+    out: dict[str, dict[str, float]] = {}
+    for name in policy.randomized:
+        attr = policy.attributes[name]
+        assert attr.rr is not None
+        if attr.rr.mode not in (RRMode.FINE_GRAIN, RRMode.INVARIANT) or attr.rr.weights:
+            continue
+        counts = dict.fromkeys(attr.domain, 0.0)
+        for r in records:
+            v = r.values.get(name)
+            label = MISSING_LABEL if v is None else str(v)
+            if label in counts:
+                counts[label] += 1.0
+        total = sum(counts.values()) or 1.0
+        out[name] = {c: n / total for c, n in counts.items()}
+    return out
+
+
+def protect_file(
+    src: str | Path, policy: Policy, out: str | Path, *, seed: int | None = None
+) -> dict[str, Any]:
+    """Protect a whole file as one window; writes OUT and OUT.meta.json (what analysts need)."""
+    df = read_table(src, as_text=True)
+    records = records_from_frame(df, policy, src)
+    if not records:
+        raise InputDataError(f"{src}: no data rows")
+    k = policy.microaggregation.k
+    if policy.k_claim and len(records) < k:  # before anything is written
+        raise InputDataError(
+            f"{src}: {len(records)} data rows, fewer than k = {k}: no group of k can be "
+            f"formed; protect at least {k} rows (or lower microaggregation.k)"
+        )
+    recoding = policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
+    engine = Engine(
+        recode_suppress.engine_policy(policy) if policy.grouped_by_file else policy,
+        randomness=SeededSource(seed),
+        frequencies=value_frequencies(records, policy),
+        consistency_override=True,  # one release of a file: nothing to average over
+    )
+    result = engine.protect_window(records, now=0.0, flush_all=True)
+    columns = [n for n, a in policy.attributes.items() if a.method is not Method.DROP]
+    progress = Progress(len(result.rows), "writing")
+    frames = []
+    for start, stop in chunks(len(result.rows), 50_000):
+        frames.append(pd.DataFrame(list(result.rows[start:stop]), columns=columns))
+        progress.update(stop)
+    progress.close()
+    protected = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    protected = protected[[c for c in columns if c in df.columns]]
+    meta = engine.metadata()
+    whole_key: dict[str, Any] = {}
+    if recoding:  # the keys: recoded and suppressed here, the engine published the rest
+        release = recode_suppress.protect_keys(claim_frame(df, policy, published=False), policy)
+        for name in release.keys:
+            protected[name] = release.published[name].to_numpy()
+        whole_key = release.summary()
+        whole_key["strict_records_below_k"] = recode_suppress.strict_classes_below_k(
+            protected, release.keys, policy.microaggregation.k
+        )
+        meta["k_claim"] = {**whole_key, "k": policy.microaggregation.k}
+    elif policy.grouped_by_file:  # strata and l-diversity: grouped here, the rest by the engine
+        spec = policy.microaggregation
+        tokens = set(policy.input.missing_tokens)
+        strata = [missing_to_none(df[s].tolist(), tokens) for s in spec.strata or []]
+        ldiv = spec.l_diversity
+        grouped = file_claim.group_claim(
+            claim_frame(df, policy, published=False),
+            policy,
+            strata,
+            protected[ldiv.attribute] if ldiv is not None else None,
+        )
+        for name in grouped.published.columns:
+            protected[name] = grouped.published[name].to_numpy()
+        meta["k_claim"] = grouped.report
+        whole_key = whole_key_evaluation(df, protected, policy, src, out)
+        whole_key["grouping"] = grouped.report
+    elif policy.k_claim:
+        whole_key = whole_key_evaluation(df, protected, policy, src, out)
+    write_table(protected, out)
+    meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    rep = result.report
+    return {
+        "whole_key": whole_key,
+        "frequency_risk": release_risk.release_risk(df, protected, policy),
+        "records": rep.records_in,
+        "published": rep.published,
+        "suppressed": rep.suppressed,
+        "groups": rep.groups,
+        "min_group_size": rep.min_group_size,
+        "measures": dict(rep.measures),
+        "retention": dict(rep.retention),
+        "policy_version": engine.version,
+        "meta": str(meta_path(out)),
+    }
+
+
+_NEARLY_NUMERIC = 0.9  # a text column whose values are numbers but for a few: a typo
+
+
+def _refuse_nearly_numeric(df: pd.DataFrame, path: str | Path) -> None:
+    """A numeric column with a typo in one cell reads as text, and "all numeric columns" would
+    leave it out, published unchanged: refuse it, naming the column and the row."""
+    for c in df.columns:
+        if pd.api.types.is_numeric_dtype(df[c]):
+            continue
+        given = df[c].notna().to_numpy()
+        bad = given & pd.to_numeric(df[c], errors="coerce").isna().to_numpy()
+        if bad.any() and 1.0 - bad.sum() / given.sum() >= _NEARLY_NUMERIC:
+            row = int(np.flatnonzero(bad)[0]) + 1
+            raise InputDataError(
+                f"{path}: column '{c}' is numeric but for {int(bad.sum())} value(s), first at "
+                f"data row {row}; fix them, or list the columns to microaggregate with --columns"
+            )
+
+
+def microaggregate_file(
+    src: str | Path,
+    out: str | Path,
+    *,
+    k: int,
+    columns: Sequence[str] | None = None,
+    algorithm: str = "mdav",
+    standardize: bool = True,
+    strata: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """MDAV (or individual ranking) on the given or all numeric columns, nothing else changed."""
+    df = read_table(src)
+    if not columns:
+        _refuse_nearly_numeric(df, src)
+    cols = (
+        list(columns)
+        if columns
+        else [str(c) for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
+    )
+    if not cols:
+        raise InputDataError(
+            f"{src}: no numeric columns to microaggregate; name them with --columns"
+        )
+    x = numeric_matrix(df, cols, src)
+    if not np.isfinite(x).all():
+        raise InputDataError(f"{src}: the columns to microaggregate have missing values")
+    strata_report: dict[str, Any] = {}
+    if strata:  # MDAV within each stratum (sdcMicro's strata_variables); small strata pooled
+        for name in strata:
+            if name not in df.columns:
+                raise InputDataError(f"--strata: no column {name!r} in {src}; fix the name")
+        if algorithm != "mdav":
+            raise InputDataError("--strata works with --algorithm mdav")
+        ids = stratum_ids([df[name].tolist() for name in strata], len(df))
+        res = stratified_groups(
+            ids, k, lambda rows: mdav_groups(x[rows], k, standardize=standardize)
+        )
+        labels = res.labels
+        masked = group_means(x, labels)
+        strata_report = {
+            "strata": res.strata,
+            "small_strata": res.small_strata,
+            "records_in_small_strata": res.records_in_small_strata,
+        }
+    else:
+        masked, labels = microaggregate(x, k, algorithm=algorithm, standardize=standardize)
+    result = df.copy()
+    for j, c in enumerate(cols):
+        result[c] = masked[:, j]
+    write_table(result, out)
+    lab = labels if labels.ndim == 1 else labels[:, 0]
+    sizes = np.bincount(lab)
+    return {
+        "records": len(df),
+        "columns": cols,
+        "groups": int(sizes.size),
+        "min_group_size": int(sizes.min()),
+        "max_group_size": int(sizes.max()),
+        "sse_sst_pct": quality.sse_sst_pct(x, masked),
+        **({"strata": strata_report} if strata_report else {}),
+    }

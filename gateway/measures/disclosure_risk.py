@@ -1,0 +1,186 @@
+"""Disclosure risk of masked numeric microdata: distance-based record linkage (DLD), interval
+disclosure, DR and the score (sources and conventions in :mod:`gateway.measures.quality`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.spatial import cKDTree
+from scipy.stats import rankdata
+
+from gateway.measures.numeric_input import NAN, Float, Prepared, prepare
+
+
+def dld(x: ArrayLike, xm: ArrayLike, *, weight_second: float = 1.0) -> float:
+    """Distance-based record linkage disclosure (DLD) of [DT01], as a share in [0, 1].
+
+    Both files are standardised with the original column means and sds, and each masked
+    record is linked by Euclidean distance to the original records. Per [DT01] a masked
+    record is *linked* when its own original is the nearest original record, and *linked to
+    the 2nd nearest* when its own original is the second nearest; DLD is the share of masked
+    records that are linked or linked to the 2nd nearest (``weight_second=1``, the default).
+    ``weight_second=0`` gives the strict nearest-neighbour linkage rate; any weight in [0, 1]
+    counts a 2nd-nearest link with that weight.
+
+    Ties (equal distances, e.g. duplicate original records) are resolved as an intruder
+    picking uniformly at random among the tied candidates, and the expected count is used:
+    with ``a`` originals strictly closer than the record's own original and ``t`` originals
+    (its own included) at exactly its distance, the record counts
+    ``(1[a = 0] + weight_second · 1[a = 1 or (a = 0 and t ≥ 2)]) / t`` — its chance of being
+    drawn first, plus its weighted chance of being drawn second. Identity masking thus gives 1
+    for distinct rows and 2/3 for a row present three times.
+
+    [DT01] averages DLD over intruder scenarios knowing 1…p attributes; this function is the
+    scenario in which all (non-constant) attributes are known — pass a column subset for
+    others. Uses scipy's cKDTree (O(n log n)).
+    """
+    if not 0.0 <= weight_second <= 1.0:
+        raise ValueError(f"weight_second must be in [0, 1], got {weight_second}")
+    return dld_of(prepare(x, xm), weight_second)
+
+
+def dld_of(prep: Prepared, weight_second: float) -> float:
+    if not prep.ok:
+        return NAN
+    z, zm = prep.z, prep.zm
+    n = prep.n
+    diff = zm - z
+    d_own = np.sqrt(np.einsum("ij,ij->i", diff, diff))
+    tol = 1e-9 * d_own + 1e-12  # distances computed along two paths may differ by ulps
+    tree = cKDTree(z)
+    nearest, _ = tree.query(zm, k=2)
+    closer = (nearest < (d_own - tol)[:, None]).sum(axis=1)  # a, capped at 2
+    candidates = np.flatnonzero(closer < 2)
+    if candidates.size == 0:
+        return 0.0
+    within = np.asarray(
+        tree.query_ball_point(
+            zm[candidates], d_own[candidates] + tol[candidates], return_length=True
+        ),
+        dtype=np.float64,
+    )
+    a = closer[candidates]
+    ties = np.maximum(within - a, 1.0)  # t ≥ 1: the own original is always within reach
+    first = (a == 0).astype(np.float64)
+    second = ((a == 0) & (ties >= 2)) | (a == 1)
+    share = (first + weight_second * second) / ties
+    return float(share.sum()) / n
+
+
+def check_p_pct(p_pct: float) -> None:
+    if not (0.0 < p_pct <= 100.0 and math.isfinite(p_pct)):
+        raise ValueError(f"p_pct must be in (0, 100], got {p_pct}")
+
+
+@dataclass(frozen=True)
+class _Ranks:
+    """Per masked column: sorted values and the mid-rank of every record's value."""
+
+    sorted_m: Float  # n×p, each column sorted
+    mid: Float  # n×p mid-ranks (0-based; tied values share the mean of their positions)
+
+
+def _ranks(xm: Float) -> _Ranks:
+    # "average" ranks are 1-based mid-ranks of tied blocks
+    mid = np.asarray(rankdata(xm, method="average", axis=0), dtype=np.float64) - 1.0
+    return _Ranks(np.sort(xm, axis=0), mid)
+
+
+def _inside(x: Float, ranks: _Ranks, p_pct: float) -> NDArray[np.bool_]:
+    n = x.shape[0]
+    w = p_pct * n / 200.0
+    lo = np.clip(np.ceil(ranks.mid - w - 1e-9), 0, n - 1).astype(np.intp)
+    hi = np.clip(np.floor(ranks.mid + w + 1e-9), 0, n - 1).astype(np.intp)
+    lower = np.take_along_axis(ranks.sorted_m, lo, axis=0)
+    upper = np.take_along_axis(ranks.sorted_m, hi, axis=0)
+    inside: NDArray[np.bool_] = (lower <= x) & (x <= upper)
+    return inside
+
+
+def interval_share(prep: Prepared, p_pct: float, *, per_record: bool = False) -> float:
+    """Interval disclosure of prepared data (``prep.ok``) at one p, as
+    :func:`interval_disclosure` gives it."""
+    return _id_share(_inside(prep.x, _ranks(prep.xm), p_pct), per_record)
+
+
+def _id_share(inside: NDArray[np.bool_], per_record: bool) -> float:
+    if per_record:
+        return float(inside.all(axis=1).mean())
+    return float(inside.mean())
+
+
+def interval_disclosure(
+    x: ArrayLike, xm: ArrayLike, p_pct: float = 10.0, *, per_record: bool = False
+) -> float:
+    """Rank-based interval disclosure (ID) of [DT01] at one p, as a share in [0, 1].
+
+    For each attribute the masked values are ranked; around each masked value an interval is
+    built from the masked values whose rank differs from its rank by at most p·n/200, i.e. a
+    window of p% of n ranks centred on it (truncated, not shifted, at either end; it always
+    contains the masked value itself, however small p·n). A tied masked value (e.g. a
+    microaggregation centroid shared by k records) takes the mean of its tied positions as
+    its rank. The original value is *disclosed* if it lies in the interval
+    [lowest, highest value of the window].
+
+    Default (``per_record=False``), as in [DT01]: the proportion of original values falling in
+    the intervals around their masked values, over all records and (non-constant) attributes.
+    ``per_record=True``: the share of records whose original values fall in the intervals for
+    *every* attribute (stricter; never larger than the default).
+
+    [DT01] reports ID averaged over p = 1, 2, …, 10 %: see :func:`interval_disclosure_averaged`.
+    sdcMicro's ``dRisk`` is a different measure (SDID: an interval of k·sd of the masked
+    column around each masked value, a record counting as at risk when at most one attribute
+    falls outside; R/dRisk.R).
+    """
+    check_p_pct(p_pct)
+    prep = prepare(x, xm)
+    if not prep.ok:
+        return NAN
+    return interval_share(prep, p_pct, per_record=per_record)
+
+
+def interval_disclosure_averaged(
+    x: ArrayLike,
+    xm: ArrayLike,
+    p_pcts: Iterable[float] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
+    *,
+    per_record: bool = False,
+) -> float:
+    """Mean of :func:`interval_disclosure` over several p (default 1…10 %, as in [DT01])."""
+    ps = [float(p) for p in p_pcts]
+    if not ps:
+        raise ValueError("p_pcts must name at least one percentage")
+    for p in ps:
+        check_p_pct(p)
+    prep = prepare(x, xm)
+    if not prep.ok:
+        return NAN
+    ranks = _ranks(prep.xm)
+    return sum(_id_share(_inside(prep.x, ranks, p), per_record) for p in ps) / len(ps)
+
+
+def _weights_check(**weights: float) -> None:
+    for name, w in weights.items():
+        if not (w >= 0.0 and math.isfinite(w)):
+            raise ValueError(f"{name} must be a finite weight ≥ 0, got {w}")
+
+
+def disclosure_risk(dld: float, id: float, tau1: float = 0.5, tau2: float = 0.5) -> float:
+    """DR = τ1·DLD + τ2·ID [DT01] (shares in, share out when τ1 + τ2 = 1).
+
+    [DT01] also mixes in probabilistic record linkage (PLD); later work by the same authors
+    (and this module) uses DLD and ID only.
+    """
+    _weights_check(tau1=tau1, tau2=tau2)
+    return tau1 * dld + tau2 * id
+
+
+def score(il: float, dr: float, g1: float = 0.5, g2: float = 0.5) -> float:
+    """Score = γ1·IL + γ2·DR [DT01]; lower is better. IL and DR should be on one scale
+    (:func:`evaluate_numeric` uses the bounded PIL ``il3["overall"]`` with DR, both in 0..1)."""
+    _weights_check(g1=g1, g2=g2)
+    return g1 * il + g2 * dr

@@ -1,0 +1,98 @@
+"""Reading a policy: YAML with unique keys, parsed strictly; errors name the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.errors import PolicyError
+from gateway.policy.model import Policy
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise PolicyError(
+                f"policy line {key_node.start_mark.line + 1}: key '{key}' is given twice; "
+                "name each attribute and setting once"
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif not item.startswith("function-"):
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "policy"
+
+
+_STRICT_TYPES = {
+    "int_type": "must be a whole number, written without quotes (e.g. 5)",
+    "float_type": "must be a number, written without quotes (e.g. 0.2; YAML reads 1e3 as "
+    "text: write 1.0e3)",
+    "bool_type": "must be true or false, written without quotes",
+}
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors(include_url=False, include_input=False):
+        loc = _format_loc(tuple(e["loc"]))
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or fix its spelling (see docs/policy.md)"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        elif e["type"] in _STRICT_TYPES:
+            msg = _STRICT_TYPES[e["type"]]
+        lines.append(f"{loc}: {msg}")
+    return "invalid policy:\n  " + "\n  ".join(lines)
+
+
+def parse_policy(data: object) -> Policy:
+    if not isinstance(data, dict):
+        raise PolicyError("invalid policy: the top level must be a mapping of settings")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as err:
+        raise PolicyError(_format_validation_error(err)) from None
+
+
+def policy_from_yaml(text: str) -> Policy:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PolicyError(
+            f"policy is not valid YAML{where}: {getattr(err, 'problem', err)}"
+        ) from None
+    return parse_policy(data)
+
+
+def load_policy(path: str | Path) -> Policy:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError(f"policy file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise PolicyError(f"cannot read policy file {p}: {err.__class__.__name__}") from None
+    return policy_from_yaml(text)

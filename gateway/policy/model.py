@@ -1,0 +1,271 @@
+"""The policy model: every attribute and section, validated together, and its stable version."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from typing import Annotated, Self
+
+import orjson
+from pydantic import Field, model_validator
+
+from gateway.policy.attribute import K_CLAIM_METHODS, Attribute, published_categories
+from gateway.policy.enums import AttrType, Method, MicroaggAlgorithm, Pseudonym, Role
+from gateway.policy.sections import (
+    ConsistencySpec,
+    InputSpec,
+    MicroaggSpec,
+    OutputSpec,
+    RepublicationSpec,
+    RiskSpec,
+    WindowSpec,
+)
+from gateway.policy.specs import StrictModel
+
+
+class Policy(StrictModel):
+    name: str = "privgw"
+    input: InputSpec = Field(default_factory=InputSpec)
+    output: OutputSpec = Field(default_factory=OutputSpec)
+    window: WindowSpec = Field(default_factory=WindowSpec)
+    microaggregation: MicroaggSpec = Field(default_factory=MicroaggSpec)
+    consistency: ConsistencySpec = Field(default_factory=ConsistencySpec)
+    republication: RepublicationSpec = Field(default_factory=RepublicationSpec)
+    risk: RiskSpec = Field(default_factory=RiskSpec)
+    attributes: Annotated[dict[str, Attribute], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        rid = self.input.respondent_id
+        if rid is not None and rid in self.attributes:
+            raise ValueError(
+                f"input.respondent_id '{rid}' must not also be listed under attributes; "
+                "output.pseudonym decides what is published for it"
+            )
+        if self.output.pseudonym is Pseudonym.HMAC and rid is None:
+            raise ValueError("output.pseudonym hmac needs input.respondent_id")
+        key = self.input.key_field
+        if key is not None and key != rid and key not in self.attributes:
+            raise ValueError(
+                f"input.key_field '{key}' is neither input.respondent_id nor an attribute; "
+                "name the field that identifies the respondent (usually input.respondent_id)"
+            )
+        self._validate_recode_suppress()
+        weights = [n for n, a in self.attributes.items() if a.role is Role.WEIGHT]
+        if len(weights) > 1:
+            raise ValueError(
+                f"attributes {', '.join(weights)} all have role weight; a file has one sampling "
+                "weight: give the others role other"
+            )
+        claim = self.k_claim
+        self._check_republication()
+        self._check_edit_rules()
+        if self.microaggregation.algorithm is MicroaggAlgorithm.RANKING and (
+            len(claim) > 1 or any(self.attributes[n].type is not AttrType.NUMERIC for n in claim)
+        ):
+            raise ValueError(
+                "microaggregation.algorithm ranking groups each attribute on its own, which "
+                "gives no k-anonymity on the tuple of several quasi-identifiers; use mdav"
+            )
+        return self
+
+    def _check_republication(self) -> None:
+        wave = self.republication.wave_attribute
+        if wave is None:
+            return
+        attr = self.attributes.get(wave)
+        if attr is None:
+            close = difflib.get_close_matches(wave, list(self.attributes), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(
+                f"republication.wave_attribute '{wave}' is not an attribute{hint}; name the "
+                "numeric attribute that carries the wave number, or leave it out (each window "
+                "is then a release)"
+            )
+        if attr.type is not AttrType.NUMERIC or attr.role is not Role.OTHER:
+            raise ValueError(
+                f"republication.wave_attribute '{wave}' must be a numeric attribute of role "
+                f"other (the wave number), not a {attr.type.value} {attr.role.value}"
+            )
+
+    def _check_edit_rules(self) -> None:
+        for i, rule in enumerate(self.microaggregation.edit_rules):
+            if not rule:
+                raise ValueError(f"microaggregation.edit_rules[{i}] names no attribute")
+            for name, cats in rule.items():
+                attr = self.attributes.get(name)
+                if (
+                    attr is None
+                    or name not in self.k_claim
+                    or attr.type is not AttrType.CATEGORICAL
+                    or attr.ordered
+                ):
+                    raise ValueError(
+                        f"microaggregation.edit_rules[{i}] names '{name}', which is not a "
+                        "nominal quasi-identifier of the k claim; rules constrain the "
+                        "combinations of those only"
+                    )
+                known = set(published_categories(attr))
+                unknown = [c for c in cats if c not in known]
+                if not cats or unknown:
+                    raise ValueError(
+                        f"microaggregation.edit_rules[{i}].{name} must list categories it can "
+                        f"publish ({', '.join(sorted(known))}); {len(unknown)} unknown"
+                    )
+
+    def _validate_recode_suppress(self) -> None:
+        spec, claim = self.microaggregation, self.k_claim
+        recode = spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
+        binned = [n for n, a in self.attributes.items() if a.bins is not None]
+        if binned and not recode:
+            raise ValueError(
+                f"bins ({', '.join(binned)}) only apply with microaggregation.algorithm "
+                "recode_suppress; remove them or choose that algorithm"
+            )
+        if spec.importance is not None and not recode:
+            raise ValueError("microaggregation.importance only applies to recode_suppress")
+        for name in spec.strata or []:
+            attr = self.attributes.get(name)
+            if attr is None or attr.role in (Role.WEIGHT, Role.IDENTIFIER):
+                raise ValueError(
+                    f"microaggregation.strata names {name!r}: a stratum is an attribute of the "
+                    "policy that is neither an identifier nor the weight (e.g. a region)"
+                )
+        ldiv = spec.l_diversity
+        if ldiv is not None:
+            attr = self.attributes.get(ldiv.attribute)
+            if attr is None or attr.role is not Role.SENSITIVE or attr.method is Method.DROP:
+                raise ValueError(
+                    f"microaggregation.l_diversity.attribute {ldiv.attribute!r} must be a "
+                    "published sensitive attribute of the policy"
+                )
+        if recode and (spec.strata or ldiv is not None):
+            raise ValueError(
+                "recode_suppress takes neither strata nor l_diversity; use algorithm mdav"
+            )
+        if not recode:
+            return
+        unbinned = [
+            n for n in claim if self.attributes[n].type is AttrType.NUMERIC and n not in binned
+        ]
+        if unbinned:
+            raise ValueError(
+                f"recode_suppress recodes numeric keys to intervals: give bins to "
+                f"{', '.join(unbinned)}"
+            )
+        if spec.importance is not None and sorted(spec.importance) != sorted(claim):
+            raise ValueError(
+                f"microaggregation.importance must list each attribute of the k claim once "
+                f"({', '.join(claim)}), most important first"
+            )
+
+    @model_validator(mode="after")
+    def _distinct_topics(self) -> Self:
+        """Each topic has one role: dead letters (raw input) in the output would publish raw
+        values, an output read as input is a feedback loop."""
+        clash = topic_clash(
+            [
+                ("input.topic", self.input.topic),
+                ("output.topic", self.output.topic),
+                ("output.dlq_topic", self.dlq_topic),
+                ("output.meta_topic", self.meta_topic),
+            ]
+        )
+        if clash is not None:
+            raise ValueError(clash)
+        return self
+
+    # -- derived views ---------------------------------------------------------------
+    def by_method(self, method: Method) -> list[str]:
+        return [n for n, a in self.attributes.items() if a.method is method]
+
+    @property
+    def k_claim(self) -> list[str]:
+        """The quasi-identifiers the k-anonymity claim covers: microaggregated together
+        (generalized ones at their generalized level), so every published tuple of them is
+        shared by at least k respondents."""
+        return [
+            n
+            for n, a in self.attributes.items()
+            if a.role is Role.QUASI_IDENTIFIER and a.method in K_CLAIM_METHODS
+        ]
+
+    @property
+    def unprotected_quasi_identifiers(self) -> list[str]:
+        """Quasi-identifiers declared ``unprotected``: published outside the k claim."""
+        return [n for n, a in self.attributes.items() if a.unprotected]
+
+    @property
+    def published_outside_claim(self) -> list[str]:
+        """Attributes of role ``other`` that are published (kept, coarsened, coded...): beside
+        the k claim, not in it, so an adversary who can know one of them may split a class."""
+        return [
+            n
+            for n, a in self.attributes.items()
+            if a.role is Role.OTHER and a.method is not Method.DROP
+        ]
+
+    @property
+    def numeric_claim(self) -> list[str]:
+        """The numeric attributes of the k claim (what the numeric-only measures cover)."""
+        return [n for n in self.k_claim if self.attributes[n].type is AttrType.NUMERIC]
+
+    @property
+    def file_only(self) -> list[str]:
+        """Settings the stream engine does not run (the file workflow does)."""
+        spec = self.microaggregation
+        out = []
+        if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
+            out.append("microaggregation.algorithm recode_suppress")
+        return out
+
+    @property
+    def grouped_by_file(self) -> bool:
+        """Whether ``privgw protect`` groups the k claim itself (recoding, or strata and
+        l-diversity over the whole file) and has the engine publish everything else."""
+        spec = self.microaggregation
+        return bool(self.file_only or spec.strata or spec.l_diversity is not None)
+
+    @property
+    def weight(self) -> str | None:
+        """The sampling weight attribute (role ``weight``), if the policy names one."""
+        return next((n for n, a in self.attributes.items() if a.role is Role.WEIGHT), None)
+
+    @property
+    def randomized(self) -> list[str]:
+        return self.by_method(Method.RANDOMIZED_RESPONSE)
+
+    @property
+    def dlq_topic(self) -> str:
+        return self.output.dlq_topic or f"{self.input.topic}.dlq"
+
+    @property
+    def meta_topic(self) -> str:
+        return self.output.meta_topic or f"{self.output.topic}.meta"
+
+    @property
+    def version(self) -> str:
+        """Stable hash of the canonical form: same meaning, same version, whatever the layout."""
+        canonical = orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+# why a topic may not serve a second role, by the role it has first
+_TOPIC_CLASH = (
+    "its records would be read back as input (a feedback loop)",
+    "they would land in the protected stream, where raw values must never go",
+    "they would mix with the raw dead letters",
+)
+
+
+def topic_clash(named: list[tuple[str, str]]) -> str | None:
+    """The first pair of settings naming the same topic, as an error message; None if all
+    differ. ``named``: (setting, topic) in the order input, output, dead-letter, metadata."""
+    for i, (first, topic) in enumerate(named):
+        for second, other in named[i + 1 :]:
+            if topic == other:
+                return (
+                    f"{second} names the same topic as {first} ('{topic}'): "
+                    f"{_TOPIC_CLASH[min(i, 2)]}; give each its own topic"
+                )
+    return None

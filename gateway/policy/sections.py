@@ -1,0 +1,141 @@
+"""The policy's sections beside its attributes: input, output, window, microaggregation,
+consistency, republication and risk."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.policy.enums import (
+    ConsistencyMode,
+    ExtraFields,
+    GroupingPool,
+    HoldTimeout,
+    MicroaggAlgorithm,
+    Pseudonym,
+    RepublicationMode,
+    SmallStrata,
+)
+from gateway.policy.specs import MAX_K, SBool, SFloat, SInt, StrictModel, check_probability
+
+
+class InputSpec(StrictModel):
+    topic: str = "survey.responses"
+    respondent_id: str | None = None
+    key_field: str | None = None  # re-key through a repartition topic when input has no key
+    extra_fields: ExtraFields = ExtraFields.ERROR
+    missing_tokens: list[str] = Field(default_factory=lambda: ["?", ""])
+
+
+class OutputSpec(StrictModel):
+    topic: str = "survey.protected"
+    dlq_topic: str | None = None
+    meta_topic: str | None = None
+    pseudonym: Pseudonym = Pseudonym.DROP
+
+
+class WindowSpec(StrictModel):
+    max_records: SInt = 5000
+    max_seconds: SFloat = 5.0
+    max_hold_seconds: SFloat = 60.0
+    on_hold_timeout: HoldTimeout = HoldTimeout.SUPPRESS
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        if self.max_records < 1:
+            raise ValueError(f"window.max_records must be ≥ 1, got {self.max_records}")
+        if not self.max_seconds > 0:
+            raise ValueError(f"window.max_seconds must be > 0, got {self.max_seconds}")
+        if self.max_hold_seconds < 0:
+            raise ValueError(f"window.max_hold_seconds must be ≥ 0, got {self.max_hold_seconds}")
+        return self
+
+
+class LDiversitySpec(StrictModel):
+    """Groups merged until each publishes ``l`` distinct values of ``attribute``."""
+
+    attribute: str
+    l: SInt = 2  # noqa: E741 - the l of l-diversity
+
+    @field_validator("l")
+    @classmethod
+    def _l(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"l_diversity.l must be ≥ 2, got {v}; l = 1 asks for nothing")
+        return v
+
+
+class MicroaggSpec(StrictModel):
+    k: SInt = 5
+    algorithm: MicroaggAlgorithm = MicroaggAlgorithm.MDAV
+    standardize: SBool = True
+    # forbidden combinations of nominal quasi-identifiers: attribute -> categories; a published
+    # tuple breaks a rule when every named attribute has one of the listed values
+    edit_rules: list[dict[str, list[str]]] = Field(default_factory=list)
+    # recode_suppress: the k claim's attributes, most important (suppressed last) first
+    importance: list[str] | None = None
+    # groups never cross a stratum (the tuple of these attributes' values); the stream takes
+    # small_strata suppress only (a stratum is small only in hindsight there)
+    strata: list[str] | None = None
+    small_strata: SmallStrata = SmallStrata.MERGE
+    l_diversity: LDiversitySpec | None = None
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"k must be ≥ 2, got {v}; a group of one record discloses it")
+        return v
+
+    @field_validator("k")
+    @classmethod
+    def _k_bound(cls, v: int) -> int:
+        if v > MAX_K:
+            raise ValueError(f"k must be ≤ {MAX_K:_} (a group waits for k records), got {v}")
+        return v
+
+
+class ConsistencySpec(StrictModel):
+    mode: ConsistencyMode = ConsistencyMode.STICKY
+
+
+class RepublicationSpec(StrictModel):
+    """How groups are republished across releases, and what a release is."""
+
+    mode: RepublicationMode = RepublicationMode.REGROUP
+    # releases are the waves this numeric attribute names (per-release k is checked over a
+    # wave); without it every output window is a release of its own
+    wave_attribute: str | None = None
+    # groups are formed with at least k + slack members, so up to `slack` of them can change
+    # or skip a release before the group has to be re-formed (cohorts: suppressed)
+    slack: SInt = 0
+    pool: GroupingPool = GroupingPool.WINDOW
+
+    @field_validator("slack")
+    @classmethod
+    def _slack(cls, v: int) -> int:
+        if not 0 <= v <= MAX_K:
+            raise ValueError(f"republication.slack must be between 0 and {MAX_K:_}, got {v}")
+        return v
+
+
+class RiskSpec(StrictModel):
+    interval_pct: SFloat = 10.0  # p% of n around each rank for interval disclosure
+    max_dld: SFloat = 0.5  # alert threshold on record-linkage risk (share 0..1)
+    max_interval_disclosure: SFloat = 0.9
+    # alert threshold on the share of published respondents whose linked candidate set
+    # (followed across releases) is below k; 1.0: never (regroup lets movers fall below k)
+    max_linked_below_k: SFloat = 1.0
+    sample_every: SInt = 1  # compute risk on every n-th window
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        if not 0 < self.interval_pct <= 100:
+            raise ValueError(f"risk.interval_pct must be in (0, 100], got {self.interval_pct}")
+        check_probability("risk.max_dld", self.max_dld)
+        check_probability("risk.max_interval_disclosure", self.max_interval_disclosure)
+        check_probability("risk.max_linked_below_k", self.max_linked_below_k)
+        if self.sample_every < 1:
+            raise ValueError(f"risk.sample_every must be ≥ 1, got {self.sample_every}")
+        return self
