@@ -812,31 +812,18 @@ class Engine:
             None if early is None else early.out,
         )
         republish = self._republisher is not None and sticky
-        regroups: dict[str, Group] = {}
-        if republish:
-            qi, regroups = self._republish(
-                records,
-                rids,
-                rkeys,
-                view,
-                now=now,
-                flush_all=flush_all,
-                by_attribute=by_attribute,
-                qi_digests=given_qi,
-                grouping=grouping,
-            )
-        else:
-            qi = self._quasi_identifiers(
-                records,
-                rids,
-                rkeys,
-                view,
-                now=now,
-                flush_all=flush_all,
-                by_attribute=by_attribute,
-                qi_digests=given_qi,
-                grouping=grouping,
-            )
+        decide = self._republish if republish else self._deferred_quasi_identifiers
+        qi, regroups = decide(
+            records,
+            rids,
+            rkeys,
+            view,
+            now=now,
+            flush_all=flush_all,
+            by_attribute=by_attribute,
+            qi_digests=given_qi,
+            grouping=grouping,
+        )
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
         pub_idx = [i for i in range(len(records)) if i not in held_set]
@@ -1426,6 +1413,12 @@ class Engine:
             for column, numeric in zip(values, self._qi_numeric, strict=True)
         ]
         return [list(t) for t in zip(*columns, strict=True)]
+
+    def _deferred_quasi_identifiers(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[QIDecision, dict[str, Group]]:
+        """The ``deferred`` mode and the file workflow: no group is re-formed."""
+        return self._quasi_identifiers(*args, **kwargs), {}
 
     def _republish(
         self,
