@@ -20,23 +20,14 @@ import functools
 import logging
 import sys
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    CommitFailedError,
-    IllegalStateError,
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
-)
 
 from gateway.engine import (
-    PublishedRecord,
     SourceRef,
     ValidRecord,
     WindowReport,
@@ -53,17 +44,10 @@ from gateway.state_api import (
 )
 from gateway.validation import DLQReason, Rejection, Validator, rejection
 from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
+from stream_jobs.delivery import Delivery
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.engine_process import PackedRecords
-from stream_jobs.kafka import (
-    BatchItem,
-    check_input_topic,
-    ensure_topics,
-    make_consumer,
-    make_producer,
-    partitions_for_keys,
-    send_batches,
-)
+from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.partition_state import PartitionStateGuard
@@ -72,6 +56,7 @@ from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
 from stream_jobs.state_routing import PartitionCountError, StateRouting, wire_routing
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
+from stream_jobs.worker_stats import WorkerStats
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
     from state.partitioned_store import PartitionedStore
@@ -90,64 +75,9 @@ _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
 _ENGINE_POLL_MS = 5  # the same while a window is in the engine
 
 
-def _transient(err: KafkaError) -> bool:
-    """Worth waiting for: the broker is away or moving leaders (a batch that expired while it
-    was away raises KafkaTimeoutError, which aiokafka does not mark retriable). Anything else —
-    authorization, a record the broker refuses — fails the worker: offsets stay uncommitted,
-    and retrying forever would only hide it."""
-    return bool(err.retriable) or isinstance(err, KafkaTimeoutError | KafkaConnectionError)
-
-
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
 _WRONG_PARTITION = rejection(DLQReason.WRONG_PARTITION)  # its key's state lives elsewhere
-_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    """Running totals for the live summary and the metrics exporter (no personal data)."""
-
-    consumed: int = 0
-    valid: int = 0
-    published: int = 0
-    suppressed: int = 0
-    dlq: Counter[str] = field(default_factory=Counter)
-    windows: int = 0
-    held: int = 0
-    groups: int = 0
-    min_group_size: int | None = None
-    sticky_hits: int = 0
-    commits: int = 0
-    retries: int = 0  # re-sent windows and retried commits while the broker was away
-    repartitioned: int = 0  # keyless input records forwarded, keyed, to the repartition topic
-    flush_seconds: float = 0.0
-    last_report: WindowReport | None = None
-    measures: dict[str, float] = field(default_factory=dict)
-    retention: dict[str, float] = field(default_factory=dict)
-    # (topic, partition) -> records behind the partition's high watermark after the last fetch
-    lag: dict[tuple[str, int], int] = field(default_factory=dict)
-    restore_remaining: int = 0  # changelog records still to replay (partitioned state)
-    secret_rotations: int = 0  # states accepted with another key fingerprint (--rotate-secret)
-    # liveness (stream_jobs.monitor, read from other threads): time.monotonic() of the loop's
-    # last turn, of the hand-over of the window now in the engine (None: none is), and whether
-    # the last produce and commit went through
-    loop_tick: float = 0.0
-    engine_since: float | None = None
-    broker_ok: bool = True
-    # the engine's heartbeat (stream_jobs.engine_heartbeat): since when one waits for its
-    # answer (None: none does), and why the engine process is gone (None: it is not)
-    heartbeat_since: float | None = None
-    engine_gone: str | None = None
-
-    @property
-    def dlq_total(self) -> int:
-        return sum(self.dlq.values())
-
-    @property
-    def accounted(self) -> int:
-        """Consumed records whose fate is known: published, dead-lettered, held, forwarded."""
-        return self.published + self.dlq_total + self.held + self.repartitioned
 
 
 WindowObserver = Callable[[WindowReport, Flush, float], None]
@@ -256,8 +186,6 @@ class GatewayWorker:
         self._deadline = StopDeadline()
         # offsets a stop without the broker left uncommitted: (first, next) per partition
         self.left_uncommitted: dict[TP, tuple[int, int]] = {}
-        # sqlite backend: whether assigned partitions come with their state
-        self.partition_guard: PartitionStateGuard | None = None
         # the policy's history on this state (state.policy_record): upgrades by action, and
         # what the metadata topic announces about them
         self.policy_events: dict[str, int] = {}
@@ -267,7 +195,6 @@ class GatewayWorker:
             policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
         )
         self._version = engine.version
-        self._version_b = engine.version.encode()
         self._buffer = WindowBuffer(policy.window)
         self._packs_ahead = isinstance(engine, PackingEngine)
         self._ahead: _PackedAhead | None = None
@@ -283,9 +210,14 @@ class GatewayWorker:
         self._stopped = asyncio.Event()
         self._consumer: Any = None
         self._producer: Any = None
-        self._out_partitions: list[int] = []
-        self._dlq_partitions: list[int] = []
-        self._repartition_partitions: list[int] = []
+        self.delivery = Delivery(
+            self.topics,
+            engine.version,
+            buffer=self._buffer,
+            stats=self.stats,
+            deadline=self._deadline,
+            stopping=self._stopping,
+        )
         self._routing: StateRouting | None = None  # the partitioned backend's (state_routing)
         self._rerouted = False  # warned that records arrive on the wrong partition
         self._halted = False  # a partition's state could not be restored (_halt)
@@ -293,12 +225,21 @@ class GatewayWorker:
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
-        self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
         self._protecting: _Protecting | None = None  # the window in the engine
         # a window the engine failed on: its records are out of the buffer but neither
         # published nor held, so nothing after them may be committed (they are read again)
         self._engine_failed = False
         self._gc = Collector()
+
+    @property
+    def partition_guard(self) -> PartitionStateGuard | None:
+        """sqlite backend: whether assigned partitions come with their state (checked as they
+        are assigned, and its ledger written before each commit)."""
+        return self.delivery.partition_guard
+
+    @partition_guard.setter
+    def partition_guard(self, guard: PartitionStateGuard | None) -> None:
+        self.delivery.partition_guard = guard
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -309,11 +250,8 @@ class GatewayWorker:
         await ensure_topics(s, self.topics)  # (unless create_topics is off)
         self._producer = make_producer(s)
         await self._producer.start()
-        self._out_partitions = sorted(await self._producer.partitions_for(self.topics.output))
-        self._dlq_partitions = sorted(await self._producer.partitions_for(self.topics.dlq))
+        await self.delivery.open(self._producer)
         rekey = self.topics.repartition
-        if rekey is not None:
-            self._repartition_partitions = sorted(await self._producer.partitions_for(rekey))
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
         if _partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
@@ -335,6 +273,7 @@ class GatewayWorker:
         key, value, headers = meta_message({**self.engine.metadata(), **self.meta_extra})
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s, co_partitioned=self._routing is not None)
+        self.delivery.consumer = self._consumer
         if s.workers is None:
             self._consumer.subscribe(sources, listener=_Rebalance(self))
             await self._consumer.start()
@@ -389,8 +328,8 @@ class GatewayWorker:
                 batch = await self._consumer.getmany(
                     timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_poll_records
                 )
-                if self._inflight is not None and self._inflight.done():
-                    await self._settled()  # raises if the window's outputs failed
+                if self.delivery.settling_done():
+                    await self.delivery.settled()  # raises if the window's outputs failed
                 async with self._lock:
                     if self._halted:
                         break
@@ -466,7 +405,7 @@ class GatewayWorker:
                                 )
                             )
                     with contextlib.suppress(BrokerAway):
-                        await deadline.race(self._settled())
+                        await deadline.race(self.delivery.settled())
                 if deadline.given_up:
                     self._stopped_without_broker()
                 elif self._buffer.held:
@@ -488,7 +427,7 @@ class GatewayWorker:
 
     def _stopped_without_broker(self) -> None:
         """Say what a stop that gave up waiting for the broker left for the next start."""
-        self._inflight = None
+        self.delivery.abandon()
         self.left_uncommitted = self._buffer.uncommitted()
         if self.left_uncommitted:
             log.warning(
@@ -535,7 +474,7 @@ class GatewayWorker:
             self._epoch += 1
             if self._has_pending():
                 await self._flush(FlushReason.REVOKE)
-            await self._settled()  # commit what was flushed before handing over
+            await self.delivery.settled()  # commit what was flushed before handing over
             handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
             self._close_revoked_state(revoked)
             for tp in revoked:
@@ -919,7 +858,7 @@ class GatewayWorker:
     async def _protected(self, then: FlushReason | None = None) -> None:
         """Finish the window in the engine, if any: keep what it holds, then hand its outputs
         to the producer. Their acknowledgement and the commit that follows run in the
-        background (:meth:`_settle`) while the next window is being protected; at most one
+        background (:meth:`Delivery.deliver`) while the next window is being protected; at most one
         window is in flight. ``then``: protect what is buffered next (its reason), handing it
         to the engine before this window's outputs are produced, so the engine does not wait
         for the producer."""
@@ -942,99 +881,18 @@ class GatewayWorker:
             self._protect(then)
         if p.future is not None:
             self._gc.after_window(time.monotonic())
-        await self._settled()  # outputs and commits stay in window order
-        published = result.published if result is not None else ()
-        window_id = result.report.window_id if result is not None else ""
-
-        async def send() -> list[Awaitable[Any]]:
-            futures: list[Awaitable[Any]] = []
-            if published:
-                futures += await self._produce(published, window_id)
-            if dead:
-                futures += await self._produce_dead(dead)
-            if forward:
-                futures += await self._produce_forward(forward)
-            return futures
-
-        futures = await send()
+        await self.delivery.settled()  # outputs and commits stay in window order
         report = result.report if result is not None else None
-        self._inflight = asyncio.create_task(
-            self._settle(send, futures, commits, report, flush, t0), name="privgw-settle"
+        await self.delivery.deliver(
+            result.published if result is not None else (),
+            report.window_id if report is not None else "",
+            dead,
+            forward,
+            commits,
+            lambda: self._account(report, flush, time.perf_counter() - t0),
         )
 
-    async def _settle(  # noqa: PLR0917
-        self,
-        send: Callable[[], Awaitable[list[Awaitable[Any]]]],
-        futures: list[Awaitable[Any]],
-        commits: dict[TP, int],
-        report: WindowReport | None,
-        flush: Flush,
-        t0: float,
-    ) -> None:
-        """Await the broker's acknowledgement of a window's outputs, then commit past them.
-
-        A broker that is away (outage, restart, leader move) is waited for, not fatal: an
-        unacknowledged window is sent again — the copies are byte-identical and carry the same
-        record ids — and a failed commit is retried, until the broker is back or the worker
-        is stopped (then the offsets stay uncommitted and the next run replays them)."""
-        delay = _RETRY_FIRST_S
-        while futures:
-            try:
-                await self._deadline.race(asyncio.gather(*futures))
-                self.stats.broker_ok = True
-                break
-            except KafkaError as err:
-                delay = await self._back_off(err, "outputs of a window not acknowledged", delay)
-                with contextlib.suppress(KafkaError):
-                    futures = await send()
-        delay = _RETRY_FIRST_S
-        if commits and self.partition_guard is not None:
-            self.partition_guard.before_commit(commits)
-        while commits:
-            try:
-                await self._deadline.race(
-                    self._consumer.commit(
-                        {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
-                    )
-                )
-            except (CommitFailedError, IllegalStateError) as err:
-                # the partitions moved to another member meanwhile: it replays from the last
-                # commit, and replays are identical
-                log.info("commit skipped (%s): partitions reassigned", err.__class__.__name__)
-                break
-            except KafkaError as err:
-                delay = await self._back_off(err, "commit failed", delay)
-                continue
-            self._buffer.committed(commits)
-            self.stats.commits += 1
-            self.stats.broker_ok = True
-            break
-        self._account(report, flush, time.perf_counter() - t0, commits)
-
-    async def _back_off(self, err: KafkaError, what: str, delay: float) -> float:
-        """Wait ``delay`` before trying again if ``err`` is worth waiting out (else re-raise it);
-        returns the next delay."""
-        if not _transient(err):
-            raise err
-        if self._stopping.is_set():  # a stop does not wait out the broker: read again later
-            self._deadline.give_up()
-            raise BrokerAway from err
-        log.warning("%s (%s); trying again in %.1f s", what, err.__class__.__name__, delay)
-        self.stats.retries += 1
-        self.stats.broker_ok = False  # not ready; still live: waiting out the broker is
-        self.stats.loop_tick = time.monotonic()  # deliberate, a restart would not help
-        await asyncio.sleep(delay)
-        return min(delay * 2, _RETRY_MAX_S)
-
-    async def _settled(self) -> None:
-        """Wait for the window in flight, if any; its failure is the worker's failure."""
-        task, self._inflight = self._inflight, None
-        if task is not None:
-            await task
-
-    def _account(
-        self, report: WindowReport | None, flush: Flush, elapsed: float, commits: dict[TP, int]
-    ) -> None:
+    def _account(self, report: WindowReport | None, flush: Flush, elapsed: float) -> None:
         st = self.stats
         in_engine = len(self._protecting.flush.records) if self._protecting is not None else 0
         st.held = len(self._buffer.held) + in_engine  # in the engine: neither held nor out
@@ -1067,68 +925,3 @@ class GatewayWorker:
         )
         for observer in self.observers:
             observer(report, flush, elapsed)
-
-    # -- producing -------------------------------------------------------------------------
-    def _out_partitions_of(self, published: Sequence[PublishedRecord]) -> list[int]:
-        """Each output record's partition: by its key as Kafka's default partitioner puts it,
-        all keys of the window hashed at once; without a key, the input partition's
-        counterpart, which keeps a respondent's records in order (the input is keyed by
-        respondent)."""
-        parts = self._out_partitions
-        keys = [rec.key for rec in published if rec.key is not None]
-        hashed = iter(partitions_for_keys(keys, parts) if keys else ())
-        return [
-            next(hashed)
-            if rec.key is not None
-            else parts[rec.source.partition % len(parts)]
-            if rec.source is not None
-            else parts[0]
-            for rec in published
-        ]
-
-    async def _produce(
-        self, published: Sequence[PublishedRecord], window_id: str
-    ) -> list[Awaitable[Any]]:
-        wid = window_id.encode()
-        ver = self._version_b
-        by_partition: dict[int, list[BatchItem]] = {}
-        for rec, partition in zip(published, self._out_partitions_of(published), strict=True):
-            ts = rec.source.timestamp_ms if rec.source is not None else -1
-            headers = [("record_id", rec.record_id.encode()), ("policy_version", ver)]
-            headers.append(("window_id", wid))
-            by_partition.setdefault(partition, []).append(
-                (rec.key, rec.value, ts if ts >= 0 else None, headers)
-            )
-        return await self._send_batches(self.topics.output, by_partition)
-
-    async def _produce_forward(
-        self, forward: Sequence[tuple[bytes, bytes, int, int]]
-    ) -> list[Awaitable[Any]]:
-        topic = self.topics.repartition
-        assert topic is not None
-        parts = self._repartition_partitions
-        source = self.topics.input.encode()
-        by_partition: dict[int, list[BatchItem]] = {}
-        targets = partitions_for_keys([key for key, _, _, _ in forward], parts)
-        for (key, value, partition, offset), target in zip(forward, targets, strict=True):
-            headers = [
-                ("source_topic", source),
-                ("source_partition", str(partition).encode()),
-                ("source_offset", str(offset).encode()),
-            ]
-            by_partition.setdefault(target, []).append((key, value, None, headers))
-        return await self._send_batches(topic, by_partition)
-
-    async def _produce_dead(self, dead: Sequence[DeadLetter]) -> list[Awaitable[Any]]:
-        parts = self._dlq_partitions
-        by_partition: dict[int, list[BatchItem]] = {}
-        for d in dead:
-            by_partition.setdefault(parts[d.partition % len(parts)], []).append(
-                (d.key, d.value, d.timestamp_ms, d.headers)
-            )
-        return await self._send_batches(self.topics.dlq, by_partition)
-
-    async def _send_batches(
-        self, topic: str, by_partition: dict[int, list[BatchItem]]
-    ) -> list[Awaitable[Any]]:
-        return await send_batches(self._producer, topic, by_partition)
