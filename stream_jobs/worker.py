@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from gateway.engine import (
-    SourceRef,
     ValidRecord,
     WindowReport,
     WindowResult,
@@ -42,11 +41,11 @@ from gateway.state_api import (
     SecretMismatchError,
     check_key_fingerprint,
 )
-from gateway.validation import DLQReason, Rejection, Validator, rejection
 from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
 from stream_jobs.delivery import Delivery
-from stream_jobs.dlq import DeadLetter, dead_letter
+from stream_jobs.dlq import DeadLetter
 from stream_jobs.engine_process import PackedRecords
+from stream_jobs.intake import Intake, seek_reset
 from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
@@ -54,7 +53,7 @@ from stream_jobs.partition_state import PartitionStateGuard
 from stream_jobs.secret_announce import announce_fingerprint
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
-from stream_jobs.state_routing import PartitionCountError, StateRouting, wire_routing
+from stream_jobs.state_routing import PartitionCountError, wire_routing
 from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
 from stream_jobs.worker_stats import WorkerStats
 
@@ -73,11 +72,6 @@ def _partitioned(store: object) -> bool:
 
 _POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
 _ENGINE_POLL_MS = 5  # the same while a window is in the engine
-
-
-_NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
-_KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
-_WRONG_PARTITION = rejection(DLQReason.WRONG_PARTITION)  # its key's state lives elsewhere
 
 
 WindowObserver = Callable[[WindowReport, Flush, float], None]
@@ -191,19 +185,15 @@ class GatewayWorker:
         self.policy_events: dict[str, int] = {}
         self.meta_extra: dict[str, object] = {}
         self._clock = clock
-        self._validator = Validator(
-            policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
-        )
         self._version = engine.version
         self._buffer = WindowBuffer(policy.window)
+        self.intake = Intake(
+            policy, settings, self.topics, engine.version, self._buffer, self.stats
+        )
         self._packs_ahead = isinstance(engine, PackingEngine)
         self._ahead: _PackedAhead | None = None
-        self._dead: list[DeadLetter] = []
-        # keyless records to re-key: (key, raw value, source partition, source offset)
-        self._forward: list[tuple[bytes, bytes, int, int]] = []
-        key_field = policy.input.key_field
-        self._key_is_id = key_field is not None and key_field == policy.input.respondent_id
-        self._key_field = key_field
+        if self._packs_ahead:
+            self.intake.on_buffered = self._pack_ahead
         self._lock = asyncio.Lock()
         self._epoch = 0
         self._stopping = asyncio.Event()
@@ -218,8 +208,6 @@ class GatewayWorker:
             deadline=self._deadline,
             stopping=self._stopping,
         )
-        self._routing: StateRouting | None = None  # the partitioned backend's (state_routing)
-        self._rerouted = False  # warned that records arrive on the wrong partition
         self._halted = False  # a partition's state could not be restored (_halt)
         self._rotation_counted = False  # this run's secret rotation is counted and logged
         self.ready = asyncio.Event()
@@ -272,8 +260,8 @@ class GatewayWorker:
             self.stats.secret_rotations = max(self.stats.secret_rotations, persisted)
         key, value, headers = meta_message({**self.engine.metadata(), **self.meta_extra})
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
-        self._consumer = make_consumer(s, co_partitioned=self._routing is not None)
-        self.delivery.consumer = self._consumer
+        self._consumer = make_consumer(s, co_partitioned=self.intake.routing is not None)
+        self.intake.consumer = self.delivery.consumer = self._consumer
         if s.workers is None:
             self._consumer.subscribe(sources, listener=_Rebalance(self))
             await self._consumer.start()
@@ -305,8 +293,8 @@ class GatewayWorker:
         except PartitionCountError as err:
             self.refused = err
             raise
-        self._routing = routing
-        key_of = self._validator.expected_key or (lambda _rid, _values: None)
+        self.intake.routing = routing
+        key_of = self.intake.validator.expected_key or (lambda _rid, _values: None)
         if hasattr(self.engine, "state_partitions"):  # the in-process engine of this backend
             self.engine.state_partitions = StatePartitions(routing.count, key_of)
         topic, producer = self.settings.changelog_topic, self._producer
@@ -340,9 +328,9 @@ class GatewayWorker:
                         await self._rewind_to_committed(batch)
                         continue
                     if batch:
-                        self._ingest(batch)
+                        self.intake.ingest(batch, self._clock())
                     elif self._protecting is None:  # (a window in the engine is not waited for)
-                        await self._check_truncated_logs()
+                        await self.intake.check_truncated_logs()
                     reason = self._buffer.due(self._clock())
                     if reason is not None:
                         await self._protected(then=reason)  # one window at a time in the engine
@@ -462,8 +450,8 @@ class GatewayWorker:
         buf = self._buffer
         return bool(
             buf.size
-            or self._dead
-            or self._forward
+            or self.intake.dead
+            or self.intake.forward
             or buf.opened_at is not None
             or self._protecting is not None
         )
@@ -606,7 +594,7 @@ class GatewayWorker:
 
     def _state_partitions(self, tps: Iterable[TopicPartition]) -> set[int]:
         """The state partitions that come with ``tps``: those of the routing topic."""
-        routing = self._routing
+        routing = self.intake.routing
         return {tp.partition for tp in tps if routing is None or tp.topic == routing.topic}
 
     async def _rewind_to_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
@@ -618,37 +606,7 @@ class GatewayWorker:
             if committed is not None:
                 self._consumer.seek(tp, committed)
             else:
-                await self._seek_reset(tp)
-
-    async def _seek_reset(self, tp: TopicPartition) -> None:
-        """Where a partition with no usable position starts: as auto_offset_reset says."""
-        if self.settings.auto_offset_reset == "earliest":
-            await self._consumer.seek_to_beginning(tp)
-        else:
-            await self._consumer.seek_to_end(tp)
-
-    async def _check_truncated_logs(self) -> None:
-        """A partition whose high watermark fell below the offsets already consumed lost its
-        log (a broker that keeps it in memory restarted, or the topic was recreated). Kafka
-        consumers detect that only when they fetch beyond the end; a broker that answers such
-        fetches with no records would leave us waiting for offsets that are now in the past.
-        Start again from the beginning (or the end), as auto_offset_reset says."""
-        for tp in self._consumer.assignment():
-            highwater = self._consumer.highwater(tp)
-            position = self._buffer.position((tp.topic, tp.partition))
-            if highwater is None or position is None or highwater >= position:
-                continue
-            log.warning(
-                "%s/%d: high watermark %d is below the consumed offset %d; reading it again "
-                "from the %s",
-                tp.topic,
-                tp.partition,
-                highwater,
-                position,
-                "beginning" if self.settings.auto_offset_reset == "earliest" else "end",
-            )
-            await self._seek_reset(tp)
-            self._buffer.rewind((tp.topic, tp.partition), 0)
+                await seek_reset(self._consumer, tp, self.settings.auto_offset_reset)
 
     # -- the hot path --------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
@@ -658,105 +616,6 @@ class GatewayWorker:
         if deadline is None:
             return _POLL_MS
         return max(0, min(_POLL_MS, int((deadline - self._clock()) * 1000) + 1))
-
-    def _ingest(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        now = self._clock()
-        validate = self._validator.decode_and_validate
-        add_batch = self._buffer.add_partition_batch
-        stats = self.stats
-        rekey_from = self.topics.input if self._key_field is not None else None
-        key_field = self._key_field or ""
-        expected_key = self._validator.expected_key
-        for tp, messages in batch.items():
-            topic, partition = tp.topic, tp.partition
-            keyless_here = topic == rekey_from
-            if messages and self._buffer.rewind((topic, partition), messages[0].offset):
-                log.warning(
-                    "%s/%d restarted at offset %d, below offsets already consumed: the broker "
-                    "lost its log or the topic was recreated; commits start again from there",
-                    topic,
-                    partition,
-                    messages[0].offset,
-                )
-            valid: list[ValidRecord] = []
-            routed: list[tuple[Any, str | None, dict[str, object]]] | None = (
-                [] if self._routing is not None else None
-            )
-            for m in messages:
-                res = validate(m.value, m.key)
-                if res.__class__ is Rejection:
-                    self._reject(res, m, topic, partition, now)  # type: ignore[arg-type]
-                    continue
-                rid, values = res  # type: ignore[misc]
-                key = m.key
-                # keyed by someone else: the respondent would get a second state elsewhere
-                wrong = bool(key) and expected_key is not None and key != expected_key(rid, values)
-                if keyless_here and (wrong or not key):  # the policy re-keys: a wrong key too
-                    self._rekey(m, rid if self._key_is_id else values.get(key_field), topic, now)
-                    continue
-                if wrong:
-                    self._reject(_KEY_MISMATCH, m, topic, partition, now)
-                    continue
-                if routed is not None:  # protected where its state lives (state_routing)
-                    routed.append((m, rid, values))
-                    continue
-                valid.append(
-                    ValidRecord(
-                        rid, values, SourceRef(topic, partition, m.offset, m.timestamp), now
-                    )
-                )
-            if routed:
-                valid = self._route(routed, topic, partition, now)
-            add_batch(valid)
-            if self._packs_ahead and valid:
-                self._pack_ahead(valid)
-            stats.consumed += len(messages)
-            if messages:
-                highwater = self._consumer.highwater(tp)
-                if highwater is not None:
-                    stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
-        stats.valid = stats.consumed - stats.dlq_total
-
-    def _route(
-        self,
-        routed: list[tuple[Any, str | None, dict[str, object]]],
-        topic: str,
-        partition: int,
-        now: float,
-    ) -> list[ValidRecord]:
-        """Of a partition's accepted records, those protected here — their key picks this
-        partition's state — and the others forwarded to the repartition topic, or, where there
-        is none or they came from it, dead-lettered (``stream_jobs.state_routing``)."""
-        routing = self._routing
-        assert routing is not None
-        expected_key = self._validator.expected_key
-        keys = [expected_key(rid, values) if expected_key else None for _, rid, values in routed]
-        known = [k for k in keys if k is not None]
-        placed = iter(routing.state_partitions(known) if known else ())
-        owned = (routing.topic, partition) in {
-            (tp.topic, tp.partition) for tp in self._consumer.assignment()
-        }
-        valid: list[ValidRecord] = []
-        for (m, rid, values), key in zip(routed, keys, strict=True):
-            state = next(placed) if key is not None else partition
-            if owned and routing.stays(topic, partition, state):
-                source = SourceRef(topic, partition, m.offset, m.timestamp)
-                valid.append(ValidRecord(rid, values, source, now))
-            elif routing.rekeys and topic != routing.topic and key is not None:
-                if not self._rerouted and routing.direct:
-                    self._rerouted = True
-                    log.warning(
-                        "records of %s arrive on partitions their key does not pick: they go "
-                        "through %s to reach their state (produce with Kafka's default "
-                        "partitioner, murmur2 — librdkafka: partitioner=murmur2_random — to "
-                        "spare the extra hop)",
-                        topic,
-                        routing.topic,
-                    )
-                self._forward_keyed(m, key, topic, now)
-            else:
-                self._reject(_WRONG_PARTITION, m, topic, partition, now)
-        return valid
 
     def _pack_ahead(self, valid: list[ValidRecord]) -> None:
         """Pack the records just buffered for the engine's process now, while it protects the
@@ -774,39 +633,6 @@ class GatewayWorker:
             ahead.count = -1  # covers nothing from now on
             return
         ahead.count = len(new)
-
-    def _rekey(self, m: Any, key_value: object, topic: str, now: float) -> None:
-        """A valid record without a key: forwarded, keyed by the policy's key field, to the
-        repartition topic, where every record of a respondent lands on one partition; it is
-        protected when it comes back from there. Its input offset is committed once the
-        forward is acknowledged."""
-        if key_value is None:
-            self._reject(_NO_KEY_VALUE, m, topic, m.partition, now)
-            return
-        self._forward_keyed(m, str(key_value).encode(), topic, now)
-
-    def _forward_keyed(self, m: Any, key: bytes, topic: str, now: float) -> None:
-        self._forward.append((key, m.value, m.partition, m.offset))
-        self._buffer.consumed(topic, m.partition, m.offset, now)
-        self.stats.repartitioned += 1
-
-    def _reject(self, rej: Rejection, m: Any, topic: str, partition: int, now: float) -> None:
-        self._dead.append(
-            dead_letter(
-                rej,
-                raw=m.value,
-                key=m.key,
-                topic=topic,
-                partition=partition,
-                offset=m.offset,
-                timestamp_ms=m.timestamp,
-                policy_version=self._version,
-                max_value_bytes=self.settings.max_message_bytes,
-            )
-        )
-        self._buffer.consumed(topic, partition, m.offset, now)
-        self.stats.dlq[rej.reason.value] += 1
-        log.debug("dead-lettered %s/%d/%d: %s", topic, partition, m.offset, rej.reason.value)
 
     async def _flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
         """Protect everything buffered and wait for it (revocation, shutdown): the window in
@@ -826,8 +652,7 @@ class GatewayWorker:
         if ahead is not None and (ahead.of is not self._buffer.new or ahead.count != len(ahead.of)):
             ahead = None  # they no longer cover the new records exactly
         flush = self._buffer.take(reason)
-        dead, self._dead = self._dead, []
-        forward, self._forward = self._forward, []
+        dead, forward = self.intake.take()
         future: asyncio.Future[WindowResult] | None = None
         if flush.records:
             self.stats.engine_since = time.monotonic()
