@@ -21,17 +21,10 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from gateway.engine import (
-    ValidRecord,
-    WindowReport,
-    WindowResult,
-)
 from gateway.errors import PrivgwError
 from gateway.policy import Policy
 from gateway.routing import StatePartitions
@@ -43,8 +36,6 @@ from gateway.state_api import (
 )
 from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
 from stream_jobs.delivery import Delivery
-from stream_jobs.dlq import DeadLetter
-from stream_jobs.engine_process import PackedRecords
 from stream_jobs.intake import Intake, seek_reset
 from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
 from stream_jobs.memory import Collector, tune_memory
@@ -54,7 +45,8 @@ from stream_jobs.secret_announce import announce_fingerprint
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
 from stream_jobs.state_routing import PartitionCountError, wire_routing
-from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
+from stream_jobs.window_lifecycle import WindowEngine, WindowLifecycle, WindowObserver
+from stream_jobs.windows import TP, FlushReason, WindowBuffer
 from stream_jobs.worker_stats import WorkerStats
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
@@ -68,78 +60,6 @@ def _partitioned(store: object) -> bool:
     optional extra: a plain install runs the sqlite backend)."""
     module = sys.modules.get("state.partitioned_store")
     return module is not None and isinstance(store, module.PartitionedStore)
-
-
-_POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
-_ENGINE_POLL_MS = 5  # the same while a window is in the engine
-
-
-WindowObserver = Callable[[WindowReport, Flush, float], None]
-
-
-class WindowEngine(Protocol):
-    """What the worker needs of an engine: ``gateway.engine.Engine`` in the worker's process,
-    ``stream_jobs.engine_process.EngineProcess`` in a child of its own, or engine shards
-    (``gateway.shards.ShardedEngine`` in-process, ``EngineShards`` in children)."""
-
-    version: str
-
-    def metadata(self) -> dict[str, object]: ...
-
-    def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
-    ) -> WindowResult: ...
-
-
-@runtime_checkable
-class PreparingEngine(WindowEngine, Protocol):
-    """An engine in other processes, whose window is packed before it is handed over: on the
-    event loop's thread, where packing does not contend for the GIL with the loop."""
-
-    def prepare(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
-    ) -> Callable[[], WindowResult]: ...
-
-
-@runtime_checkable
-class PackingEngine(PreparingEngine, Protocol):
-    """A :class:`PreparingEngine` whose records can be packed as they arrive, while it
-    protects the window before: the window's hand-over then packs only the records it held."""
-
-    def pack(self, records: Sequence[ValidRecord]) -> bytes: ...
-
-    def prepare(
-        self,
-        records: Sequence[ValidRecord],
-        *,
-        now: float,
-        flush_all: bool = False,
-        tail: PackedRecords | None = None,
-    ) -> Callable[[], WindowResult]: ...
-
-
-@dataclass(slots=True)
-class _PackedAhead:
-    """The buffer's new records packed as they were validated, one segment per batch: valid
-    while the buffer's list of new records is the one they were packed from."""
-
-    of: list[ValidRecord]
-    segments: list[bytes]
-    count: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Protecting:
-    """A window handed to the engine, and what goes out with it."""
-
-    flush: Flush
-    dead: list[DeadLetter]
-    forward: list[tuple[bytes, bytes, int, int]]
-    future: asyncio.Future[WindowResult] | None  # None: nothing to protect
-    t0: float
-
-    def done(self) -> bool:
-        return self.future is None or self.future.done()
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -190,10 +110,6 @@ class GatewayWorker:
         self.intake = Intake(
             policy, settings, self.topics, engine.version, self._buffer, self.stats
         )
-        self._packs_ahead = isinstance(engine, PackingEngine)
-        self._ahead: _PackedAhead | None = None
-        if self._packs_ahead:
-            self.intake.on_buffered = self._pack_ahead
         self._lock = asyncio.Lock()
         self._epoch = 0
         self._stopping = asyncio.Event()
@@ -212,12 +128,17 @@ class GatewayWorker:
         self._rotation_counted = False  # this run's secret rotation is counted and logged
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
-        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
-        self._protecting: _Protecting | None = None  # the window in the engine
-        # a window the engine failed on: its records are out of the buffer but neither
-        # published nor held, so nothing after them may be committed (they are read again)
-        self._engine_failed = False
         self._gc = Collector()
+        self.lifecycle = WindowLifecycle(
+            engine,
+            self._buffer,
+            self.intake,
+            self.delivery,
+            self.stats,
+            self._gc,
+            clock=clock,
+            observers=self.observers,
+        )
 
     @property
     def partition_guard(self) -> PartitionStateGuard | None:
@@ -307,14 +228,15 @@ class GatewayWorker:
             while not self._stopping.is_set():
                 self.stats.loop_tick = time.monotonic()
                 epoch = self._epoch
-                if self._protecting is not None and self._protecting.done():
+                windows = self.lifecycle
+                if windows.protecting is not None and windows.protecting.done():
                     async with self._lock:
                         # its outputs go out as soon as it is done; a window already due goes
                         # to the engine first, so the engine does not idle while they are
                         # encoded and produced
-                        await self._protected(then=self._buffer.due(self._clock()))
+                        await windows.protected(then=self._buffer.due(self._clock()))
                 batch = await self._consumer.getmany(
-                    timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_poll_records
+                    timeout_ms=windows.poll_timeout_ms(), max_records=self.settings.max_poll_records
                 )
                 if self.delivery.settling_done():
                     await self.delivery.settled()  # raises if the window's outputs failed
@@ -329,11 +251,11 @@ class GatewayWorker:
                         continue
                     if batch:
                         self.intake.ingest(batch, self._clock())
-                    elif self._protecting is None:  # (a window in the engine is not waited for)
+                    elif windows.protecting is None:  # (a window in the engine is not waited for)
                         await self.intake.check_truncated_logs()
                     reason = self._buffer.due(self._clock())
                     if reason is not None:
-                        await self._protected(then=reason)  # one window at a time in the engine
+                        await windows.protected(then=reason)  # one window at a time in the engine
                     else:
                         self._gc.tick(time.monotonic())
                     if not self.ready.is_set() and self._consumer.assignment():
@@ -379,15 +301,15 @@ class GatewayWorker:
                 async with self._lock:
                     if self._halted:
                         pass  # a state that could not be restored: nothing more goes out
-                    elif self._engine_failed:
+                    elif self.lifecycle.engine_failed:
                         log.error(
                             "the engine failed on a window: nothing more is protected or "
                             "committed; its records and those after them are read again"
                         )
-                    elif self._has_pending() and not deadline.given_up:
+                    elif self.lifecycle.has_pending() and not deadline.given_up:
                         with contextlib.suppress(BrokerAway):
                             await deadline.race(
-                                self._flush(
+                                self.lifecycle.flush(
                                     FlushReason.SHUTDOWN,
                                     flush_all=self.settings.flush_held_on_shutdown,
                                 )
@@ -406,7 +328,7 @@ class GatewayWorker:
                 await self._stop_client(self._producer, deadline.given_up)
         finally:
             deadline.close()
-            self._engine_thread.shutdown(wait=True)
+            self.lifecycle.close()
             for close in self.closers:
                 with contextlib.suppress(Exception):
                     close()
@@ -445,23 +367,12 @@ class GatewayWorker:
         except Exception as err:  # stopping anyway
             log.debug("%s stop failed: %s", client.__class__.__name__, err.__class__.__name__)
 
-    def _has_pending(self) -> bool:
-        """Anything a flush would produce or commit: records, dead letters, forwards."""
-        buf = self._buffer
-        return bool(
-            buf.size
-            or self.intake.dead
-            or self.intake.forward
-            or buf.opened_at is not None
-            or self._protecting is not None
-        )
-
     # -- rebalance ---------------------------------------------------------------------
     async def _on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         async with self._lock:
             self._epoch += 1
-            if self._has_pending():
-                await self._flush(FlushReason.REVOKE)
+            if self.lifecycle.has_pending():
+                await self.lifecycle.flush(FlushReason.REVOKE)
             await self.delivery.settled()  # commit what was flushed before handing over
             handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
             self._close_revoked_state(revoked)
@@ -607,146 +518,3 @@ class GatewayWorker:
                 self._consumer.seek(tp, committed)
             else:
                 await seek_reset(self._consumer, tp, self.settings.auto_offset_reset)
-
-    # -- the hot path --------------------------------------------------------------------
-    def _poll_timeout_ms(self) -> int:
-        if self._protecting is not None:
-            return _ENGINE_POLL_MS  # come back soon to send the window the engine finishes
-        deadline = self._buffer.deadline()
-        if deadline is None:
-            return _POLL_MS
-        return max(0, min(_POLL_MS, int((deadline - self._clock()) * 1000) + 1))
-
-    def _pack_ahead(self, valid: list[ValidRecord]) -> None:
-        """Pack the records just buffered for the engine's process now, while it protects the
-        window before, rather than when their window is handed over (the engine waits then)."""
-        new = self._buffer.new
-        ahead = self._ahead
-        if ahead is None or ahead.of is not new:  # taken or filtered since: start again
-            ahead = self._ahead = _PackedAhead(new, [])
-        if ahead.count + len(valid) != len(new):
-            return  # not contiguous with what was packed: the hand-over packs these
-        assert isinstance(self.engine, PackingEngine)
-        try:
-            ahead.segments.append(self.engine.pack(valid))
-        except Exception:  # the hand-over packs the window whole, and fails as the engine
-            ahead.count = -1  # covers nothing from now on
-            return
-        ahead.count = len(new)
-
-    async def _flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
-        """Protect everything buffered and wait for it (revocation, shutdown): the window in
-        the engine first, if any, then the rest."""
-        await self._protected()
-        self._protect(reason, flush_all=flush_all)
-        await self._protected()
-
-    def _protect(self, reason: FlushReason, *, flush_all: bool = False) -> None:
-        """Hand the buffered window to the engine's thread and return at once: the event loop
-        goes on fetching and validating the next window meanwhile (on another core when the
-        engine runs in its own process). One window at a time is in the engine;
-        :meth:`_protected` finishes it."""
-        assert self._protecting is None, "one window at a time in the engine"
-        t0 = time.perf_counter()
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and (ahead.of is not self._buffer.new or ahead.count != len(ahead.of)):
-            ahead = None  # they no longer cover the new records exactly
-        flush = self._buffer.take(reason)
-        dead, forward = self.intake.take()
-        future: asyncio.Future[WindowResult] | None = None
-        if flush.records:
-            self.stats.engine_since = time.monotonic()
-            # in the engine's own thread: the event loop keeps heartbeating, fetching and
-            # settling the previous window while this one is protected and fsynced
-            try:
-                call = self._engine_call(flush.records, flush_all, ahead)
-            except BaseException:  # packing failed: as if the engine had failed on it
-                self._engine_failed = True
-                raise
-            future = asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
-        self._protecting = _Protecting(flush, dead, forward, future, t0)
-
-    def _engine_call(
-        self, records: list[ValidRecord], flush_all: bool, ahead: _PackedAhead | None
-    ) -> Callable[[], WindowResult]:
-        """What the engine's thread runs for a window: for an engine in other processes, the
-        window already packed here (its records packed ahead as they arrived, if ``ahead``
-        covers them), else the engine's own call."""
-        engine, now = self.engine, self._clock()
-        if isinstance(engine, PackingEngine):
-            tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
-            return engine.prepare(records, now=now, flush_all=flush_all, tail=tail)
-        if isinstance(engine, PreparingEngine):
-            return engine.prepare(records, now=now, flush_all=flush_all)
-        return functools.partial(engine.protect_window, records, now=now, flush_all=flush_all)
-
-    async def _protected(self, then: FlushReason | None = None) -> None:
-        """Finish the window in the engine, if any: keep what it holds, then hand its outputs
-        to the producer. Their acknowledgement and the commit that follows run in the
-        background (:meth:`Delivery.deliver`) while the next window is being protected; at most one
-        window is in flight. ``then``: protect what is buffered next (its reason), handing it
-        to the engine before this window's outputs are produced, so the engine does not wait
-        for the producer."""
-        p, self._protecting = self._protecting, None
-        if p is None:
-            if then is not None:
-                self._protect(then)
-            return
-        flush, dead, forward, t0 = p.flush, p.dead, p.forward, p.t0
-        result = None
-        if p.future is not None:
-            try:
-                result = await p.future
-            except BaseException:
-                self._engine_failed = True
-                raise
-            self.stats.engine_since = None
-        commits = self._buffer.complete(flush, result.held if result is not None else ())
-        if then is not None:
-            self._protect(then)
-        if p.future is not None:
-            self._gc.after_window(time.monotonic())
-        await self.delivery.settled()  # outputs and commits stay in window order
-        report = result.report if result is not None else None
-        await self.delivery.deliver(
-            result.published if result is not None else (),
-            report.window_id if report is not None else "",
-            dead,
-            forward,
-            commits,
-            lambda: self._account(report, flush, time.perf_counter() - t0),
-        )
-
-    def _account(self, report: WindowReport | None, flush: Flush, elapsed: float) -> None:
-        st = self.stats
-        in_engine = len(self._protecting.flush.records) if self._protecting is not None else 0
-        st.held = len(self._buffer.held) + in_engine  # in the engine: neither held nor out
-        st.flush_seconds += elapsed
-        if report is None:
-            return
-        st.windows += 1
-        st.published += report.published
-        st.suppressed += report.suppressed
-        st.groups += report.groups
-        st.sticky_hits += report.sticky_hits
-        if report.min_group_size is not None:
-            st.min_group_size = (
-                report.min_group_size
-                if st.min_group_size is None
-                else min(st.min_group_size, report.min_group_size)
-            )
-        st.measures.update(report.measures)
-        st.retention.update(report.retention)
-        st.last_report = report
-        log.debug(
-            "window %s (%s): %d in, %d out, %d held, %d suppressed, %.3f s",
-            report.window_id,
-            flush.reason.value,
-            report.records_in,
-            report.published,
-            report.held,
-            report.suppressed,
-            elapsed,
-        )
-        for observer in self.observers:
-            observer(report, flush, elapsed)
