@@ -10,20 +10,24 @@ acks=all, awaits every acknowledgement, and only then commits, per partition, th
 the oldest record still held (or the next offset when none is held). A crash therefore
 replays from the last commit, and replays are identical (deterministic record ids, state
 written before output, keyed randomness).
+
+The worker starts the clients, runs the loop and stops; each concern is a module of its own:
+consuming and validation (``stream_jobs.intake``), the window lifecycle from the buffer through
+the engine (``stream_jobs.window_lifecycle``; when a window closes: ``stream_jobs.windows``),
+producing and committing (``stream_jobs.delivery``), and rebalancing with the state that comes
+with each partition (``stream_jobs.rebalancing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 
 from gateway.errors import PrivgwError
 from gateway.policy import Policy
@@ -32,15 +36,15 @@ from gateway.state_api import (
     KeyFingerprintCheck,
     KeyFingerprintResult,
     SecretMismatchError,
-    check_key_fingerprint,
 )
-from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
+from stream_jobs.changelog import KafkaChangelog
 from stream_jobs.delivery import Delivery
-from stream_jobs.intake import Intake, seek_reset
+from stream_jobs.intake import Intake
 from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.partition_state import PartitionStateGuard
+from stream_jobs.rebalancing import Rebalancing, is_partitioned
 from stream_jobs.secret_announce import announce_fingerprint
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
@@ -53,24 +57,6 @@ if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported w
     from state.partitioned_store import PartitionedStore
 
 log = logging.getLogger(__name__)
-
-
-def _partitioned(store: object) -> bool:
-    """Whether ``store`` is the partitioned backend, without importing it (rocksdict is an
-    optional extra: a plain install runs the sqlite backend)."""
-    module = sys.modules.get("state.partitioned_store")
-    return module is not None and isinstance(store, module.PartitionedStore)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: GatewayWorker) -> None:
-        self._worker = worker
-
-    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        await self._worker._on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        await self._worker._on_assigned(assigned)
 
 
 class GatewayWorker:
@@ -111,7 +97,6 @@ class GatewayWorker:
             policy, settings, self.topics, engine.version, self._buffer, self.stats
         )
         self._lock = asyncio.Lock()
-        self._epoch = 0
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
         self._consumer: Any = None
@@ -124,11 +109,11 @@ class GatewayWorker:
             deadline=self._deadline,
             stopping=self._stopping,
         )
-        self._halted = False  # a partition's state could not be restored (_halt)
         self._rotation_counted = False  # this run's secret rotation is counted and logged
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
         self._gc = Collector()
+        self.rebalancing = Rebalancing(self, self._lock, self._buffer)
         self.lifecycle = WindowLifecycle(
             engine,
             self._buffer,
@@ -162,7 +147,7 @@ class GatewayWorker:
         await self.delivery.open(self._producer)
         rekey = self.topics.repartition
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
-        if _partitioned(self.state_store):
+        if is_partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
         if self.key_fingerprint is not None:  # before anything is published under it
             try:
@@ -183,8 +168,9 @@ class GatewayWorker:
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
         self._consumer = make_consumer(s, co_partitioned=self.intake.routing is not None)
         self.intake.consumer = self.delivery.consumer = self._consumer
+        self.rebalancing.consumer = self._consumer
         if s.workers is None:
-            self._consumer.subscribe(sources, listener=_Rebalance(self))
+            self._consumer.subscribe(sources, listener=self.rebalancing)
             await self._consumer.start()
         else:
             # static assignment for brokers whose group coordination is unreliable: no joins
@@ -196,7 +182,7 @@ class GatewayWorker:
                 for p in s.static_partitions(await self._producer.partitions_for(topic))
             ]
             self._consumer.assign(mine)
-            await self._on_assigned(mine)
+            await self.rebalancing.on_partitions_assigned(mine)
         self.started = True
         log.info(
             "worker started: group %s, input %s, output %s, policy %s",
@@ -227,7 +213,7 @@ class GatewayWorker:
         try:
             while not self._stopping.is_set():
                 self.stats.loop_tick = time.monotonic()
-                epoch = self._epoch
+                epoch = self.rebalancing.epoch
                 windows = self.lifecycle
                 if windows.protecting is not None and windows.protecting.done():
                     async with self._lock:
@@ -241,13 +227,13 @@ class GatewayWorker:
                 if self.delivery.settling_done():
                     await self.delivery.settled()  # raises if the window's outputs failed
                 async with self._lock:
-                    if self._halted:
+                    if self.rebalancing.halted:
                         break
-                    if epoch != self._epoch:
+                    if epoch != self.rebalancing.epoch:
                         # a rebalance happened while this batch was fetched: it may come from
                         # before it, so it is dropped, and the partitions it advanced are put
                         # back to their committed offsets to be read again
-                        await self._rewind_to_committed(batch)
+                        await self.rebalancing.rewind_to_committed(batch)
                         continue
                     if batch:
                         self.intake.ingest(batch, self._clock())
@@ -299,7 +285,7 @@ class GatewayWorker:
         try:
             if self._consumer is not None:
                 async with self._lock:
-                    if self._halted:
+                    if self.rebalancing.halted:
                         pass  # a state that could not be restored: nothing more goes out
                     elif self.lifecycle.engine_failed:
                         log.error(
@@ -367,90 +353,6 @@ class GatewayWorker:
         except Exception as err:  # stopping anyway
             log.debug("%s stop failed: %s", client.__class__.__name__, err.__class__.__name__)
 
-    # -- rebalance ---------------------------------------------------------------------
-    async def _on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        async with self._lock:
-            self._epoch += 1
-            if self.lifecycle.has_pending():
-                await self.lifecycle.flush(FlushReason.REVOKE)
-            await self.delivery.settled()  # commit what was flushed before handing over
-            handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
-            self._close_revoked_state(revoked)
-            for tp in revoked:
-                self.stats.lag.pop((tp.topic, tp.partition), None)
-            if handed:
-                log.info("revoked %d partitions; %d held records handed over", len(revoked), handed)
-
-    async def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        self._epoch += 1
-        log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
-        store = self.state_store
-        if not _partitioned(store):
-            await self._guard_partitions(assigned)
-            return
-        # The state of a partition is rebuilt from its changelog before any of its records is
-        # processed: under the lock, so no window runs meanwhile, and the epoch moves again
-        # after it, so a batch fetched during the restore is dropped and read again.
-        async with self._lock:
-            wanted = sorted({p for p in self._state_partitions(assigned)} - set(store.partitions))
-            if wanted:
-                t0 = time.perf_counter()
-                try:
-                    restored = await restore_partitions(
-                        {p: store.open_partition(p, fresh=True) for p in wanted},
-                        self.settings,
-                        self.settings.changelog_topic,
-                        progress=self._restore_progress,
-                    )
-                except Exception as err:
-                    # the listener's exceptions are only logged by the client, which would go
-                    # on consuming with a partial state: stop here, nothing protected after it
-                    self._halt(err)
-                    return
-                log.info(
-                    "restored the state of partitions %s: %d changelog records in %.1f s",
-                    wanted,
-                    restored,
-                    time.perf_counter() - t0,
-                )
-                if self.key_fingerprint is not None:
-                    await self._check_key_fingerprint(store, wanted)
-            self._epoch += 1
-
-    async def _guard_partitions(self, assigned: Sequence[TopicPartition]) -> None:
-        """Stop before processing partitions whose state is in another worker's state dir
-        (stream_jobs.partition_state); a batch fetched meanwhile is dropped (the epoch)."""
-        guard = self.partition_guard
-        if guard is None or self.refused is not None:
-            return
-        refused = await guard.check(self._consumer, assigned)
-        if refused is not None:
-            log.error("%s", refused)
-            self.refused = refused
-            self.request_stop()
-
-    async def _check_key_fingerprint(self, store: PartitionedStore, wanted: list[int]) -> None:
-        """The restored partitions' key fingerprint against the secret's (off the loop: a
-        fingerprint written goes through the changelog, which sends on the loop). Another one,
-        without rotate_secret: stop before any of their records is processed."""
-        assert self.key_fingerprint is not None
-        where = f"partitions {wanted} of {store.root}"
-        check = functools.partial(
-            check_key_fingerprint,
-            store.view(wanted),
-            self.key_fingerprint,
-            rotate=self.settings.rotate_secret,
-            where=where,
-        )
-        try:
-            outcome = await asyncio.get_running_loop().run_in_executor(None, check)
-        except SecretMismatchError as err:
-            log.error("%s", err)
-            self.refused = err
-            self.request_stop()
-            return
-        self.key_fingerprint_checked(outcome, where)
-
     def key_fingerprint_checked(self, result: KeyFingerprintResult, where: str) -> None:
         """Log what the state's key fingerprint check found; count an accepted rotation."""
         fp, outcome = self.key_fingerprint, result.outcome
@@ -473,48 +375,3 @@ class GatewayWorker:
             log.info("key fingerprint %s recorded in the state in %s", fp, where)
         else:
             log.info("key fingerprint %s matches the state in %s", fp, where)
-
-    def _halt(self, err: Exception) -> None:
-        """Stop before anything more is protected, published or committed (a state that could
-        not be restored): the records buffered are left for the next run."""
-        self._halted = True
-        self._epoch += 1  # a batch fetched meanwhile is dropped
-        if isinstance(err, PrivgwError):
-            log.error("%s", err)
-            self.refused = err
-        else:
-            log.error("restoring the state failed (%s): stopping", err.__class__.__name__)
-            self.refused = RestoreError(
-                f"restoring the state from {self.settings.changelog_topic} failed "
-                f"({err.__class__.__name__}); nothing was published"
-            )
-        self.request_stop()
-
-    def _restore_progress(self, remaining: int) -> None:
-        self.stats.restore_remaining = remaining
-        self.stats.loop_tick = time.monotonic()  # a long restore is progress, not a stall
-
-    def _close_revoked_state(self, revoked: Sequence[TopicPartition]) -> None:
-        store = self.state_store
-        if not _partitioned(store):
-            return
-        gone = self._state_partitions(revoked)
-        kept = self._state_partitions(set(self._consumer.assignment()) - set(revoked))
-        for partition in gone - kept:
-            store.close_partition(partition)
-
-    def _state_partitions(self, tps: Iterable[TopicPartition]) -> set[int]:
-        """The state partitions that come with ``tps``: those of the routing topic."""
-        routing = self.intake.routing
-        return {tp.partition for tp in tps if routing is None or tp.topic == routing.topic}
-
-    async def _rewind_to_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        assigned = self._consumer.assignment()
-        for tp in batch:
-            if tp not in assigned:
-                continue  # another member's now; it reads from the committed offset
-            committed = await self._consumer.committed(tp)
-            if committed is not None:
-                self._consumer.seek(tp, committed)
-            else:
-                await seek_reset(self._consumer, tp, self.settings.auto_offset_reset)
