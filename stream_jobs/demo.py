@@ -26,13 +26,13 @@ from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring, generate_secret_
 from gateway.policy import Policy, load_policy
 from stream_jobs.app import serve
 from stream_jobs.broker import EmbeddedBroker, free_port
-from stream_jobs.cli import build_worker
 from stream_jobs.kafka import ensure_topics, make_producer
 from stream_jobs.metrics import start_exporter
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate, produce_panel
 from stream_jobs.topic_reader import read_protected_async
 from stream_jobs.worker import GatewayWorker
+from stream_jobs.worker_build import build_worker
 
 REPO_POLICY = Path("deploy") / "policies" / "adult.yaml"
 
