@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -20,7 +19,12 @@ from typing import Any
 from gateway.cli import add_command
 from gateway.errors import PrivgwError
 from gateway.policy import load_policy
-from stream_jobs.worker_build import build_worker, require_rocksdb
+from stream_jobs.worker_build import (
+    build_worker,
+    keyring_from_environment,
+    require_rocksdb,
+    worker_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -231,44 +235,6 @@ def _register_state_check(sub: Any) -> None:
     p.set_defaults(func=cmd_state_check)
 
 
-# -- shared ------------------------------------------------------------------------------
-def _keyring() -> Any:
-    from gateway.keyed import Keyring, load_secret  # noqa: PLC0415
-
-    return Keyring(load_secret(os.environ))
-
-
-def _settings(**overrides: Any) -> Any:
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from stream_jobs.settings import (  # noqa: PLC0415
-        FLAGS,
-        WorkerSettings,
-        check_environment,
-        env_var,
-    )
-
-    try:
-        check_environment(os.environ)
-        return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as err:
-
-        def where(loc: tuple[Any, ...]) -> str:
-            if not loc:
-                return ""
-            name = str(loc[0])
-            flag = f" ({FLAGS[name]})" if name in FLAGS and overrides.get(name) is not None else ""
-            return f"{env_var(name)}{flag}: "
-
-        problems = "; ".join(
-            f"{where(e['loc'])}{e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors(include_url=False, include_input=False)
-        )
-        raise PrivgwError(f"invalid settings: {problems}") from None
-    except ValueError as err:
-        raise PrivgwError(str(err)) from None
-
-
 # -- run ---------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError  # noqa: PLC0415
@@ -284,10 +250,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stream_jobs.upgrade_cli import check_policy_on_state  # noqa: PLC0415
 
     policy = load_policy(args.policy)
-    keyring = _keyring()
+    keyring = keyring_from_environment()
     broker = EmbeddedBroker() if args.embedded_broker else None
     with broker if broker is not None else contextlib.nullcontext():
-        settings = _settings(
+        settings = worker_settings(
             bootstrap=broker.bootstrap if broker is not None else args.bootstrap,
             group_id=args.group_id,
             input_topic=args.input_topic,
@@ -412,7 +378,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise PrivgwError(
             f"--rate must be a number of records per second like 500/s, got {args.rate}"
         ) from None
-    settings = _settings(bootstrap=args.bootstrap)
+    settings = worker_settings(bootstrap=args.bootstrap)
     survey = PanelSurvey(
         respondents=args.respondents,
         waves=args.waves,
@@ -458,7 +424,7 @@ def cmd_state_check(args: argparse.Namespace) -> int:
     from state.layout import shard_paths, stored_shards  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
 
-    settings = _settings(state_dir=args.state_dir)
+    settings = worker_settings(state_dir=args.state_dir)
     state_dir = Path(settings.state_dir)
     shards = stored_shards(state_dir)
     if shards is None:

@@ -9,17 +9,59 @@
   thread (``gateway.shards.ShardedEngine`` for several); the state's key fingerprint is checked
   here, before the worker starts, and the partition-state guard set up.
 
-Kafka, the state backends and the worker are imported when a worker is built, so that
-``privgw --help`` stays light.
+The settings (environment and flags) and the keyring it is built from are read here too, each
+refused in one line that names the setting. Kafka, the state backends and the worker are
+imported when a worker is built, so that ``privgw --help`` stays light.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from gateway.errors import PrivgwError
 from gateway.policy import Policy
+
+
+def keyring_from_environment() -> Any:
+    """The deployment secret's keyring (PRIVGW_SECRET or PRIVGW_SECRET_FILE)."""
+    from gateway.keyed import Keyring, load_secret  # noqa: PLC0415
+
+    return Keyring(load_secret(os.environ))
+
+
+def worker_settings(**overrides: Any) -> Any:
+    """The worker's settings from the environment and the flags given (``overrides``; None:
+    not given), refused in one line naming the variable (and flag) and the fix."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from stream_jobs.settings import (  # noqa: PLC0415
+        FLAGS,
+        WorkerSettings,
+        check_environment,
+        env_var,
+    )
+
+    try:
+        check_environment(os.environ)
+        return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as err:
+
+        def where(loc: tuple[Any, ...]) -> str:
+            if not loc:
+                return ""
+            name = str(loc[0])
+            flag = f" ({FLAGS[name]})" if name in FLAGS and overrides.get(name) is not None else ""
+            return f"{env_var(name)}{flag}: "
+
+        problems = "; ".join(
+            f"{where(e['loc'])}{e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors(include_url=False, include_input=False)
+        )
+        raise PrivgwError(f"invalid settings: {problems}") from None
+    except ValueError as err:
+        raise PrivgwError(str(err)) from None
 
 
 def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
