@@ -76,6 +76,17 @@ def load(side: str) -> tuple[ModuleType, ModuleType]:
     return engine, process
 
 
+def _child_parts(side: str, process: ModuleType) -> tuple[Any, Any]:
+    """The side's window packing and the child's answer to a request: in engine_wire and
+    engine_child since those were split out of engine_process, in engine_process before."""
+    try:
+        wire = importlib.import_module(f"{side}_stream_jobs.engine_wire")
+        child = importlib.import_module(f"{side}_stream_jobs.engine_child")
+    except ModuleNotFoundError:
+        return process._encode_window, process._answer
+    return wire.encode_window, child._answer
+
+
 def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any, ...]:
     """The side's engine process work: its windows packed, its engine and store built."""
     engine_mod, process = load(side)
@@ -86,13 +97,13 @@ def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any,
     ]
     # packed as the worker packs them: with their keyed digests where the version computes
     # them in the worker (untimed, as the worker's time is)
-    pack: Any = process._encode_window
+    pack, answer = _child_parts(side, process)
     if hasattr(engine_mod, "KeyedInputs"):
         keyring = importlib.import_module(f"{side}_gateway.keyed").Keyring(SECRET)
         pack = functools.partial(pack, inputs=engine_mod.KeyedInputs(policy, keyring))
     blobs = [pack(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
     engine, store = process.EngineSpec(policy, state, SECRET).build()
-    return process, engine, store, blobs
+    return answer, engine, store, blobs
 
 
 def main() -> None:
@@ -127,9 +138,9 @@ def main() -> None:
                 for w in range(windows):
                     order = sides if (w + rnd) % 2 == 0 else sides[::-1]
                     for side in order:
-                        process, engine, store, blobs = runs[side]
+                        answer, engine, store, blobs = runs[side]
                         t0 = time.perf_counter()
-                        process._answer(("protect", [blobs[w]], 0.0, True), engine, store, False)
+                        answer(("protect", [blobs[w]], 0.0, True), engine, store, False)
                         spent[side][phase[w]] += time.perf_counter() - t0
                         gc.collect(0)
             finally:

@@ -114,7 +114,7 @@ def main() -> None:
             time.sleep(5)
             engine = int(
                 subprocess.check_output(
-                    ["pgrep", "-P", str(worker.pid), "-f", "engine_process"]
+                    ["pgrep", "-P", str(worker.pid), "-f", "engine_child"]
                 ).split()[0]
             )
             os.kill(engine, signal.SIGSTOP)

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -19,12 +18,29 @@ from typing import Any
 
 from gateway.cli import add_command
 from gateway.errors import PrivgwError
-from gateway.policy import Policy, load_policy
+from gateway.policy import load_policy
+from stream_jobs.worker_build import (
+    build_worker,
+    keyring_from_environment,
+    require_rocksdb,
+    worker_settings,
+)
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
+    """The Kafka commands, on ``gateway.cli``'s subparsers."""
+    _register_run(sub)
+    _register_simulate(sub)
+    _register_demo(sub)
+    _register_state_check(sub)
+    from stream_jobs.upgrade_cli import register as register_upgrades  # noqa: PLC0415
+
+    register_upgrades(sub)
+
+
+def _register_run(sub: Any) -> None:
     p = add_command(
         sub,
         "run",
@@ -33,6 +49,14 @@ def register(sub: Any) -> None:
         "  PRIVGW_SECRET_FILE=secret.key privgw run --policy adult.yaml --embedded-broker",
     )
     p.add_argument("--policy", required=True, help="policy YAML")
+    _kafka_options(p)
+    _operation_options(p)
+    _engine_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def _kafka_options(p: argparse.ArgumentParser) -> None:
+    """Where the broker is and which topics the worker uses."""
     where = p.add_mutually_exclusive_group()
     where.add_argument("--bootstrap", help="Kafka bootstrap host:port (env PRIVGW_BOOTSTRAP)")
     where.add_argument(
@@ -67,6 +91,10 @@ def register(sub: Any) -> None:
         help="create missing output, DLQ, meta and changelog topics; never the input "
         "(env PRIVGW_CREATE_TOPICS, default true)",
     )
+
+
+def _operation_options(p: argparse.ArgumentParser) -> None:
+    """State directory, metrics, stall detection, logs and static assignment."""
     p.add_argument("--state-dir", help="state store directory (env PRIVGW_STATE_DIR)")
     p.add_argument(
         "--metrics-port",
@@ -94,6 +122,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--workers", type=int, help="static assignment: number of workers n (env PRIVGW_WORKERS)"
     )
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    """Where the engine runs and what its state may be."""
     p.add_argument(
         "--state-backend",
         choices=["sqlite", "partitioned"],
@@ -138,8 +170,9 @@ def register(sub: Any) -> None:
         "under, migrating the state at start (privgw policy diff shows what changes; env "
         "PRIVGW_POLICY_UPGRADE)",
     )
-    p.set_defaults(func=cmd_run)
 
+
+def _register_simulate(sub: Any) -> None:
     p = add_command(
         sub,
         "simulate",
@@ -168,6 +201,8 @@ def register(sub: Any) -> None:
     p.add_argument("--data", help="Adult CSV (default ../shared/data/adult.csv or bundled)")
     p.set_defaults(func=cmd_simulate)
 
+
+def _register_demo(sub: Any) -> None:
     p = add_command(
         sub,
         "demo",
@@ -182,6 +217,8 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated panel (0)")
     p.set_defaults(func=cmd_demo)
 
+
+def _register_state_check(sub: Any) -> None:
     p = add_command(
         sub,
         "state-check",
@@ -196,151 +233,6 @@ def register(sub: Any) -> None:
         help="rewrite drifted counts; only with the worker stopped (it caches the file's keys)",
     )
     p.set_defaults(func=cmd_state_check)
-
-    from stream_jobs.upgrade_cli import register as register_upgrades  # noqa: PLC0415
-
-    register_upgrades(sub)
-
-
-# -- shared ------------------------------------------------------------------------------
-def _keyring() -> Any:
-    from gateway.keyed import Keyring, load_secret  # noqa: PLC0415
-
-    return Keyring(load_secret(os.environ))
-
-
-def _settings(**overrides: Any) -> Any:
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from stream_jobs.settings import (  # noqa: PLC0415
-        FLAGS,
-        WorkerSettings,
-        check_environment,
-        env_var,
-    )
-
-    try:
-        check_environment(os.environ)
-        return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as err:
-
-        def where(loc: tuple[Any, ...]) -> str:
-            if not loc:
-                return ""
-            name = str(loc[0])
-            flag = f" ({FLAGS[name]})" if name in FLAGS and overrides.get(name) is not None else ""
-            return f"{env_var(name)}{flag}: "
-
-        problems = "; ".join(
-            f"{where(e['loc'])}{e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors(include_url=False, include_input=False)
-        )
-        raise PrivgwError(f"invalid settings: {problems}") from None
-    except ValueError as err:
-        raise PrivgwError(str(err)) from None
-
-
-def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
-    """Engine (keyed, with the durable state store) + worker for ``policy``."""
-    from gateway.engine import Engine  # noqa: PLC0415
-    from gateway.shards import ShardedEngine  # noqa: PLC0415
-    from gateway.state_api import check_key_fingerprint  # noqa: PLC0415
-    from state.layout import resolve_shards, shard_paths  # noqa: PLC0415
-    from state.sqlite_store import SQLiteStore  # noqa: PLC0415
-    from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
-
-    engine: Any
-    store: Any  # what the worker closes at the end and the exporter counts
-    state_dir = Path(settings.state_dir)
-    paths = [state_dir / "partitions"]  # the partitioned backend: one store, no shards
-    if settings.state_backend == "partitioned":
-        _require_rocksdb()
-        from state.partitioned_store import PartitionedStore  # noqa: PLC0415
-
-        store = PartitionedStore(paths[0])
-        engine = Engine(policy, keyring=keyring, store=store, partition_scope=True)
-    else:
-        paths = shard_paths(state_dir, resolve_shards(state_dir, settings.engine_shards))
-        if settings.engine_in_process:
-            from stream_jobs.engine_process import (  # noqa: PLC0415
-                EngineProcess,
-                EngineShards,
-                EngineSpec,
-            )
-
-            # engines and stores in children: they count their stores and close both
-            specs = [EngineSpec(policy, path, keyring.reveal()) for path in paths]
-            engine = store = EngineProcess(specs[0]) if len(specs) == 1 else EngineShards(specs)
-        elif len(paths) == 1:
-            store = SQLiteStore(paths[0])
-            engine = Engine(policy, keyring=keyring, store=store)
-        else:
-            stores = [SQLiteStore(path) for path in paths]
-            store = _Stores(stores)
-            engine = ShardedEngine(
-                [Engine(policy, keyring=keyring, store=s, measure_risk=False) for s in stores]
-            )
-    worker = GatewayWorker(policy, settings, engine)
-    worker.key_fingerprint = keyring.fingerprint()
-    if settings.state_backend != "partitioned":  # partitions are checked as they are assigned
-        from stream_jobs.partition_state import PartitionStateGuard  # noqa: PLC0415
-
-        try:
-            outcome = check_key_fingerprint(
-                store, worker.key_fingerprint, rotate=settings.rotate_secret, where=str(state_dir)
-            )
-            # state per worker: a partition that arrives without it stops the worker
-            worker.partition_guard = PartitionStateGuard(
-                state_dir,
-                allow_missing=settings.allow_missing_partition_state,
-                has_state=store.count() > 0,
-            )
-        except BaseException:
-            store.close()
-            raise
-        worker.key_fingerprint_checked(outcome, str(state_dir))
-    worker.closers.append(store.close)
-    worker.state_store = store
-    worker.engine_shards = len(paths)
-    return worker
-
-
-def _require_rocksdb() -> None:
-    """The partitioned backend's RocksDB binding is an optional extra: say which."""
-    try:
-        import rocksdict  # noqa: F401, PLC0415
-    except ImportError:
-        raise PrivgwError(
-            "--state-backend partitioned (PRIVGW_STATE_BACKEND) needs the 'rocksdb' extra: "
-            "pip install 'privgw[rocksdb]', or use the default sqlite backend"
-        ) from None
-
-
-class _Stores:
-    """The shards' stores in this process, counted and closed as one (the thread engine)."""
-
-    def __init__(self, stores: list[Any]) -> None:
-        self.stores = stores
-
-    def count_prefix(self, prefix: bytes) -> int:
-        return sum(s.count_prefix(prefix) for s in self.stores)
-
-    def count(self) -> int:
-        return sum(s.count() for s in self.stores)
-
-    def key_fingerprints(self) -> list[str | None]:
-        return [f for s in self.stores for f in s.key_fingerprints()]
-
-    def set_key_fingerprint(self, fingerprint: str) -> None:
-        for s in self.stores:
-            s.set_key_fingerprint(fingerprint)
-
-    def rotate_key_fingerprint(self, fingerprint: str) -> int:
-        return sum(s.rotate_key_fingerprint(fingerprint) for s in self.stores)
-
-    def close(self) -> None:
-        for s in self.stores:
-            s.close()
 
 
 # -- run ---------------------------------------------------------------------------------
@@ -358,10 +250,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stream_jobs.upgrade_cli import check_policy_on_state  # noqa: PLC0415
 
     policy = load_policy(args.policy)
-    keyring = _keyring()
+    keyring = keyring_from_environment()
     broker = EmbeddedBroker() if args.embedded_broker else None
     with broker if broker is not None else contextlib.nullcontext():
-        settings = _settings(
+        settings = worker_settings(
             bootstrap=broker.bootstrap if broker is not None else args.bootstrap,
             group_id=args.group_id,
             input_topic=args.input_topic,
@@ -392,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             asyncio.run(ensure_topics(settings, topics, input_too=True))
         # the user's mistakes first, each in one line, before any process or client starts
         if settings.state_backend == "partitioned":
-            _require_rocksdb()
+            require_rocksdb()
         check_state_dir(Path(settings.state_dir))  # path and condition named (state.failures)
         upgrade = check_policy_on_state(policy, settings)  # a changed policy: refused or migrated
         check_metrics_port(settings)
@@ -486,7 +378,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise PrivgwError(
             f"--rate must be a number of records per second like 500/s, got {args.rate}"
         ) from None
-    settings = _settings(bootstrap=args.bootstrap)
+    settings = worker_settings(bootstrap=args.bootstrap)
     survey = PanelSurvey(
         respondents=args.respondents,
         waves=args.waves,
@@ -532,7 +424,7 @@ def cmd_state_check(args: argparse.Namespace) -> int:
     from state.layout import shard_paths, stored_shards  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
 
-    settings = _settings(state_dir=args.state_dir)
+    settings = worker_settings(state_dir=args.state_dir)
     state_dir = Path(settings.state_dir)
     shards = stored_shards(state_dir)
     if shards is None:

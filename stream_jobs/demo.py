@@ -26,13 +26,13 @@ from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring, generate_secret_
 from gateway.policy import Policy, load_policy
 from stream_jobs.app import serve
 from stream_jobs.broker import EmbeddedBroker, free_port
-from stream_jobs.cli import build_worker
 from stream_jobs.kafka import ensure_topics, make_producer
 from stream_jobs.metrics import start_exporter
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate, produce_panel
 from stream_jobs.topic_reader import read_protected_async
 from stream_jobs.worker import GatewayWorker
+from stream_jobs.worker_build import build_worker
 
 REPO_POLICY = Path("deploy") / "policies" / "adult.yaml"
 
@@ -255,17 +255,33 @@ async def _demo(
                 await task
     print(summary_line(worker, time.monotonic() - t0, sent[0]))
     if interrupted:
-        st = worker.stats
-        done = st.published + st.dlq_total
-        print(
-            f"interrupted ({signal.Signals(interrupted[0]).name}) after "
-            f"{time.monotonic() - t0:.1f} s: {done} of {records} records processed "
-            f"({st.published} published, {st.dlq_total} dead-lettered); left unprocessed: "
-            f"{records - sent[0]} not sent, {max(0, sent[0] - st.consumed)} sent but not read, "
-            f"{st.held} held (the embedded broker forgets them all); no output file written"
-        )
+        _report_interrupted(worker, interrupted[0], time.monotonic() - t0, records, sent[0])
         return 130
-    meta, rows = await read_protected_async(settings.bootstrap, topics.output, quiet=0.5)
+    await _write_outputs(worker, topics.output, out_path, t0, policy_name)
+    return code
+
+
+def _report_interrupted(
+    worker: GatewayWorker, sig: int, elapsed: float, records: int, sent: int
+) -> None:
+    """What a demo stopped by a signal processed and what it left (nothing is written)."""
+    st = worker.stats
+    done = st.published + st.dlq_total
+    print(
+        f"interrupted ({signal.Signals(sig).name}) after "
+        f"{elapsed:.1f} s: {done} of {records} records processed "
+        f"({st.published} published, {st.dlq_total} dead-lettered); left unprocessed: "
+        f"{records - sent} not sent, {max(0, sent - st.consumed)} sent but not read, "
+        f"{st.held} held (the embedded broker forgets them all); no output file written"
+    )
+
+
+async def _write_outputs(
+    worker: GatewayWorker, topic: str, out_path: Path, t0: float, policy_name: str
+) -> None:
+    """The protected records as JSON lines and their metadata beside them, and how to use
+    them; the time since ``t0`` (the demo's start) includes reading them back."""
+    meta, rows = await read_protected_async(worker.settings.bootstrap, topic, quiet=0.5)
     with out_path.open("wb") as f:
         for row in rows:
             f.write(orjson.dumps(row) + b"\n")
@@ -281,4 +297,3 @@ async def _demo(
         f"estimate distributions: {privgw_command()} reconstruct {shlex.quote(str(out_path))} "
         f"--policy {shlex.quote(policy_name)}"
     )
-    return code

@@ -10,38 +10,25 @@ acks=all, awaits every acknowledgement, and only then commits, per partition, th
 the oldest record still held (or the next offset when none is held). A crash therefore
 replays from the last commit, and replays are identical (deterministic record ids, state
 written before output, keyed randomness).
+
+The worker starts the clients, runs the loop and stops; each concern is a module of its own:
+consuming and validation (``stream_jobs.intake``), the window lifecycle from the buffer through
+the engine (``stream_jobs.window_lifecycle``; when a window closes: ``stream_jobs.windows``),
+producing and committing (``stream_jobs.delivery``), and rebalancing with the state that comes
+with each partition (``stream_jobs.rebalancing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import sys
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    CommitFailedError,
-    IllegalStateError,
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
-)
+from aiokafka import TopicPartition
 
-from gateway.engine import (
-    PublishedRecord,
-    SourceRef,
-    ValidRecord,
-    WindowReport,
-    WindowResult,
-)
 from gateway.errors import PrivgwError
 from gateway.policy import Policy
 from gateway.routing import StatePartitions
@@ -49,185 +36,28 @@ from gateway.state_api import (
     KeyFingerprintCheck,
     KeyFingerprintResult,
     SecretMismatchError,
-    check_key_fingerprint,
 )
-from gateway.validation import DLQReason, Rejection, Validator, rejection
-from stream_jobs.changelog import KafkaChangelog, RestoreError, restore_partitions
-from stream_jobs.dlq import DeadLetter, dead_letter
-from stream_jobs.draw_settle import check_partitions, settle_on_start
-from stream_jobs.engine_process import PackedRecords
-from stream_jobs.kafka import (
-    BatchItem,
-    check_input_topic,
-    ensure_topics,
-    make_consumer,
-    make_producer,
-    partitions_for_keys,
-    send_batches,
-)
+from stream_jobs.changelog import KafkaChangelog
+from stream_jobs.delivery import Delivery
+from stream_jobs.draw_settle import settle_on_start
+from stream_jobs.intake import Intake
+from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
 from stream_jobs.memory import Collector, tune_memory
 from stream_jobs.meta import meta_message
 from stream_jobs.partition_state import PartitionStateGuard
+from stream_jobs.rebalancing import Rebalancing, is_partitioned
 from stream_jobs.secret_announce import announce_fingerprint, read_announced
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
-from stream_jobs.state_routing import PartitionCountError, StateRouting, wire_routing
-from stream_jobs.windows import TP, Flush, FlushReason, WindowBuffer
+from stream_jobs.state_routing import PartitionCountError, wire_routing
+from stream_jobs.window_lifecycle import WindowEngine, WindowLifecycle, WindowObserver
+from stream_jobs.windows import TP, FlushReason, WindowBuffer
+from stream_jobs.worker_stats import WorkerStats
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
     from state.partitioned_store import PartitionedStore
 
 log = logging.getLogger(__name__)
-
-
-def _partitioned(store: object) -> bool:
-    """Whether ``store`` is the partitioned backend, without importing it (rocksdict is an
-    optional extra: a plain install runs the sqlite backend)."""
-    module = sys.modules.get("state.partitioned_store")
-    return module is not None and isinstance(store, module.PartitionedStore)
-
-
-_POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
-_ENGINE_POLL_MS = 5  # the same while a window is in the engine
-
-
-def _transient(err: KafkaError) -> bool:
-    """Worth waiting for: the broker is away or moving leaders (a batch that expired while it
-    was away raises KafkaTimeoutError, which aiokafka does not mark retriable). Anything else —
-    authorization, a record the broker refuses — fails the worker: offsets stay uncommitted,
-    and retrying forever would only hide it."""
-    return bool(err.retriable) or isinstance(err, KafkaTimeoutError | KafkaConnectionError)
-
-
-_NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
-_KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
-_WRONG_PARTITION = rejection(DLQReason.WRONG_PARTITION)  # its key's state lives elsewhere
-_RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0  # backoff while the broker is unreachable
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    """Running totals for the live summary and the metrics exporter (no personal data)."""
-
-    consumed: int = 0
-    valid: int = 0
-    published: int = 0
-    suppressed: int = 0
-    dlq: Counter[str] = field(default_factory=Counter)
-    windows: int = 0
-    held: int = 0
-    groups: int = 0
-    min_group_size: int | None = None
-    sticky_hits: int = 0
-    commits: int = 0
-    retries: int = 0  # re-sent windows and retried commits while the broker was away
-    repartitioned: int = 0  # keyless input records forwarded, keyed, to the repartition topic
-    flush_seconds: float = 0.0
-    last_report: WindowReport | None = None
-    measures: dict[str, float] = field(default_factory=dict)
-    retention: dict[str, float] = field(default_factory=dict)
-    # (topic, partition) -> records behind the partition's high watermark after the last fetch
-    lag: dict[tuple[str, int], int] = field(default_factory=dict)
-    restore_remaining: int = 0  # changelog records still to replay (partitioned state)
-    secret_rotations: int = 0  # states accepted with another key fingerprint (--rotate-secret)
-    # liveness (stream_jobs.monitor, read from other threads): time.monotonic() of the loop's
-    # last turn, of the hand-over of the window now in the engine (None: none is), and whether
-    # the last produce and commit went through
-    loop_tick: float = 0.0
-    engine_since: float | None = None
-    broker_ok: bool = True
-    # the engine's heartbeat (stream_jobs.engine_heartbeat): since when one waits for its
-    # answer (None: none does), and why the engine process is gone (None: it is not)
-    heartbeat_since: float | None = None
-    engine_gone: str | None = None
-
-    @property
-    def dlq_total(self) -> int:
-        return sum(self.dlq.values())
-
-    @property
-    def accounted(self) -> int:
-        """Consumed records whose fate is known: published, dead-lettered, held, forwarded."""
-        return self.published + self.dlq_total + self.held + self.repartitioned
-
-
-WindowObserver = Callable[[WindowReport, Flush, float], None]
-
-
-class WindowEngine(Protocol):
-    """What the worker needs of an engine: ``gateway.engine.Engine`` in the worker's process,
-    ``stream_jobs.engine_process.EngineProcess`` in a child of its own, or engine shards
-    (``gateway.shards.ShardedEngine`` in-process, ``EngineShards`` in children)."""
-
-    version: str
-
-    def metadata(self) -> dict[str, object]: ...
-
-    def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
-    ) -> WindowResult: ...
-
-
-@runtime_checkable
-class PreparingEngine(WindowEngine, Protocol):
-    """An engine in other processes, whose window is packed before it is handed over: on the
-    event loop's thread, where packing does not contend for the GIL with the loop."""
-
-    def prepare(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
-    ) -> Callable[[], WindowResult]: ...
-
-
-@runtime_checkable
-class PackingEngine(PreparingEngine, Protocol):
-    """A :class:`PreparingEngine` whose records can be packed as they arrive, while it
-    protects the window before: the window's hand-over then packs only the records it held."""
-
-    def pack(self, records: Sequence[ValidRecord]) -> bytes: ...
-
-    def prepare(
-        self,
-        records: Sequence[ValidRecord],
-        *,
-        now: float,
-        flush_all: bool = False,
-        tail: PackedRecords | None = None,
-    ) -> Callable[[], WindowResult]: ...
-
-
-@dataclass(slots=True)
-class _PackedAhead:
-    """The buffer's new records packed as they were validated, one segment per batch: valid
-    while the buffer's list of new records is the one they were packed from."""
-
-    of: list[ValidRecord]
-    segments: list[bytes]
-    count: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Protecting:
-    """A window handed to the engine, and what goes out with it."""
-
-    flush: Flush
-    dead: list[DeadLetter]
-    forward: list[tuple[bytes, bytes, int, int]]
-    future: asyncio.Future[WindowResult] | None  # None: nothing to protect
-    t0: float
-
-    def done(self) -> bool:
-        return self.future is None or self.future.done()
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: GatewayWorker) -> None:
-        self._worker = worker
-
-    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        await self._worker._on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        await self._worker._on_assigned(assigned)
 
 
 class GatewayWorker:
@@ -257,49 +87,54 @@ class GatewayWorker:
         self._deadline = StopDeadline()
         # offsets a stop without the broker left uncommitted: (first, next) per partition
         self.left_uncommitted: dict[TP, tuple[int, int]] = {}
-        # sqlite backend: whether assigned partitions come with their state
-        self.partition_guard: PartitionStateGuard | None = None
         # the policy's history on this state (state.policy_record): upgrades by action, and
         # what the metadata topic announces about them
         self.policy_events: dict[str, int] = {}
         self.meta_extra: dict[str, object] = {}
         self._clock = clock
-        self._validator = Validator(
-            policy, max_bytes=settings.max_message_bytes, max_depth=settings.max_depth
-        )
         self._version = engine.version
-        self._version_b = engine.version.encode()
         self._buffer = WindowBuffer(policy.window)
-        self._packs_ahead = isinstance(engine, PackingEngine)
-        self._ahead: _PackedAhead | None = None
-        self._dead: list[DeadLetter] = []
-        # keyless records to re-key: (key, raw value, source partition, source offset)
-        self._forward: list[tuple[bytes, bytes, int, int]] = []
-        key_field = policy.input.key_field
-        self._key_is_id = key_field is not None and key_field == policy.input.respondent_id
-        self._key_field = key_field
+        self.intake = Intake(
+            policy, settings, self.topics, engine.version, self._buffer, self.stats
+        )
         self._lock = asyncio.Lock()
-        self._epoch = 0
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
         self._consumer: Any = None
         self._producer: Any = None
-        self._out_partitions: list[int] = []
-        self._dlq_partitions: list[int] = []
-        self._repartition_partitions: list[int] = []
-        self._routing: StateRouting | None = None  # the partitioned backend's (state_routing)
-        self._rerouted = False  # warned that records arrive on the wrong partition
-        self._halted = False  # a partition's state could not be restored (_halt)
+        self.delivery = Delivery(
+            self.topics,
+            engine.version,
+            buffer=self._buffer,
+            stats=self.stats,
+            deadline=self._deadline,
+            stopping=self._stopping,
+        )
         self._rotation_counted = False  # this run's secret rotation is counted and logged
         self.ready = asyncio.Event()
         self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
-        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
-        self._inflight: asyncio.Task[None] | None = None  # the window awaiting its acks
-        self._protecting: _Protecting | None = None  # the window in the engine
-        # a window the engine failed on: its records are out of the buffer but neither
-        # published nor held, so nothing after them may be committed (they are read again)
-        self._engine_failed = False
         self._gc = Collector()
+        self.rebalancing = Rebalancing(self, self._lock, self._buffer)
+        self.lifecycle = WindowLifecycle(
+            engine,
+            self._buffer,
+            self.intake,
+            self.delivery,
+            self.stats,
+            self._gc,
+            clock=clock,
+            observers=self.observers,
+        )
+
+    @property
+    def partition_guard(self) -> PartitionStateGuard | None:
+        """sqlite backend: whether assigned partitions come with their state (checked as they
+        are assigned, and its ledger written before each commit)."""
+        return self.delivery.partition_guard
+
+    @partition_guard.setter
+    def partition_guard(self, guard: PartitionStateGuard | None) -> None:
+        self.delivery.partition_guard = guard
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -310,13 +145,10 @@ class GatewayWorker:
         await ensure_topics(s, self.topics)  # (unless create_topics is off)
         self._producer = make_producer(s)
         await self._producer.start()
-        self._out_partitions = sorted(await self._producer.partitions_for(self.topics.output))
-        self._dlq_partitions = sorted(await self._producer.partitions_for(self.topics.dlq))
+        await self.delivery.open(self._producer)
         rekey = self.topics.repartition
-        if rekey is not None:
-            self._repartition_partitions = sorted(await self._producer.partitions_for(rekey))
         sources = [self.topics.input] + ([rekey] if rekey is not None else [])
-        if _partitioned(self.state_store):
+        if is_partitioned(self.state_store):
             await self._wire_changelog(self.state_store)
         seen = None
         if self.key_fingerprint is not None:  # before anything is published under it
@@ -339,9 +171,11 @@ class GatewayWorker:
         settle_on_start(self, None if seen is None else seen.draws)  # announced just below
         key, value, headers = meta_message({**self.engine.metadata(), **self.meta_extra})
         await self._producer.send_and_wait(self.topics.meta, value=value, key=key, headers=headers)
-        self._consumer = make_consumer(s, co_partitioned=self._routing is not None)
+        self._consumer = make_consumer(s, co_partitioned=self.intake.routing is not None)
+        self.intake.consumer = self.delivery.consumer = self._consumer
+        self.rebalancing.consumer = self._consumer
         if s.workers is None:
-            self._consumer.subscribe(sources, listener=_Rebalance(self))
+            self._consumer.subscribe(sources, listener=self.rebalancing)
             await self._consumer.start()
         else:
             # static assignment for brokers whose group coordination is unreliable: no joins
@@ -353,7 +187,7 @@ class GatewayWorker:
                 for p in s.static_partitions(await self._producer.partitions_for(topic))
             ]
             self._consumer.assign(mine)
-            await self._on_assigned(mine)
+            await self.rebalancing.on_partitions_assigned(mine)
         self.started = True
         log.info(
             "worker started: group %s, input %s, output %s, policy %s",
@@ -371,8 +205,8 @@ class GatewayWorker:
         except PartitionCountError as err:
             self.refused = err
             raise
-        self._routing = routing
-        key_of = self._validator.expected_key or (lambda _rid, _values: None)
+        self.intake.routing = routing
+        key_of = self.intake.validator.expected_key or (lambda _rid, _values: None)
         if hasattr(self.engine, "state_partitions"):  # the in-process engine of this backend
             self.engine.state_partitions = StatePartitions(routing.count, key_of)
         topic, producer = self.settings.changelog_topic, self._producer
@@ -384,34 +218,35 @@ class GatewayWorker:
         try:
             while not self._stopping.is_set():
                 self.stats.loop_tick = time.monotonic()
-                epoch = self._epoch
-                if self._protecting is not None and self._protecting.done():
+                epoch = self.rebalancing.epoch
+                windows = self.lifecycle
+                if windows.protecting is not None and windows.protecting.done():
                     async with self._lock:
                         # its outputs go out as soon as it is done; a window already due goes
                         # to the engine first, so the engine does not idle while they are
                         # encoded and produced
-                        await self._protected(then=self._buffer.due(self._clock()))
+                        await windows.protected(then=self._buffer.due(self._clock()))
                 batch = await self._consumer.getmany(
-                    timeout_ms=self._poll_timeout_ms(), max_records=self.settings.max_poll_records
+                    timeout_ms=windows.poll_timeout_ms(), max_records=self.settings.max_poll_records
                 )
-                if self._inflight is not None and self._inflight.done():
-                    await self._settled()  # raises if the window's outputs failed
+                if self.delivery.settling_done():
+                    await self.delivery.settled()  # raises if the window's outputs failed
                 async with self._lock:
-                    if self._halted:
+                    if self.rebalancing.halted:
                         break
-                    if epoch != self._epoch:
+                    if epoch != self.rebalancing.epoch:
                         # a rebalance happened while this batch was fetched: it may come from
                         # before it, so it is dropped, and the partitions it advanced are put
                         # back to their committed offsets to be read again
-                        await self._rewind_to_committed(batch)
+                        await self.rebalancing.rewind_to_committed(batch)
                         continue
                     if batch:
-                        self._ingest(batch)
-                    elif self._protecting is None:  # (a window in the engine is not waited for)
-                        await self._check_truncated_logs()
+                        self.intake.ingest(batch, self._clock())
+                    elif windows.protecting is None:  # (a window in the engine is not waited for)
+                        await self.intake.check_truncated_logs()
                     reason = self._buffer.due(self._clock())
                     if reason is not None:
-                        await self._protected(then=reason)  # one window at a time in the engine
+                        await windows.protected(then=reason)  # one window at a time in the engine
                     else:
                         self._gc.tick(time.monotonic())
                     if not self.ready.is_set() and self._consumer.assignment():
@@ -455,23 +290,23 @@ class GatewayWorker:
         try:
             if self._consumer is not None:
                 async with self._lock:
-                    if self._halted:
+                    if self.rebalancing.halted:
                         pass  # a state that could not be restored: nothing more goes out
-                    elif self._engine_failed:
+                    elif self.lifecycle.engine_failed:
                         log.error(
                             "the engine failed on a window: nothing more is protected or "
                             "committed; its records and those after them are read again"
                         )
-                    elif self._has_pending() and not deadline.given_up:
+                    elif self.lifecycle.has_pending() and not deadline.given_up:
                         with contextlib.suppress(BrokerAway):
                             await deadline.race(
-                                self._flush(
+                                self.lifecycle.flush(
                                     FlushReason.SHUTDOWN,
                                     flush_all=self.settings.flush_held_on_shutdown,
                                 )
                             )
                     with contextlib.suppress(BrokerAway):
-                        await deadline.race(self._settled())
+                        await deadline.race(self.delivery.settled())
                 if deadline.given_up:
                     self._stopped_without_broker()
                 elif self._buffer.held:
@@ -484,7 +319,7 @@ class GatewayWorker:
                 await self._stop_client(self._producer, deadline.given_up)
         finally:
             deadline.close()
-            self._engine_thread.shutdown(wait=True)
+            self.lifecycle.close()
             for close in self.closers:
                 with contextlib.suppress(Exception):
                     close()
@@ -493,7 +328,7 @@ class GatewayWorker:
 
     def _stopped_without_broker(self) -> None:
         """Say what a stop that gave up waiting for the broker left for the next start."""
-        self._inflight = None
+        self.delivery.abandon()
         self.left_uncommitted = self._buffer.uncommitted()
         if self.left_uncommitted:
             log.warning(
@@ -523,102 +358,6 @@ class GatewayWorker:
         except Exception as err:  # stopping anyway
             log.debug("%s stop failed: %s", client.__class__.__name__, err.__class__.__name__)
 
-    def _has_pending(self) -> bool:
-        """Anything a flush would produce or commit: records, dead letters, forwards."""
-        buf = self._buffer
-        return bool(
-            buf.size
-            or self._dead
-            or self._forward
-            or buf.opened_at is not None
-            or self._protecting is not None
-        )
-
-    # -- rebalance ---------------------------------------------------------------------
-    async def _on_revoked(self, revoked: Sequence[TopicPartition]) -> None:
-        async with self._lock:
-            self._epoch += 1
-            if self._has_pending():
-                await self._flush(FlushReason.REVOKE)
-            await self._settled()  # commit what was flushed before handing over
-            handed = self._buffer.forget((tp.topic, tp.partition) for tp in revoked)
-            self._close_revoked_state(revoked)
-            for tp in revoked:
-                self.stats.lag.pop((tp.topic, tp.partition), None)
-            if handed:
-                log.info("revoked %d partitions; %d held records handed over", len(revoked), handed)
-
-    async def _on_assigned(self, assigned: Sequence[TopicPartition]) -> None:
-        self._epoch += 1
-        log.info("assigned %d partitions of %s", len(assigned), self.topics.input)
-        store = self.state_store
-        if not _partitioned(store):
-            await self._guard_partitions(assigned)
-            return
-        # The state of a partition is rebuilt from its changelog before any of its records is
-        # processed: under the lock, so no window runs meanwhile, and the epoch moves again
-        # after it, so a batch fetched during the restore is dropped and read again.
-        async with self._lock:
-            wanted = sorted({p for p in self._state_partitions(assigned)} - set(store.partitions))
-            if wanted:
-                t0 = time.perf_counter()
-                try:
-                    restored = await restore_partitions(
-                        {p: store.open_partition(p, fresh=True) for p in wanted},
-                        self.settings,
-                        self.settings.changelog_topic,
-                        progress=self._restore_progress,
-                    )
-                except Exception as err:
-                    # the listener's exceptions are only logged by the client, which would go
-                    # on consuming with a partial state: stop here, nothing protected after it
-                    self._halt(err)
-                    return
-                log.info(
-                    "restored the state of partitions %s: %d changelog records in %.1f s",
-                    wanted,
-                    restored,
-                    time.perf_counter() - t0,
-                )
-                if self.key_fingerprint is not None:
-                    await self._check_key_fingerprint(store, wanted)
-                await check_partitions(self, store.view(wanted).stores, wanted)
-            self._epoch += 1
-
-    async def _guard_partitions(self, assigned: Sequence[TopicPartition]) -> None:
-        """Stop before processing partitions whose state is in another worker's state dir
-        (stream_jobs.partition_state); a batch fetched meanwhile is dropped (the epoch)."""
-        guard = self.partition_guard
-        if guard is None or self.refused is not None:
-            return
-        refused = await guard.check(self._consumer, assigned)
-        if refused is not None:
-            log.error("%s", refused)
-            self.refused = refused
-            self.request_stop()
-
-    async def _check_key_fingerprint(self, store: PartitionedStore, wanted: list[int]) -> None:
-        """The restored partitions' key fingerprint against the secret's (off the loop: a
-        fingerprint written goes through the changelog, which sends on the loop). Another one,
-        without rotate_secret: stop before any of their records is processed."""
-        assert self.key_fingerprint is not None
-        where = f"partitions {wanted} of {store.root}"
-        check = functools.partial(
-            check_key_fingerprint,
-            store.view(wanted),
-            self.key_fingerprint,
-            rotate=self.settings.rotate_secret,
-            where=where,
-        )
-        try:
-            outcome = await asyncio.get_running_loop().run_in_executor(None, check)
-        except SecretMismatchError as err:
-            log.error("%s", err)
-            self.refused = err
-            self.request_stop()
-            return
-        self.key_fingerprint_checked(outcome, where)
-
     def key_fingerprint_checked(self, result: KeyFingerprintResult, where: str) -> None:
         """Log what the state's key fingerprint check found; count an accepted rotation."""
         fp, outcome = self.key_fingerprint, result.outcome
@@ -641,500 +380,3 @@ class GatewayWorker:
             log.info("key fingerprint %s recorded in the state in %s", fp, where)
         else:
             log.info("key fingerprint %s matches the state in %s", fp, where)
-
-    def _halt(self, err: Exception) -> None:
-        """Stop before anything more is protected, published or committed (a state that could
-        not be restored): the records buffered are left for the next run."""
-        self._halted = True
-        self._epoch += 1  # a batch fetched meanwhile is dropped
-        if isinstance(err, PrivgwError):
-            log.error("%s", err)
-            self.refused = err
-        else:
-            log.error("restoring the state failed (%s): stopping", err.__class__.__name__)
-            self.refused = RestoreError(
-                f"restoring the state from {self.settings.changelog_topic} failed "
-                f"({err.__class__.__name__}); nothing was published"
-            )
-        self.request_stop()
-
-    def _restore_progress(self, remaining: int) -> None:
-        self.stats.restore_remaining = remaining
-        self.stats.loop_tick = time.monotonic()  # a long restore is progress, not a stall
-
-    def _close_revoked_state(self, revoked: Sequence[TopicPartition]) -> None:
-        store = self.state_store
-        if not _partitioned(store):
-            return
-        gone = self._state_partitions(revoked)
-        kept = self._state_partitions(set(self._consumer.assignment()) - set(revoked))
-        for partition in gone - kept:
-            store.close_partition(partition)
-
-    def _state_partitions(self, tps: Iterable[TopicPartition]) -> set[int]:
-        """The state partitions that come with ``tps``: those of the routing topic."""
-        routing = self._routing
-        return {tp.partition for tp in tps if routing is None or tp.topic == routing.topic}
-
-    async def _rewind_to_committed(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        assigned = self._consumer.assignment()
-        for tp in batch:
-            if tp not in assigned:
-                continue  # another member's now; it reads from the committed offset
-            committed = await self._consumer.committed(tp)
-            if committed is not None:
-                self._consumer.seek(tp, committed)
-            else:
-                await self._seek_reset(tp)
-
-    async def _seek_reset(self, tp: TopicPartition) -> None:
-        """Where a partition with no usable position starts: as auto_offset_reset says."""
-        if self.settings.auto_offset_reset == "earliest":
-            await self._consumer.seek_to_beginning(tp)
-        else:
-            await self._consumer.seek_to_end(tp)
-
-    async def _check_truncated_logs(self) -> None:
-        """A partition whose high watermark fell below the offsets already consumed lost its
-        log (a broker that keeps it in memory restarted, or the topic was recreated). Kafka
-        consumers detect that only when they fetch beyond the end; a broker that answers such
-        fetches with no records would leave us waiting for offsets that are now in the past.
-        Start again from the beginning (or the end), as auto_offset_reset says."""
-        for tp in self._consumer.assignment():
-            highwater = self._consumer.highwater(tp)
-            position = self._buffer.position((tp.topic, tp.partition))
-            if highwater is None or position is None or highwater >= position:
-                continue
-            log.warning(
-                "%s/%d: high watermark %d is below the consumed offset %d; reading it again "
-                "from the %s",
-                tp.topic,
-                tp.partition,
-                highwater,
-                position,
-                "beginning" if self.settings.auto_offset_reset == "earliest" else "end",
-            )
-            await self._seek_reset(tp)
-            self._buffer.rewind((tp.topic, tp.partition), 0)
-
-    # -- the hot path --------------------------------------------------------------------
-    def _poll_timeout_ms(self) -> int:
-        if self._protecting is not None:
-            return _ENGINE_POLL_MS  # come back soon to send the window the engine finishes
-        deadline = self._buffer.deadline()
-        if deadline is None:
-            return _POLL_MS
-        return max(0, min(_POLL_MS, int((deadline - self._clock()) * 1000) + 1))
-
-    def _ingest(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        now = self._clock()
-        validate = self._validator.decode_and_validate
-        add_batch = self._buffer.add_partition_batch
-        stats = self.stats
-        rekey_from = self.topics.input if self._key_field is not None else None
-        key_field = self._key_field or ""
-        expected_key = self._validator.expected_key
-        for tp, messages in batch.items():
-            topic, partition = tp.topic, tp.partition
-            keyless_here = topic == rekey_from
-            if messages and self._buffer.rewind((topic, partition), messages[0].offset):
-                log.warning(
-                    "%s/%d restarted at offset %d, below offsets already consumed: the broker "
-                    "lost its log or the topic was recreated; commits start again from there",
-                    topic,
-                    partition,
-                    messages[0].offset,
-                )
-            valid: list[ValidRecord] = []
-            routed: list[tuple[Any, str | None, dict[str, object]]] | None = (
-                [] if self._routing is not None else None
-            )
-            for m in messages:
-                res = validate(m.value, m.key)
-                if res.__class__ is Rejection:
-                    self._reject(res, m, topic, partition, now)  # type: ignore[arg-type]
-                    continue
-                rid, values = res  # type: ignore[misc]
-                key = m.key
-                # keyed by someone else: the respondent would get a second state elsewhere
-                wrong = bool(key) and expected_key is not None and key != expected_key(rid, values)
-                if keyless_here and (wrong or not key):  # the policy re-keys: a wrong key too
-                    self._rekey(m, rid if self._key_is_id else values.get(key_field), topic, now)
-                    continue
-                if wrong:
-                    self._reject(_KEY_MISMATCH, m, topic, partition, now)
-                    continue
-                if routed is not None:  # protected where its state lives (state_routing)
-                    routed.append((m, rid, values))
-                    continue
-                valid.append(
-                    ValidRecord(
-                        rid, values, SourceRef(topic, partition, m.offset, m.timestamp), now
-                    )
-                )
-            if routed:
-                valid = self._route(routed, topic, partition, now)
-            add_batch(valid)
-            if self._packs_ahead and valid:
-                self._pack_ahead(valid)
-            stats.consumed += len(messages)
-            if messages:
-                highwater = self._consumer.highwater(tp)
-                if highwater is not None:
-                    stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
-        stats.valid = stats.consumed - stats.dlq_total
-
-    def _route(
-        self,
-        routed: list[tuple[Any, str | None, dict[str, object]]],
-        topic: str,
-        partition: int,
-        now: float,
-    ) -> list[ValidRecord]:
-        """Of a partition's accepted records, those protected here — their key picks this
-        partition's state — and the others forwarded to the repartition topic, or, where there
-        is none or they came from it, dead-lettered (``stream_jobs.state_routing``)."""
-        routing = self._routing
-        assert routing is not None
-        expected_key = self._validator.expected_key
-        keys = [expected_key(rid, values) if expected_key else None for _, rid, values in routed]
-        known = [k for k in keys if k is not None]
-        placed = iter(routing.state_partitions(known) if known else ())
-        owned = (routing.topic, partition) in {
-            (tp.topic, tp.partition) for tp in self._consumer.assignment()
-        }
-        valid: list[ValidRecord] = []
-        for (m, rid, values), key in zip(routed, keys, strict=True):
-            state = next(placed) if key is not None else partition
-            if owned and routing.stays(topic, partition, state):
-                source = SourceRef(topic, partition, m.offset, m.timestamp)
-                valid.append(ValidRecord(rid, values, source, now))
-            elif routing.rekeys and topic != routing.topic and key is not None:
-                if not self._rerouted and routing.direct:
-                    self._rerouted = True
-                    log.warning(
-                        "records of %s arrive on partitions their key does not pick: they go "
-                        "through %s to reach their state (produce with Kafka's default "
-                        "partitioner, murmur2 — librdkafka: partitioner=murmur2_random — to "
-                        "spare the extra hop)",
-                        topic,
-                        routing.topic,
-                    )
-                self._forward_keyed(m, key, topic, now)
-            else:
-                self._reject(_WRONG_PARTITION, m, topic, partition, now)
-        return valid
-
-    def _pack_ahead(self, valid: list[ValidRecord]) -> None:
-        """Pack the records just buffered for the engine's process now, while it protects the
-        window before, rather than when their window is handed over (the engine waits then)."""
-        new = self._buffer.new
-        ahead = self._ahead
-        if ahead is None or ahead.of is not new:  # taken or filtered since: start again
-            ahead = self._ahead = _PackedAhead(new, [])
-        if ahead.count + len(valid) != len(new):
-            return  # not contiguous with what was packed: the hand-over packs these
-        assert isinstance(self.engine, PackingEngine)
-        try:
-            ahead.segments.append(self.engine.pack(valid))
-        except Exception:  # the hand-over packs the window whole, and fails as the engine
-            ahead.count = -1  # covers nothing from now on
-            return
-        ahead.count = len(new)
-
-    def _rekey(self, m: Any, key_value: object, topic: str, now: float) -> None:
-        """A valid record without a key: forwarded, keyed by the policy's key field, to the
-        repartition topic, where every record of a respondent lands on one partition; it is
-        protected when it comes back from there. Its input offset is committed once the
-        forward is acknowledged."""
-        if key_value is None:
-            self._reject(_NO_KEY_VALUE, m, topic, m.partition, now)
-            return
-        self._forward_keyed(m, str(key_value).encode(), topic, now)
-
-    def _forward_keyed(self, m: Any, key: bytes, topic: str, now: float) -> None:
-        self._forward.append((key, m.value, m.partition, m.offset))
-        self._buffer.consumed(topic, m.partition, m.offset, now)
-        self.stats.repartitioned += 1
-
-    def _reject(self, rej: Rejection, m: Any, topic: str, partition: int, now: float) -> None:
-        self._dead.append(
-            dead_letter(
-                rej,
-                raw=m.value,
-                key=m.key,
-                topic=topic,
-                partition=partition,
-                offset=m.offset,
-                timestamp_ms=m.timestamp,
-                policy_version=self._version,
-                max_value_bytes=self.settings.max_message_bytes,
-            )
-        )
-        self._buffer.consumed(topic, partition, m.offset, now)
-        self.stats.dlq[rej.reason.value] += 1
-        log.debug("dead-lettered %s/%d/%d: %s", topic, partition, m.offset, rej.reason.value)
-
-    async def _flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
-        """Protect everything buffered and wait for it (revocation, shutdown): the window in
-        the engine first, if any, then the rest."""
-        await self._protected()
-        self._protect(reason, flush_all=flush_all)
-        await self._protected()
-
-    def _protect(self, reason: FlushReason, *, flush_all: bool = False) -> None:
-        """Hand the buffered window to the engine's thread and return at once: the event loop
-        goes on fetching and validating the next window meanwhile (on another core when the
-        engine runs in its own process). One window at a time is in the engine;
-        :meth:`_protected` finishes it."""
-        assert self._protecting is None, "one window at a time in the engine"
-        t0 = time.perf_counter()
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and (ahead.of is not self._buffer.new or ahead.count != len(ahead.of)):
-            ahead = None  # they no longer cover the new records exactly
-        flush = self._buffer.take(reason)
-        dead, self._dead = self._dead, []
-        forward, self._forward = self._forward, []
-        future: asyncio.Future[WindowResult] | None = None
-        if flush.records:
-            self.stats.engine_since = time.monotonic()
-            # in the engine's own thread: the event loop keeps heartbeating, fetching and
-            # settling the previous window while this one is protected and fsynced
-            try:
-                call = self._engine_call(flush.records, flush_all, ahead)
-            except BaseException:  # packing failed: as if the engine had failed on it
-                self._engine_failed = True
-                raise
-            future = asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
-        self._protecting = _Protecting(flush, dead, forward, future, t0)
-
-    def _engine_call(
-        self, records: list[ValidRecord], flush_all: bool, ahead: _PackedAhead | None
-    ) -> Callable[[], WindowResult]:
-        """What the engine's thread runs for a window: for an engine in other processes, the
-        window already packed here (its records packed ahead as they arrived, if ``ahead``
-        covers them), else the engine's own call."""
-        engine, now = self.engine, self._clock()
-        if isinstance(engine, PackingEngine):
-            tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
-            return engine.prepare(records, now=now, flush_all=flush_all, tail=tail)
-        if isinstance(engine, PreparingEngine):
-            return engine.prepare(records, now=now, flush_all=flush_all)
-        return functools.partial(engine.protect_window, records, now=now, flush_all=flush_all)
-
-    async def _protected(self, then: FlushReason | None = None) -> None:
-        """Finish the window in the engine, if any: keep what it holds, then hand its outputs
-        to the producer. Their acknowledgement and the commit that follows run in the
-        background (:meth:`_settle`) while the next window is being protected; at most one
-        window is in flight. ``then``: protect what is buffered next (its reason), handing it
-        to the engine before this window's outputs are produced, so the engine does not wait
-        for the producer."""
-        p, self._protecting = self._protecting, None
-        if p is None:
-            if then is not None:
-                self._protect(then)
-            return
-        flush, dead, forward, t0 = p.flush, p.dead, p.forward, p.t0
-        result = None
-        if p.future is not None:
-            try:
-                result = await p.future
-            except BaseException:
-                self._engine_failed = True
-                raise
-            self.stats.engine_since = None
-        commits = self._buffer.complete(flush, result.held if result is not None else ())
-        if then is not None:
-            self._protect(then)
-        if p.future is not None:
-            self._gc.after_window(time.monotonic())
-        await self._settled()  # outputs and commits stay in window order
-        published = result.published if result is not None else ()
-        window_id = result.report.window_id if result is not None else ""
-
-        async def send() -> list[Awaitable[Any]]:
-            futures: list[Awaitable[Any]] = []
-            if published:
-                futures += await self._produce(published, window_id)
-            if dead:
-                futures += await self._produce_dead(dead)
-            if forward:
-                futures += await self._produce_forward(forward)
-            return futures
-
-        futures = await send()
-        report = result.report if result is not None else None
-        self._inflight = asyncio.create_task(
-            self._settle(send, futures, commits, report, flush, t0), name="privgw-settle"
-        )
-
-    async def _settle(  # noqa: PLR0917
-        self,
-        send: Callable[[], Awaitable[list[Awaitable[Any]]]],
-        futures: list[Awaitable[Any]],
-        commits: dict[TP, int],
-        report: WindowReport | None,
-        flush: Flush,
-        t0: float,
-    ) -> None:
-        """Await the broker's acknowledgement of a window's outputs, then commit past them.
-
-        A broker that is away (outage, restart, leader move) is waited for, not fatal: an
-        unacknowledged window is sent again — the copies are byte-identical and carry the same
-        record ids — and a failed commit is retried, until the broker is back or the worker
-        is stopped (then the offsets stay uncommitted and the next run replays them)."""
-        delay = _RETRY_FIRST_S
-        while futures:
-            try:
-                await self._deadline.race(asyncio.gather(*futures))
-                self.stats.broker_ok = True
-                break
-            except KafkaError as err:
-                delay = await self._back_off(err, "outputs of a window not acknowledged", delay)
-                with contextlib.suppress(KafkaError):
-                    futures = await send()
-        delay = _RETRY_FIRST_S
-        if commits and self.partition_guard is not None:
-            self.partition_guard.before_commit(commits)
-        while commits:
-            try:
-                await self._deadline.race(
-                    self._consumer.commit(
-                        {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
-                    )
-                )
-            except (CommitFailedError, IllegalStateError) as err:
-                # the partitions moved to another member meanwhile: it replays from the last
-                # commit, and replays are identical
-                log.info("commit skipped (%s): partitions reassigned", err.__class__.__name__)
-                break
-            except KafkaError as err:
-                delay = await self._back_off(err, "commit failed", delay)
-                continue
-            self._buffer.committed(commits)
-            self.stats.commits += 1
-            self.stats.broker_ok = True
-            break
-        self._account(report, flush, time.perf_counter() - t0, commits)
-
-    async def _back_off(self, err: KafkaError, what: str, delay: float) -> float:
-        """Wait ``delay`` before trying again if ``err`` is worth waiting out (else re-raise it);
-        returns the next delay."""
-        if not _transient(err):
-            raise err
-        if self._stopping.is_set():  # a stop does not wait out the broker: read again later
-            self._deadline.give_up()
-            raise BrokerAway from err
-        log.warning("%s (%s); trying again in %.1f s", what, err.__class__.__name__, delay)
-        self.stats.retries += 1
-        self.stats.broker_ok = False  # not ready; still live: waiting out the broker is
-        self.stats.loop_tick = time.monotonic()  # deliberate, a restart would not help
-        await asyncio.sleep(delay)
-        return min(delay * 2, _RETRY_MAX_S)
-
-    async def _settled(self) -> None:
-        """Wait for the window in flight, if any; its failure is the worker's failure."""
-        task, self._inflight = self._inflight, None
-        if task is not None:
-            await task
-
-    def _account(
-        self, report: WindowReport | None, flush: Flush, elapsed: float, commits: dict[TP, int]
-    ) -> None:
-        st = self.stats
-        in_engine = len(self._protecting.flush.records) if self._protecting is not None else 0
-        st.held = len(self._buffer.held) + in_engine  # in the engine: neither held nor out
-        st.flush_seconds += elapsed
-        if report is None:
-            return
-        st.windows += 1
-        st.published += report.published
-        st.suppressed += report.suppressed
-        st.groups += report.groups
-        st.sticky_hits += report.sticky_hits
-        if report.min_group_size is not None:
-            st.min_group_size = (
-                report.min_group_size
-                if st.min_group_size is None
-                else min(st.min_group_size, report.min_group_size)
-            )
-        st.measures.update(report.measures)
-        st.retention.update(report.retention)
-        st.last_report = report
-        log.debug(
-            "window %s (%s): %d in, %d out, %d held, %d suppressed, %.3f s",
-            report.window_id,
-            flush.reason.value,
-            report.records_in,
-            report.published,
-            report.held,
-            report.suppressed,
-            elapsed,
-        )
-        for observer in self.observers:
-            observer(report, flush, elapsed)
-
-    # -- producing -------------------------------------------------------------------------
-    def _out_partitions_of(self, published: Sequence[PublishedRecord]) -> list[int]:
-        """Each output record's partition: by its key as Kafka's default partitioner puts it,
-        all keys of the window hashed at once; without a key, the input partition's
-        counterpart, which keeps a respondent's records in order (the input is keyed by
-        respondent)."""
-        parts = self._out_partitions
-        keys = [rec.key for rec in published if rec.key is not None]
-        hashed = iter(partitions_for_keys(keys, parts) if keys else ())
-        return [
-            next(hashed)
-            if rec.key is not None
-            else parts[rec.source.partition % len(parts)]
-            if rec.source is not None
-            else parts[0]
-            for rec in published
-        ]
-
-    async def _produce(
-        self, published: Sequence[PublishedRecord], window_id: str
-    ) -> list[Awaitable[Any]]:
-        wid = window_id.encode()
-        ver = self._version_b
-        by_partition: dict[int, list[BatchItem]] = {}
-        for rec, partition in zip(published, self._out_partitions_of(published), strict=True):
-            ts = rec.source.timestamp_ms if rec.source is not None else -1
-            headers = [("record_id", rec.record_id.encode()), ("policy_version", ver)]
-            headers.append(("window_id", wid))
-            by_partition.setdefault(partition, []).append(
-                (rec.key, rec.value, ts if ts >= 0 else None, headers)
-            )
-        return await self._send_batches(self.topics.output, by_partition)
-
-    async def _produce_forward(
-        self, forward: Sequence[tuple[bytes, bytes, int, int]]
-    ) -> list[Awaitable[Any]]:
-        topic = self.topics.repartition
-        assert topic is not None
-        parts = self._repartition_partitions
-        source = self.topics.input.encode()
-        by_partition: dict[int, list[BatchItem]] = {}
-        targets = partitions_for_keys([key for key, _, _, _ in forward], parts)
-        for (key, value, partition, offset), target in zip(forward, targets, strict=True):
-            headers = [
-                ("source_topic", source),
-                ("source_partition", str(partition).encode()),
-                ("source_offset", str(offset).encode()),
-            ]
-            by_partition.setdefault(target, []).append((key, value, None, headers))
-        return await self._send_batches(topic, by_partition)
-
-    async def _produce_dead(self, dead: Sequence[DeadLetter]) -> list[Awaitable[Any]]:
-        parts = self._dlq_partitions
-        by_partition: dict[int, list[BatchItem]] = {}
-        for d in dead:
-            by_partition.setdefault(parts[d.partition % len(parts)], []).append(
-                (d.key, d.value, d.timestamp_ms, d.headers)
-            )
-        return await self._send_batches(self.topics.dlq, by_partition)
-
-    async def _send_batches(
-        self, topic: str, by_partition: dict[int, list[BatchItem]]
-    ) -> list[Awaitable[Any]]:
-        return await send_batches(self._producer, topic, by_partition)

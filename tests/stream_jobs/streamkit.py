@@ -24,11 +24,11 @@ from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy
 from gateway.validation import Validator
 from stream_jobs.app import serve
-from stream_jobs.cli import build_worker
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.worker import GatewayWorker
+from stream_jobs.worker_build import build_worker
 
 
 @dataclass(frozen=True, slots=True)

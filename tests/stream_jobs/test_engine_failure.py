@@ -126,7 +126,7 @@ def test_a_window_that_fails_to_pack_is_read_again_not_skipped(
     failing = PackingFailsOnWindow(real.engine, 2)
     first = GatewayWorker(policy, settings, failing)
     first.closers.append(real.engine.close)
-    assert first._packs_ahead  # the records were packed as they arrived
+    assert first.lifecycle.packs_ahead  # the records were packed as they arrived
     code = asyncio.run(run_until(first, lambda w: w._stopped.is_set(), during=feed, timeout=30))
     assert code == 1 and failing.calls == 2  # nothing handed over after the failure
     assert len(sent) == len(inputs)

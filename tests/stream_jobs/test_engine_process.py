@@ -30,9 +30,8 @@ from stream_jobs.engine_process import (
     EngineShards,
     EngineSpec,
     PackedRecords,
-    _decode_window,
-    _encode_window,
 )
+from stream_jobs.engine_wire import decode_window, encode_window
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = ROOT / "deploy" / "policies" / "adult.yaml"
@@ -135,11 +134,11 @@ def test_a_scrape_does_not_wait_for_the_window_in_the_child(
 def test_a_window_keeps_values_marshal_cannot_carry() -> None:
     records = validated_panel(3)
     odd = records[0]._replace(values={**records[0].values, "wave": decimal.Decimal("2")})
-    blob = _encode_window([odd, *records[1:]])
+    blob = encode_window([odd, *records[1:]])
     assert blob[:1] == b"p"  # fell back to pickle
-    assert _decode_window([blob])[0] == [odd, *records[1:]]
-    assert _encode_window(records)[:1] == b"m"
-    decoded, columns, _ = _decode_window([_encode_window(records)])
+    assert decode_window([blob])[0] == [odd, *records[1:]]
+    assert encode_window(records)[:1] == b"m"
+    decoded, columns, _ = decode_window([encode_window(records)])
     assert decoded == records
     assert columns is not None and columns["age"] == [r.values["age"] for r in records]
 
@@ -150,7 +149,7 @@ def test_a_window_whose_records_differ_in_attributes_travels_as_mappings() -> No
         values={k: v for k, v in records[1].values.items() if k != "submitted_at"}
     )
     window = [records[0], short, records[2]]
-    decoded, columns, _ = _decode_window([_encode_window(window)])
+    decoded, columns, _ = decode_window([encode_window(window)])
     assert columns is None
     assert decoded == window
     assert "submitted_at" not in decoded[1].values
@@ -163,14 +162,14 @@ def test_a_window_in_segments_decodes_as_the_whole(cuts: tuple[int, ...]) -> Non
     records as mappings."""
     records = validated_panel(8)
     bounds = [0, *cuts, len(records)]
-    segments = [_encode_window(records[a:b]) for a, b in itertools.pairwise(bounds)]
-    assert _decode_window(segments) == _decode_window([_encode_window(records)])
+    segments = [encode_window(records[a:b]) for a, b in itertools.pairwise(bounds)]
+    assert decode_window(segments) == decode_window([encode_window(records)])
     short = records[3]._replace(
         values={k: v for k, v in records[3].values.items() if k != "submitted_at"}
     )
     mixed = [*records[:3], short, *records[4:]]
-    segments = [_encode_window(mixed[a:b]) for a, b in itertools.pairwise(bounds)]
-    decoded, columns, _ = _decode_window(segments)
+    segments = [encode_window(mixed[a:b]) for a, b in itertools.pairwise(bounds)]
+    decoded, columns, _ = decode_window(segments)
     assert decoded == mixed
     assert columns is None  # the short record's segment travelled as mappings
     assert "submitted_at" not in decoded[3].values
@@ -184,16 +183,16 @@ def test_keys_packed_with_segments_join_into_the_windows_keys(cuts: tuple[int, .
     inputs = KeyedInputs(load_policy(ADULT), Keyring(SECRET))
     records = validated_panel(8)
     bounds = [0, *cuts, len(records)]
-    segments = [_encode_window(records[a:b], inputs) for a, b in itertools.pairwise(bounds)]
-    decoded, _, keys = _decode_window(segments)
+    segments = [encode_window(records[a:b], inputs) for a, b in itertools.pairwise(bounds)]
+    decoded, _, keys = decode_window(segments)
     assert decoded == records
     assert keys == inputs.of(records)
     assert len(keys.respondents) == len(records) and all(keys.respondents)
     assert len(keys.quasi_identifiers) == len(records)
-    assert _decode_window([_encode_window(records)])[2] is None  # packed without inputs
+    assert decode_window([encode_window(records)])[2] is None  # packed without inputs
     loose = [*records[:3], records[3]._replace(source=None), *records[4:]]
-    segments = [_encode_window(loose[a:b], inputs) for a, b in itertools.pairwise(bounds)]
-    assert _decode_window(segments)[2] is None
+    segments = [encode_window(loose[a:b], inputs) for a, b in itertools.pairwise(bounds)]
+    assert decode_window(segments)[2] is None
 
 
 def test_the_child_runs_this_copy_of_privgw_whatever_the_working_directory(

@@ -1,0 +1,307 @@
+"""The window lifecycle: a window closed, handed to the engine, and its results released.
+
+``stream_jobs.windows.WindowBuffer`` decides when a window closes (a count of new records, a
+timer, a held record's timeout) and which offsets its outputs may commit; this module moves the
+window through the engine:
+
+- :meth:`WindowLifecycle.protect` takes the buffered window (and the intake's dead letters and
+  forwards) and hands it to the engine's thread, returning at once: the event loop goes on
+  fetching and validating the next window meanwhile (on another core when the engine runs in a
+  process of its own). One window at a time is in the engine.
+- :meth:`WindowLifecycle.protected` finishes it: keeps what the engine holds, hands the next
+  window over first when it is due already (the engine does not wait for the producer), then
+  releases the outputs to ``stream_jobs.delivery`` and accounts for the window once they settle.
+- An engine in other processes has its windows packed on the loop's thread; a
+  :class:`PackingEngine` has each batch packed as it is buffered (:meth:`pack_ahead`), while it
+  protects the window before.
+
+A window the engine fails on leaves ``engine_failed`` set: its records are out of the buffer but
+neither published nor held, so nothing after them may be committed (they are read again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from gateway.engine import ValidRecord, WindowReport, WindowResult
+from stream_jobs.delivery import Delivery, Forward
+from stream_jobs.dlq import DeadLetter
+from stream_jobs.engine_process import PackedRecords
+from stream_jobs.intake import Intake
+from stream_jobs.memory import Collector
+from stream_jobs.windows import Flush, FlushReason, WindowBuffer
+from stream_jobs.worker_stats import WorkerStats
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 200  # longest wait for input, so that stop requests are seen quickly
+_ENGINE_POLL_MS = 5  # the same while a window is in the engine
+
+
+WindowObserver = Callable[[WindowReport, Flush, float], None]
+
+
+class WindowEngine(Protocol):
+    """What the worker needs of an engine: ``gateway.engine.Engine`` in the worker's process,
+    ``stream_jobs.engine_process.EngineProcess`` in a child of its own, or engine shards
+    (``gateway.shards.ShardedEngine`` in-process, ``EngineShards`` in children)."""
+
+    version: str
+
+    def metadata(self) -> dict[str, object]: ...
+
+    def protect_window(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> WindowResult: ...
+
+
+@runtime_checkable
+class PreparingEngine(WindowEngine, Protocol):
+    """An engine in other processes, whose window is packed before it is handed over: on the
+    event loop's thread, where packing does not contend for the GIL with the loop."""
+
+    def prepare(
+        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+    ) -> Callable[[], WindowResult]: ...
+
+
+@runtime_checkable
+class PackingEngine(PreparingEngine, Protocol):
+    """A :class:`PreparingEngine` whose records can be packed as they arrive, while it
+    protects the window before: the window's hand-over then packs only the records it held."""
+
+    def pack(self, records: Sequence[ValidRecord]) -> bytes: ...
+
+    def prepare(
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        tail: PackedRecords | None = None,
+    ) -> Callable[[], WindowResult]: ...
+
+
+@dataclass(slots=True)
+class _PackedAhead:
+    """The buffer's new records packed as they were validated, one segment per batch: valid
+    while the buffer's list of new records is the one they were packed from."""
+
+    of: list[ValidRecord]
+    segments: list[bytes]
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Protecting:
+    """A window handed to the engine, and what goes out with it."""
+
+    flush: Flush
+    dead: list[DeadLetter]
+    forward: list[Forward]
+    future: asyncio.Future[WindowResult] | None  # None: nothing to protect
+    t0: float
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
+
+
+class WindowLifecycle:
+    """The worker's windows from the buffer through the engine to the producer. ``observers``
+    see each window's report once its outputs settled."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        engine: WindowEngine,
+        buffer: WindowBuffer,
+        intake: Intake,
+        delivery: Delivery,
+        stats: WorkerStats,
+        gc: Collector,
+        *,
+        clock: Callable[[], float],
+        observers: list[WindowObserver],
+    ) -> None:
+        self.engine = engine
+        self.observers = observers
+        self._buffer = buffer
+        self._intake = intake
+        self._delivery = delivery
+        self._stats = stats
+        self._gc = gc
+        self._clock = clock
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
+        self.protecting: Protecting | None = None  # the window in the engine
+        # a window the engine failed on: its records are out of the buffer but neither
+        # published nor held, so nothing after them may be committed (they are read again)
+        self.engine_failed = False
+        self._ahead: _PackedAhead | None = None
+        self.packs_ahead = isinstance(engine, PackingEngine)  # records packed as they arrive
+        if self.packs_ahead:
+            intake.on_buffered = self.pack_ahead
+
+    def close(self) -> None:
+        """Wait for the engine's thread to finish (the worker's shutdown)."""
+        self._engine_thread.shutdown(wait=True)
+
+    def has_pending(self) -> bool:
+        """Anything a flush would produce or commit: records, dead letters, forwards."""
+        buf = self._buffer
+        return bool(
+            buf.size
+            or self._intake.dead
+            or self._intake.forward
+            or buf.opened_at is not None
+            or self.protecting is not None
+        )
+
+    def poll_timeout_ms(self) -> int:
+        """How long a fetch may wait: until the buffer's window is due, or briefly while a
+        window is in the engine."""
+        if self.protecting is not None:
+            return _ENGINE_POLL_MS  # come back soon to send the window the engine finishes
+        deadline = self._buffer.deadline()
+        if deadline is None:
+            return _POLL_MS
+        return max(0, min(_POLL_MS, int((deadline - self._clock()) * 1000) + 1))
+
+    def pack_ahead(self, valid: list[ValidRecord]) -> None:
+        """Pack the records just buffered for the engine's process now, while it protects the
+        window before, rather than when their window is handed over (the engine waits then)."""
+        new = self._buffer.new
+        ahead = self._ahead
+        if ahead is None or ahead.of is not new:  # taken or filtered since: start again
+            ahead = self._ahead = _PackedAhead(new, [])
+        if ahead.count + len(valid) != len(new):
+            return  # not contiguous with what was packed: the hand-over packs these
+        assert isinstance(self.engine, PackingEngine)
+        try:
+            ahead.segments.append(self.engine.pack(valid))
+        except Exception:  # the hand-over packs the window whole, and fails as the engine
+            ahead.count = -1  # covers nothing from now on
+            return
+        ahead.count = len(new)
+
+    async def flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
+        """Protect everything buffered and wait for it (revocation, shutdown): the window in
+        the engine first, if any, then the rest."""
+        await self.protected()
+        self.protect(reason, flush_all=flush_all)
+        await self.protected()
+
+    def protect(self, reason: FlushReason, *, flush_all: bool = False) -> None:
+        """Hand the buffered window to the engine's thread and return at once: the event loop
+        goes on fetching and validating the next window meanwhile (on another core when the
+        engine runs in its own process). One window at a time is in the engine;
+        :meth:`protected` finishes it."""
+        assert self.protecting is None, "one window at a time in the engine"
+        t0 = time.perf_counter()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (ahead.of is not self._buffer.new or ahead.count != len(ahead.of)):
+            ahead = None  # they no longer cover the new records exactly
+        flush = self._buffer.take(reason)
+        dead, forward = self._intake.take()
+        future: asyncio.Future[WindowResult] | None = None
+        if flush.records:
+            self._stats.engine_since = time.monotonic()
+            # in the engine's own thread: the event loop keeps heartbeating, fetching and
+            # settling the previous window while this one is protected and fsynced
+            try:
+                call = self._engine_call(flush.records, flush_all, ahead)
+            except BaseException:  # packing failed: as if the engine had failed on it
+                self.engine_failed = True
+                raise
+            future = asyncio.get_running_loop().run_in_executor(self._engine_thread, call)
+        self.protecting = Protecting(flush, dead, forward, future, t0)
+
+    def _engine_call(
+        self, records: list[ValidRecord], flush_all: bool, ahead: _PackedAhead | None
+    ) -> Callable[[], WindowResult]:
+        """What the engine's thread runs for a window: for an engine in other processes, the
+        window already packed here (its records packed ahead as they arrived, if ``ahead``
+        covers them), else the engine's own call."""
+        engine, now = self.engine, self._clock()
+        if isinstance(engine, PackingEngine):
+            tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
+            return engine.prepare(records, now=now, flush_all=flush_all, tail=tail)
+        if isinstance(engine, PreparingEngine):
+            return engine.prepare(records, now=now, flush_all=flush_all)
+        return functools.partial(engine.protect_window, records, now=now, flush_all=flush_all)
+
+    async def protected(self, then: FlushReason | None = None) -> None:
+        """Finish the window in the engine, if any: keep what it holds, then hand its outputs
+        to the producer. Their acknowledgement and the commit that follows run in the
+        background (:meth:`Delivery.deliver`) while the next window is being protected; at most
+        one window is in flight. ``then``: protect what is buffered next (its reason), handing
+        it to the engine before this window's outputs are produced, so the engine does not wait
+        for the producer."""
+        p, self.protecting = self.protecting, None
+        if p is None:
+            if then is not None:
+                self.protect(then)
+            return
+        flush, dead, forward, t0 = p.flush, p.dead, p.forward, p.t0
+        result = None
+        if p.future is not None:
+            try:
+                result = await p.future
+            except BaseException:
+                self.engine_failed = True
+                raise
+            self._stats.engine_since = None
+        commits = self._buffer.complete(flush, result.held if result is not None else ())
+        if then is not None:
+            self.protect(then)
+        if p.future is not None:
+            self._gc.after_window(time.monotonic())
+        await self._delivery.settled()  # outputs and commits stay in window order
+        report = result.report if result is not None else None
+        await self._delivery.deliver(
+            result.published if result is not None else (),
+            report.window_id if report is not None else "",
+            dead,
+            forward,
+            commits,
+            lambda: self._account(report, flush, time.perf_counter() - t0),
+        )
+
+    def _account(self, report: WindowReport | None, flush: Flush, elapsed: float) -> None:
+        st = self._stats
+        in_engine = len(self.protecting.flush.records) if self.protecting is not None else 0
+        st.held = len(self._buffer.held) + in_engine  # in the engine: neither held nor out
+        st.flush_seconds += elapsed
+        if report is None:
+            return
+        st.windows += 1
+        st.published += report.published
+        st.suppressed += report.suppressed
+        st.groups += report.groups
+        st.sticky_hits += report.sticky_hits
+        if report.min_group_size is not None:
+            st.min_group_size = (
+                report.min_group_size
+                if st.min_group_size is None
+                else min(st.min_group_size, report.min_group_size)
+            )
+        st.measures.update(report.measures)
+        st.retention.update(report.retention)
+        st.last_report = report
+        log.debug(
+            "window %s (%s): %d in, %d out, %d held, %d suppressed, %.3f s",
+            report.window_id,
+            flush.reason.value,
+            report.records_in,
+            report.published,
+            report.held,
+            report.suppressed,
+            elapsed,
+        )
+        for observer in self.observers:
+            observer(report, flush, elapsed)
