@@ -138,9 +138,16 @@ class GatewayWorker:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
-        s = self.settings
         tune_memory()
         self._gc.start(time.monotonic())
+        try:
+            await self._start()
+        except BaseException:  # a refused start leaves the process's collector as it was
+            self._gc.stop()
+            raise
+
+    async def _start(self) -> None:
+        s = self.settings
         await check_input_topic(s, self.topics)
         await ensure_topics(s, self.topics)  # (unless create_topics is off)
         self._producer = make_producer(s)

@@ -6,6 +6,7 @@ a topic that disagree are refused before anything is published."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,7 @@ def test_state_and_topic_of_the_previous_version_keep_hmac_and_a_mismatch_is_ref
     message = str(refused.refused)
     assert AES in message and HMAC in message and "one deployment" in message
     assert len(consume_all(broker.bootstrap, f"{unique_name}.out")) == before
+    assert gc.isenabled()  # the refused start gave the process its collector back
 
 
 def test_partitions_of_the_partitioned_backend_record_it_and_restore_it_with_their_state(
