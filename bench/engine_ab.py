@@ -62,6 +62,18 @@ def export(revision: str | None, side: str, into: Path) -> Path:
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    # each version with its own Adult policy: an older parser refuses newer sections
+    policy = "deploy/policies/adult.yaml"
+    (root / "adult.yaml").write_text(
+        (ROOT / policy).read_text()
+        if revision is None
+        else subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{revision}:{policy}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     imports = re.compile(rf"\b(from|import) ({'|'.join(PACKAGES)})\b")
     for pkg in PACKAGES:
         for path in (root / pkg).rglob("*.py"):
@@ -121,8 +133,11 @@ def main() -> None:
     answers = [validator.decode_and_validate(value, key) for key, value in raw]
     sides = ("base", "head")
     with tempfile.TemporaryDirectory(prefix="privgw-ab-") as tmp:
+        texts = {}
         for side, revision in zip(sides, (args.base, args.head), strict=True):
-            sys.path.insert(0, str(export(revision, side, Path(tmp))))
+            root = export(revision, side, Path(tmp))
+            sys.path.insert(0, str(root))
+            texts[side] = text if args.numeric_only else (root / "adult.yaml").read_text()
         spent = {side: [0.0, 0.0] for side in sides}  # wave 1, waves 2-3
         # a window is wave 1's when it starts among wave 1's records (the first third)
         starts = range(0, len(answers), WINDOW)
@@ -131,7 +146,7 @@ def main() -> None:
         for start, p in zip(starts, phase, strict=True):
             counted[p] += min(WINDOW, len(answers) - start) * args.rounds
         for rnd in range(args.rounds):
-            runs = {s: prepare(s, text, answers, Path(tmp) / f"{s}{rnd}.db") for s in sides}
+            runs = {s: prepare(s, texts[s], answers, Path(tmp) / f"{s}{rnd}.db") for s in sides}
             windows = len(runs["base"][3])
             gc.disable()  # collected between windows, as the engine process does
             try:

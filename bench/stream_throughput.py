@@ -93,14 +93,20 @@ whole_key = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(whole_key)
 
 
-def policy_text(numeric_only: bool) -> str:
+def policy_text(numeric_only: bool, pool: str | None = None) -> str:
     """deploy/policies/adult.yaml (the k claim over all nine quasi-identifiers), or with
     ``numeric_only`` its categorical quasi-identifiers published unchanged, outside the claim
-    (the numeric-only claim of earlier versions, as bench/whole_key.py builds it)."""
+    (the numeric-only claim of earlier versions, as bench/whole_key.py builds it). ``pool``:
+    another ``republication.pool`` than the policy's (``release`` groups a whole wave at once
+    when it closes; ``window`` groups each window as it comes)."""
     text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
-    if not numeric_only:
+    if not numeric_only and pool is None:
         return text
     data = yaml.safe_load(text)
+    if pool is not None:
+        data["republication"]["pool"] = pool
+    if not numeric_only:
+        return str(yaml.safe_dump(data, sort_keys=False))
     for name in whole_key.CATEGORICAL_QIS:
         attr = data["attributes"][name]
         attr.pop("hierarchy", None)
@@ -565,9 +571,15 @@ def main() -> None:
         action="store_true",
         help="the k claim over the numeric quasi-identifiers only (earlier versions' policy)",
     )
+    ap.add_argument(
+        "--pool",
+        choices=["release", "window"],
+        help="republication.pool instead of the policy's (release: a wave grouped when it "
+        "closes; window: every window grouped as it comes)",
+    )
     args = ap.parse_args()
     global POLICY_TEXT  # noqa: PLW0603
-    POLICY_TEXT = policy_text(args.numeric_only)
+    POLICY_TEXT = policy_text(args.numeric_only, args.pool)
     import logging  # noqa: PLC0415
 
     logging.basicConfig(level=logging.WARNING)
