@@ -39,6 +39,7 @@ from gateway.grouping.mixed_microaggregation import (
 from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
+from gateway.grouping.replay import Committed
 from gateway.grouping.republish import Republisher, WindowQI
 from gateway.grouping.scope import Diversifier, GroupingInputs, refuse_in_stream, same_stratum
 from gateway.grouping.strata import stratum_texts
@@ -666,6 +667,7 @@ class Engine:
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
         encode: bool = True,
         keys: WindowKeys | None = None,
+        committed: Committed | None = None,
     ) -> WindowResult:
         """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
         ``records``, from a caller that holds the window as columns (the engine process); they
@@ -674,7 +676,10 @@ class Engine:
         for the caller to encode with :func:`encode_rows` (the engine process hands that work
         to the worker, whose core has time to spare).
         ``keys``: the records' :class:`WindowKeys`, from a :class:`KeyedInputs` of the same
-        policy and secret (computed here when not given)."""
+        policy and secret (computed here when not given).
+        ``committed``: the input offsets the caller has committed, (topic, partition) -> offset;
+        what records below them published need not be kept for a replay
+        (:mod:`gateway.grouping.replay`)."""
         if keys is not None and len(keys.respondents) != len(records):
             raise ValueError(
                 f"keys for {len(keys.respondents)} records given with a window of "
@@ -690,6 +695,7 @@ class Engine:
                 by_attribute=by_attribute,
                 encode=encode,
                 keys=keys,
+                committed=committed,
             )
         # records waiting for their wave to close are handed back held, undecided
         aside = set(parked)
@@ -704,6 +710,7 @@ class Engine:
             else {n: [c[i] for i in active] for n, c in by_attribute.items()},
             encode=encode,
             keys=None if keys is None else _keys_at(keys, active),
+            committed=committed,
         )
         report = replace(
             res.report,
@@ -754,6 +761,7 @@ class Engine:
         by_attribute: Mapping[str, Sequence[Any]] | None,
         encode: bool,
         keys: WindowKeys | None,
+        committed: Committed | None,
     ) -> WindowResult:
         policy = self.policy
         self._windows += 1
@@ -823,6 +831,7 @@ class Engine:
             by_attribute=by_attribute,
             qi_digests=given_qi,
             grouping=grouping,
+            committed=committed,
         )
         held_idx, suppressed_idx, sticky_hits = qi.held, qi.suppressed, qi.hits
         held_set = set(held_idx)
@@ -902,9 +911,9 @@ class Engine:
 
         # -- state first (durable), then the caller produces the outputs ----------------
         if self._store is not None:
-            # A respondent's state is written only when it is new or its published values
-            # change: republishing an unchanged respondent costs no durable write (and no
-            # changelog record with partitioned state).
+            # Here a respondent's state is written only when it is new or its published values
+            # change (the regroup and cohort modes also keep, per record, what it published
+            # for a replay: gateway.grouping.replay).
             qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
             stratum_digests = grouping.stratum_digests
             unchanged = qi.unchanged
@@ -1417,7 +1426,9 @@ class Engine:
     def _deferred_quasi_identifiers(
         self, *args: Any, **kwargs: Any
     ) -> tuple[QIDecision, dict[str, Group]]:
-        """The ``deferred`` mode and the file workflow: no group is re-formed."""
+        """The ``deferred`` mode and the file workflow: no group is re-formed. A respondent's
+        state maps each claim digest it published to its tuple, so a replay needs no offsets."""
+        kwargs.pop("committed", None)
         return self._quasi_identifiers(*args, **kwargs), {}
 
     def _republish(
@@ -1432,6 +1443,7 @@ class Engine:
         by_attribute: Mapping[str, Sequence[Any]] | None,
         qi_digests: list[str] | None,
         grouping: GroupingInputs,
+        committed: Committed | None,
     ) -> tuple[QIDecision, dict[str, Group]]:
         """The k claim's decision under the ``regroup`` and ``cohort`` modes
         (:mod:`gateway.grouping.republish`)."""
@@ -1489,6 +1501,7 @@ class Engine:
             view.touched,
             self._load_groups,
             sampled=(self._windows - 1) % policy.risk.sample_every == 0,
+            committed=committed,
         )
         for gid, grp in groups.items():
             view.sizes[gid] = grp.size

@@ -15,7 +15,9 @@ digests (16 bytes, never an id), ``r`` the current release, ``P`` its mask, ``l`
 masks, ``tr`` the release whose first publishers set ``t`` (cohorts recompute it); with
 ``microaggregation.strata``, ``s`` the keyed digest of the group's stratum; with
 ``microaggregation.l_diversity``, ``v`` the distinct published sensitive values (8-byte keyed
-digests) of the current release's publishers.
+digests) of the current release's publishers; once ``t`` was recomputed, ``h`` the tuples it
+replaced, newest first, each with the release that set it (a replay of a record decided before
+a crash publishes the tuple of its time: :mod:`gateway.grouping.replay`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MEMBER_DIGEST_BYTES = 16
+TUPLES_KEPT = 3  # earlier tuples a group keeps for replays (as many as a respondent's records)
 
 
 def member_digest(key: bytes) -> bytes:
@@ -63,6 +66,7 @@ class Group:
     changed: bool = False  # written back at the end of the window
     stratum: str | None = None  # the stratum every member is in (None: the policy has none)
     values: set[bytes] = field(default_factory=set)  # l-diversity: see the module docstring
+    history: list[list[Any]] = field(default_factory=list)  # [[tuple_release, tuple], ...]
 
     @classmethod
     def formed(
@@ -107,6 +111,7 @@ class Group:
             tuple_release=str(doc["tr"]),
             stratum=None if doc.get("s") is None else str(doc["s"]),
             values=set(doc.get("v", ())),
+            history=[list(entry) for entry in doc.get("h", ())],
         )
 
     def to_doc(self) -> dict[str, Any]:
@@ -124,7 +129,25 @@ class Group:
             doc["s"] = self.stratum
         if self.values:
             doc["v"] = sorted(self.values)
+        if self.history:
+            doc["h"] = self.history
         return doc
+
+    # -- its tuple --------------------------------------------------------------------------
+    def retune(self, release: str) -> None:
+        """``release``'s first publishers set the tuple anew (the caller assigns it): the one
+        before is kept, with the release that set it, for replays."""
+        self.history = [[self.tuple_release, self.tuple_], *self.history][:TUPLES_KEPT]
+        self.tuple_release = release
+
+    def tuple_at(self, tuple_release: str) -> list[Any] | None:
+        """The tuple that ``tuple_release`` set, if the group still knows it."""
+        if tuple_release == self.tuple_release:
+            return self.tuple_
+        for release, tuple_ in self.history:
+            if release == tuple_release:
+                return list(tuple_)
+        return None
 
     # -- releases ---------------------------------------------------------------------------
     def enter(self, release: str) -> bool:

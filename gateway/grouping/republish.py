@@ -49,6 +49,7 @@ from gateway.grouping.registry import (
     member_digest,
     newer,
 )
+from gateway.grouping.replay import Committed, Outcome, recall, remember
 from gateway.policy import RepublicationMode
 
 # (rows of one list per claim column, k) -> (published values per column, group label per row)
@@ -98,6 +99,9 @@ class _Window:
     published_groups: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     stale: dict[int, int] = field(default_factory=dict)  # i -> releases its tuple is behind
     recompute: dict[str, list[int]] = field(default_factory=dict)  # group -> its publishers
+    emitted: dict[int, str] = field(default_factory=dict)  # i -> its tuple's tuple_release
+    # i -> what its record published before a crash (gateway.grouping.replay)
+    replayed: dict[int, Outcome] = field(default_factory=dict)
 
 
 class Republisher:
@@ -145,31 +149,40 @@ class Republisher:
         load: Callable[[Sequence[str]], Mapping[str, Group]],
         *,
         sampled: bool = False,
+        committed: Committed | None = None,
     ) -> tuple[QIDecision, dict[str, Group]]:
         """The window's decision; ``states`` (the respondents' decoded states) are updated in
         place and their keys added to ``touched``. Returns the decision and every group read or
         formed, whose changed entries the caller writes with the states. ``sampled``: a window
-        whose risk is measured (``QIDecision.aggregated`` holds its new groups' rows)."""
+        whose risk is measured (``QIDecision.aggregated`` holds its new groups' rows).
+        ``committed``: the input offsets committed so far (:mod:`gateway.grouping.replay`)."""
         win = _Window(w, states, touched, {})
         win.decision.sampled = sampled  # its new groups' true and masked rows are kept
         followers, later = self._scan(win)
-        win.groups.update(load(sorted({m[0] for m in win.member.values()})))
+        gids = {m[0] for m in win.member.values()}
+        gids.update(o[0] for o in win.replayed.values() if o is not None)
+        win.groups.update(load(sorted(gids)))
+        if self._recall(win):  # some are decided again: their groups too
+            win.groups.update(load(sorted({m[0] for m in win.member.values()} - gids)))
         batches = self._classify(win)
         for (gid, release), idx in batches:
             self._quorum(win, gid, release, idx)
         self._recompute(win)
         self._form(win)
         d = win.decision
+        self._replay(win)
         suppressed = set(d.suppressed)
         for i, f in followers:  # the same respondent again, same tuple: the same outcome
             if f in d.tuples:
                 d.tuples[i], d.group_of[i], d.digests[i] = d.tuples[f], d.group_of[f], w.digests[f]
+                win.emitted[i] = win.emitted[f]
             elif f in suppressed:
                 d.suppressed.append(i)
             else:
                 self._hold_or_suppress(win, i)
         for i in later:  # another tuple of a respondent decided here: the next window's
             self._hold_or_suppress(win, i)
+        self._remember(win, committed or {})
         if sampled:
             self._measure(win)
         return d, win.groups
@@ -190,6 +203,12 @@ class Republisher:
             if key is None:
                 win.pool.append(i)
                 continue
+            st = states.get(key)
+            if st is not None and "p" in st:
+                known = recall(st, w.rids[i], w.digests[i])
+                if known is not False:  # decided before a crash: published as then
+                    win.replayed[i] = known
+                    continue
             f = first.get(key)
             if f is not None:
                 same = w.digests[f] == w.digests[i] and w.releases[f] == w.releases[i]
@@ -199,14 +218,18 @@ class Republisher:
                     later.append(i)
                 continue
             first[key] = i
-            st = states.get(key)
-            g = st.get("g") if st is not None else None
-            if g is None:
-                win.pool.append(i)  # new (or kept by the deferred mode: grouped afresh)
-            else:
-                # states written before categories were digested apart: any change moves
-                win.member[i] = (str(g[0]), str(g[1]), int(g[2]), str(g[3]) if len(g) > 3 else "")
+            self._enter(win, i, st)
         return followers, later
+
+    @staticmethod
+    def _enter(win: _Window, i: int, st: dict[str, Any] | None) -> None:
+        """Record ``i`` (its respondent's first here) returns to its group or joins the pool."""
+        g = st.get("g") if st is not None else None
+        if g is None:
+            win.pool.append(i)  # new (or kept by the deferred mode: grouped afresh)
+        else:
+            # states written before categories were digested apart: any change moves
+            win.member[i] = (str(g[0]), str(g[1]), int(g[2]), str(g[3]) if len(g) > 3 else "")
 
     def _classify(self, win: _Window) -> list[tuple[tuple[str, str], list[int]]]:
         """Members by (group, release), oldest release first; the others join the pool."""
@@ -255,6 +278,57 @@ class Republisher:
             win.leaving.add(i)
         win.pool.append(i)
 
+    # -- replays -----------------------------------------------------------------------------
+    def _recall(self, win: _Window) -> bool:
+        """Replayed records whose group no longer knows the tuple they published are decided
+        again, as if new here; whether there were any."""
+        keys, states, again = win.w.keys, win.states, False
+        for i, outcome in list(win.replayed.items()):
+            if outcome is None:
+                continue
+            grp = win.groups.get(outcome[0])
+            if grp is None or grp.tuple_at(outcome[1]) is None:
+                del win.replayed[i]
+                key = keys[i]
+                assert key is not None
+                self._enter(win, i, states.get(key))
+                again = True
+        return again
+
+    @staticmethod
+    def _replay(win: _Window) -> None:
+        """Records decided before a crash publish what they published then."""
+        d, digests, groups = win.decision, win.w.digests, win.groups
+        for i, outcome in win.replayed.items():
+            if outcome is None:
+                d.suppressed.append(i)
+                continue
+            gid, tuple_release = outcome
+            tuple_ = groups[gid].tuple_at(tuple_release)
+            assert tuple_ is not None  # checked by _recall
+            d.tuples[i], d.group_of[i], d.digests[i] = tuple_, gid, digests[i]
+            win.emitted[i] = tuple_release
+            d.hits += 1
+
+    @staticmethod
+    def _remember(win: _Window, committed: Committed) -> None:
+        """Each respondent's state keeps what its records published here, for a replay."""
+        w, d, states, touched = win.w, win.decision, win.states, win.touched
+        replayed, keys, rids, digests = win.replayed, w.keys, w.rids, w.digests
+        emitted = win.emitted
+        for i, gid in d.group_of.items():
+            key = keys[i]
+            if key is not None and i not in replayed and i in d.tuples:
+                st = states.setdefault(key, {})
+                remember(st, rids[i], digests[i], (gid, emitted[i]), committed)
+                touched.add(key)
+        complete = w.complete
+        for i in d.suppressed:
+            key = keys[i]
+            if key is not None and complete[i] and i not in replayed:
+                remember(states.setdefault(key, {}), rids[i], digests[i], None, committed)
+                touched.add(key)
+
     # -- returning members -----------------------------------------------------------------
     def _quorum(self, win: _Window, gid: str, release: str, idx: list[int]) -> None:
         grp = win.groups[gid]
@@ -299,7 +373,7 @@ class Republisher:
             digests, member = w.digests, win.member
             if any(digests[i] != member[i][1] for i in batch):
                 # the release's first publishers bring current values: recompute
-                grp.tuple_release = grp.release
+                grp.retune(grp.release)  # _recompute sets the tuple
                 for i in batch:
                     j = win.member[i][2]
                     self._set_member(win, i, gid, j)
@@ -333,9 +407,11 @@ class Republisher:
         """The records of ``batch`` publish ``gid``'s tuple."""
         d, digests, member = win.decision, win.w.digests, win.member
         tuples, group_of, published = d.tuples, d.group_of, d.digests
+        emitted, tuple_release = win.emitted, win.groups[gid].tuple_release
         for i in batch:
             tuples[i] = tuple_
             group_of[i] = gid
+            emitted[i] = tuple_release
             published[i] = digest = digests[i]
             if digest != member[i][1]:
                 win.stale[i] = self._stale_for(win, i)
@@ -479,6 +555,7 @@ class Republisher:
         d.tuples[i] = grp.tuple_
         d.group_of[i] = gid
         d.digests[i] = w.digests[i]
+        win.emitted[i] = grp.tuple_release
         if w.keys[i] is None:
             return
         if i in win.leaving:
@@ -529,8 +606,8 @@ class Republisher:
         nothing: dict[str, Any] = {}
         for i, gid in d.group_of.items():
             key = keys[i]
-            if key is None or i in suppressed:
-                continue
+            if key is None or i in suppressed or i in win.replayed:
+                continue  # a replay's linkage was measured when it was first decided
             st = states.get(key, nothing)
             g = st.get("g")
             if g is None or g[0] != gid:

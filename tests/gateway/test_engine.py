@@ -14,6 +14,7 @@ from gateway.errors import PolicyError
 from gateway.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
 from gateway.randomness import SeededSource
+from gateway.state_codec import decode_state
 
 POLICY = """
 input: {respondent_id: rid}
@@ -161,26 +162,39 @@ def test_sticky_values_survive_waves_changes_and_reverts() -> None:
     assert one("a", 502)["occ"] == first["0"]["occ"]
 
 
-def test_republishing_unchanged_respondents_writes_no_state() -> None:
+def test_republishing_unchanged_respondents_writes_only_what_a_replay_needs() -> None:
     store = DictStore()
     engine = Engine(_policy(), keyring=KEY, store=store)
     engine.protect_window(_records(1, 30, np.random.default_rng(0)), now=0.0)
     after_first = dict(store.data)
     assert sum(len(k) == 32 for k in after_first) == 30  # one entry per respondent
-    engine.protect_window(_records(2, 30, np.random.default_rng(0), offset=100), now=1.0)
-    # nothing changed for a respondent: no respondent entry is written (a group's entry
-    # records who published its tuple in this release)
-    respondents = {k: v for k, v in store.data.items() if len(k) == 32}
-    assert respondents == {k: v for k, v in after_first.items() if len(k) == 32}
 
-    # one respondent changes occupation: exactly its entry is rewritten
+    def respondents(data: Mapping[bytes, bytes]) -> dict[bytes, dict]:
+        """Each respondent's state without what its records published (``p``, kept for a
+        replay after a crash: gateway.grouping.replay)."""
+        out = {}
+        for key, value in data.items():
+            if len(key) == 32:
+                state = decode_state(value)
+                assert [entry[0] for entry in state.pop("p")][-1].startswith("in/0/")
+                out[key] = state
+        return out
+
+    engine.protect_window(_records(2, 30, np.random.default_rng(0), offset=100), now=1.0)
+    # nothing changed for a respondent: its entry changes only by the record it published (a
+    # group's entry records who published its tuple in this release)
+    assert respondents(store.data) == respondents(after_first)
+    latest = {decode_state(v)["p"][-1][0] for k, v in store.data.items() if len(k) == 32}
+    assert latest == {f"in/0/{100 + i}" for i in range(30)}
+
+    # one respondent changes occupation: exactly its entry changes beyond that
     changed = _records(3, 30, np.random.default_rng(0), offset=200)
     rec = changed[4]
     other = "b" if rec.values["occ"] == "a" else "a"
     changed[4] = rec._replace(values={**rec.values, "occ": other})
     engine.protect_window(changed, now=2.0)
-    rewritten = {k for k, v in store.data.items() if len(k) == 32 and after_first.get(k) != v}
-    assert rewritten == {KEY.respondent_key("r4")}
+    now, first = respondents(store.data), respondents(after_first)
+    assert {k for k, v in now.items() if first.get(k) != v} == {KEY.respondent_key("r4")}
 
 
 def test_keys_computed_apart_protect_as_the_engines_own() -> None:
