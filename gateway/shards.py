@@ -36,6 +36,7 @@ from gateway.engine import (
     window_id,
     window_measures,
 )
+from gateway.grouping.replay import Committed
 
 __all__ = ["MAX_SHARDS", "ShardedEngine", "merge", "route", "shard_of"]
 
@@ -222,11 +223,18 @@ class ShardedEngine(ShardDraws):
         return self.engines[0].metadata()
 
     def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        committed: Committed | None = None,
     ) -> WindowResult:
         parts = route(records, len(self.engines))
         results = [
-            engine.protect_window([records[i] for i in idx], now=now, flush_all=flush_all)
+            engine.protect_window(
+                [records[i] for i in idx], now=now, flush_all=flush_all, committed=committed
+            )
             for engine, idx in zip(self.engines, parts, strict=True)
         ]
         return merge(records, parts, results, interval_pct=self._interval_pct)

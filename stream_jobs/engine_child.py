@@ -97,7 +97,7 @@ def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) 
     if op == "count_prefix":
         return ("ok", store.count_prefix(request[1]))
     if op == "protect":
-        _, blobs, now, flush_all = request
+        _, blobs, now, flush_all, *committed = request  # (benches send no offsets)
         records, by_attribute, keys = decode_window(blobs)
         result = engine.protect_window(
             records,
@@ -106,6 +106,7 @@ def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) 
             by_attribute=by_attribute,
             encode=encode,
             keys=keys,
+            committed=committed[0] if committed else None,
         )
         columns, report = encode_result(records, result)
         return ("ok", columns, report, store.count())

@@ -45,6 +45,7 @@ from gateway.engine import (
     WindowResult,
 )
 from gateway.errors import PrivgwError
+from gateway.grouping.replay import Committed
 from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring
 from gateway.policy import Policy
 from gateway.shards import merge, route
@@ -144,9 +145,14 @@ class EngineProcess:
         return dict(self._metadata)
 
     def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        committed: Committed | None = None,
     ) -> WindowResult:
-        return self.prepare(records, now=now, flush_all=flush_all)()
+        return self.prepare(records, now=now, flush_all=flush_all, committed=committed)()
 
     @functools.cached_property
     def _inputs(self) -> KeyedInputs:
@@ -163,12 +169,13 @@ class EngineProcess:
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
+        committed: Committed | None = None,
     ) -> Callable[[], WindowResult]:
         """``protect_window`` in two steps: the window packed here, on the calling thread (the
         worker's event loop, where the packing does not contend for the GIL with it), and the
         call it returns, which hands it over and waits (the worker's engine thread).
         ``tail``: the window's last records, already packed by :meth:`pack`."""
-        request = window_request(records, now, flush_all, tail, self._inputs)
+        request = window_request(records, now, flush_all, tail, self._inputs, committed=committed)
         return functools.partial(self._protect_request, records, request)
 
     def pack(self, records: Sequence[ValidRecord]) -> bytes:
@@ -354,19 +361,31 @@ class EngineShards(ShardDraws):
         return self.shards[0].metadata()
 
     def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        committed: Committed | None = None,
     ) -> WindowResult:
-        return self.prepare(records, now=now, flush_all=flush_all)()
+        return self.prepare(records, now=now, flush_all=flush_all, committed=committed)()
 
     def prepare(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        committed: Committed | None = None,
     ) -> Callable[[], WindowResult]:
         """As :meth:`EngineProcess.prepare`: the shards' windows packed here, handed over and
         waited for by the call returned."""
         parts = route(records, len(self.shards))
         windows = [[records[i] for i in idx] for idx in parts]
         # every shard gets every window, an empty one too: their risk sampling stays in step
-        requests = [window_request(window, now, flush_all) for window in windows]
+        requests = [
+            window_request(window, now, flush_all, committed=committed) for window in windows
+        ]
         return functools.partial(self._protect_requests, records, parts, windows, requests)
 
     def _protect_requests(

@@ -31,6 +31,7 @@ from gateway.engine import (
     WindowResult,
     encode_rows,
 )
+from gateway.grouping.replay import Committed
 
 _MARSHAL, _PICKLE = b"m", b"p"
 
@@ -115,12 +116,14 @@ def window_request(
     flush_all: bool,
     tail: PackedRecords | None = None,
     inputs: KeyedInputs | None = None,
+    *,
+    committed: Committed | None = None,
 ) -> tuple[Any, ...]:
     if tail is None or not 0 < tail.count <= len(records):
-        return ("protect", [encode_window(records, inputs)], now, flush_all)
+        return ("protect", [encode_window(records, inputs)], now, flush_all, committed)
     head = len(records) - tail.count
     segments = [encode_window(records[:head], inputs)] if head else []
-    return ("protect", [*segments, *tail.segments], now, flush_all)
+    return ("protect", [*segments, *tail.segments], now, flush_all, committed)
 
 
 def _pack(columns: tuple[Any, ...]) -> bytes:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from gateway.engine import ValidRecord, WindowReport, WindowResult
+from gateway.grouping.replay import Committed
 from stream_jobs.delivery import Delivery, Forward
 from stream_jobs.dlq import DeadLetter
 from stream_jobs.engine_process import PackedRecords
@@ -58,7 +59,12 @@ class WindowEngine(Protocol):
     def metadata(self) -> dict[str, object]: ...
 
     def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        committed: Committed | None = None,
     ) -> WindowResult: ...
 
 
@@ -68,7 +74,12 @@ class PreparingEngine(WindowEngine, Protocol):
     event loop's thread, where packing does not contend for the GIL with the loop."""
 
     def prepare(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        committed: Committed | None = None,
     ) -> Callable[[], WindowResult]: ...
 
 
@@ -86,6 +97,7 @@ class PackingEngine(PreparingEngine, Protocol):
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
+        committed: Committed | None = None,
     ) -> Callable[[], WindowResult]: ...
 
 
@@ -228,12 +240,18 @@ class WindowLifecycle:
         window already packed here (its records packed ahead as they arrived, if ``ahead``
         covers them), else the engine's own call."""
         engine, now = self.engine, self._clock()
+        # what a replay can no longer reach (gateway.grouping.replay)
+        committed = self._buffer.committed_offsets()
         if isinstance(engine, PackingEngine):
             tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
-            return engine.prepare(records, now=now, flush_all=flush_all, tail=tail)
+            return engine.prepare(
+                records, now=now, flush_all=flush_all, tail=tail, committed=committed
+            )
         if isinstance(engine, PreparingEngine):
-            return engine.prepare(records, now=now, flush_all=flush_all)
-        return functools.partial(engine.protect_window, records, now=now, flush_all=flush_all)
+            return engine.prepare(records, now=now, flush_all=flush_all, committed=committed)
+        return functools.partial(
+            engine.protect_window, records, now=now, flush_all=flush_all, committed=committed
+        )
 
     async def protected(self, then: FlushReason | None = None) -> None:
         """Finish the window in the engine, if any: keep what it holds, then hand its outputs

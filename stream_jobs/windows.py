@@ -147,6 +147,10 @@ class WindowBuffer:
             if offset > self._committed.get(tp, -1):
                 self._committed[tp] = offset
 
+    def committed_offsets(self) -> dict[TP, int]:
+        """The offsets the broker accepted so far (a partition's log that restarted: none)."""
+        return dict(self._committed)
+
     def position(self, tp: TP) -> int | None:
         """The next offset after the last record consumed from ``tp`` (None: none yet)."""
         return self._positions.get(tp)

@@ -26,6 +26,7 @@ from streamkit import (
 )
 
 from gateway.engine import Engine, ValidRecord, WindowResult
+from gateway.grouping.replay import Committed
 from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy
 from state.sqlite_store import SQLiteStore
@@ -52,13 +53,20 @@ class FailsOnWindow:
         return self._engine.metadata()
 
     def protect_window(
-        self, records: Sequence[ValidRecord], *, now: float, flush_all: bool = False
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        committed: Committed | None = None,
     ) -> WindowResult:
         self.calls += 1
         if self.calls == self._n:
             time.sleep(2.0)
             raise RuntimeError("injected engine failure")
-        return self._engine.protect_window(records, now=now, flush_all=flush_all)
+        return self._engine.protect_window(
+            records, now=now, flush_all=flush_all, committed=committed
+        )
 
 
 def test_records_of_a_failed_window_are_read_again_not_skipped(
@@ -101,11 +109,14 @@ class PackingFailsOnWindow:
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
+        committed: Committed | None = None,
     ) -> Callable[[], WindowResult]:
         self.calls += 1
         if self.calls == self._n:
             raise ValueError("injected packing failure")
-        return self._engine.prepare(records, now=now, flush_all=flush_all, tail=tail)
+        return self._engine.prepare(
+            records, now=now, flush_all=flush_all, tail=tail, committed=committed
+        )
 
 
 def test_a_window_that_fails_to_pack_is_read_again_not_skipped(

@@ -23,6 +23,7 @@ from gateway.engine import Engine, KeyedInputs, ValidRecord
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
 from gateway.shards import ShardedEngine
+from gateway.state_codec import decode_state
 from state.sqlite_store import SQLiteStore
 from stream_jobs.engine_process import (
     EngineProcess,
@@ -363,3 +364,36 @@ def test_strata_and_l_diversity_in_the_child_match_the_engine_in_process(tmp_pat
     # the same state too: every respondent's tuple digest (stratum included) and group entry
     with SQLiteStore(tmp_path / "child.db") as a, SQLiteStore(tmp_path / "local.db") as b:
         assert dict(a.items()) == dict(b.items())
+
+
+def test_committed_offsets_reach_the_child_and_bound_what_a_replay_keeps(
+    engine_process: EngineProcess, tmp_path: Path
+) -> None:
+    """A respondent's state keeps what its records published (gateway.grouping.replay) until
+    the worker says their offsets are committed: the offsets travel to the child with the
+    window, and without them an engine keeps every entry up to its bound."""
+    records = validated_panel(600)  # 200 respondents, wave 1 then wave 2
+    first, second = records[:200], records[200:400]
+    local_store = SQLiteStore(tmp_path / "local.db")
+    local = Engine(load_policy(ADULT), keyring=Keyring(SECRET), store=local_store)
+    done = {("in", p): 400 for p in range(3)}  # everything below offset 400 is committed
+    for engine, committed in ((engine_process, done), (local, None)):
+        engine.protect_window(first, now=1.0, flush_all=True)
+        engine.protect_window(second, now=1.0, flush_all=True, committed=committed)
+    engine_process.close()
+    local_store.close()
+
+    def kept(path: Path) -> list[list[int]]:
+        """Per respondent, the offsets of the records its state keeps."""
+        with SQLiteStore(path) as store:
+            states = [decode_state(v) for k, v in store.items() if len(k) == 32]
+        return [sorted(int(e[0].rsplit("/", 1)[1]) for e in s.get("p", ())) for s in states]
+
+    child, control = kept(tmp_path / "child.db"), kept(tmp_path / "local.db")
+    both = sum(len(offsets) == 2 for offsets in control)  # published in both windows
+    assert both > 100
+    # a respondent that published again dropped its committed entry (one not written since
+    # keeps it: entries go when a state is written)
+    again = [offsets for offsets in child if offsets and max(offsets) >= 200]
+    assert len(again) >= both
+    assert all(min(offsets) >= 200 for offsets in again)
