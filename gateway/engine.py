@@ -40,9 +40,10 @@ from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
 from gateway.grouping.replay import Committed
-from gateway.grouping.republish import Republisher, WindowQI
+from gateway.grouping.republish import Republisher
 from gateway.grouping.scope import Diversifier, GroupingInputs, refuse_in_stream, same_stratum
 from gateway.grouping.strata import stratum_texts
+from gateway.grouping.window_work import WindowQI
 from gateway.keyed import KeyedSource, Keyring
 from gateway.measures import quality
 from gateway.measures.attack import unique_combinations

@@ -22,7 +22,7 @@ a crash publishes the tuple of its time: :mod:`gateway.grouping.replay`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,3 +215,19 @@ def carried_after_leaving(group: Group, j: int, carried: Sequence[bytes] | None)
     if carried is not None:
         here &= set(carried)
     return sorted(here)
+
+
+def linked_fixpoint(grp: Group, batch: list[int], bit: Mapping[int, int], k: int) -> list[int]:
+    """The largest part of ``batch`` whose members all keep a linked set of ≥ k when they
+    publish together now (dropping one can only shrink the others' sets, so repeat)."""
+    while batch:
+        extra = 0
+        for i in batch:
+            extra |= bit[i]
+        keep = [
+            i for i in batch if grp.linked_mask(bit[i].bit_length() - 1, extra).bit_count() >= k
+        ]
+        if len(keep) == len(batch):
+            return batch
+        batch = keep
+    return batch

@@ -50,3 +50,19 @@ class ReleaseClock:
     def closed(self, key: str) -> bool:
         """Whether release ``key`` is a wave older than the newest one seen."""
         return self.newest is not None and key.lstrip("-").isdigit() and int(key) < self.newest
+
+
+def release_order(release: str) -> tuple[int, int]:
+    """Waves by number first, window releases after them."""
+    if is_wave(release):
+        return (0, int(release))
+    return (1, 0)
+
+
+def pool_order(
+    item: tuple[tuple[int | None, str, str], list[int]],
+) -> tuple[int, int, str, int, int]:
+    """A pool's place among a window's pools: scoped ones by scope, then by stratum, then
+    oldest release first."""
+    (scope, stratum, release), _ = item
+    return (scope is None, scope or 0, stratum, *release_order(release))

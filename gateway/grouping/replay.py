@@ -26,7 +26,10 @@ matching another answer of the same respondent.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from gateway.grouping.window_work import WindowWork
 
 KEPT = 8  # entries per respondent at most, newest last
 _DIGEST_CHARS = 8
@@ -68,3 +71,55 @@ def _done(record_id: str, committed: Committed) -> bool:
         return int(rest) < committed.get((topic, int(partition)), -1)
     except ValueError:  # not a stream record's id
         return False
+
+
+# -- a window's replays (gateway.grouping.republish) --------------------------------------
+def recall_unknown(win: WindowWork) -> bool:
+    """Replayed records whose group no longer knows the tuple they published are decided
+    again, as if new here; whether there were any."""
+    keys, states, again = win.w.keys, win.states, False
+    for i, outcome in list(win.replayed.items()):
+        if outcome is None:
+            continue
+        grp = win.groups.get(outcome[0])
+        if grp is None or grp.tuple_at(outcome[1]) is None:
+            del win.replayed[i]
+            key = keys[i]
+            assert key is not None
+            win.enter(i, states.get(key))
+            again = True
+    return again
+
+
+def publish_replays(win: WindowWork) -> None:
+    """Records decided before a crash publish what they published then."""
+    d, digests, groups = win.decision, win.w.digests, win.groups
+    for i, outcome in win.replayed.items():
+        if outcome is None:
+            d.suppressed.append(i)
+            continue
+        gid, tuple_release = outcome
+        tuple_ = groups[gid].tuple_at(tuple_release)
+        assert tuple_ is not None  # checked by _recall
+        d.tuples[i], d.group_of[i], d.digests[i] = tuple_, gid, digests[i]
+        win.emitted[i] = tuple_release
+        d.hits += 1
+
+
+def remember_window(win: WindowWork, committed: Committed) -> None:
+    """Each respondent's state keeps what its records published here, for a replay."""
+    w, d, states, touched = win.w, win.decision, win.states, win.touched
+    replayed, keys, rids, digests = win.replayed, w.keys, w.rids, w.digests
+    emitted = win.emitted
+    for i, gid in d.group_of.items():
+        key = keys[i]
+        if key is not None and i not in replayed and i in d.tuples:
+            st = states.setdefault(key, {})
+            remember(st, rids[i], digests[i], (gid, emitted[i]), committed)
+            touched.add(key)
+    complete = w.complete
+    for i in d.suppressed:
+        key = keys[i]
+        if key is not None and complete[i] and i not in replayed:
+            remember(states.setdefault(key, {}), rids[i], digests[i], None, committed)
+            touched.add(key)

@@ -2,6 +2,7 @@
 
 Every record of the window is, for its respondent, one of:
 
+* **replayed**: decided before a crash, published as then (:mod:`gateway.grouping.replay`).
 * **returning** to its group (``g`` in its state: group id, the digest of the values its tuple
   was formed from, its member index). It publishes the group's tuple once the group has a
   *quorum* in the record's release: at least k of its members publishing it there, counting
@@ -11,8 +12,7 @@ Every record of the window is, for its respondent, one of:
   suppressed.
 * **pending**: new, or (``regroup``) changed, or a member of a group that can no longer reach k
   live members. Pending records are microaggregated among themselves, per release and scope,
-  into groups of at least k + slack members once at least k are waiting; fewer wait (held) or,
-  past their hold time, are published suppressed.
+  into groups of ≥ k + slack once ≥ k wait; fewer wait, or past their hold are suppressed.
 
 ``cohort`` keeps its members for good: a changed member stays, and the first publishers of
 each release recompute the cohort's tuple from their current values when one of them changed.
@@ -21,7 +21,6 @@ so that holds for everyone, under attrition too; ``regroup`` measures it instead
 
 Per-release k and k over the history follow from the quorum: a tuple is published in a release
 only by groups with ≥ k publishers there, and every group was formed from ≥ k respondents.
-
 With strata (``WindowQI.strata``) pools are formed per (scope, stratum, release), a group keeps
 its stratum, and a member found in another stratum cannot publish with it: ``regroup`` moves
 it (as a changed category), ``cohort`` publishes it suppressed. With l-diversity (``ell``) a
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,11 +43,20 @@ from gateway.grouping.registry import (
     Group,
     carried_after_leaving,
     is_wave,
-    linked_size,
+    linked_fixpoint,
     member_digest,
     newer,
 )
-from gateway.grouping.replay import Committed, Outcome, recall, remember
+from gateway.grouping.release import pool_order, release_order
+from gateway.grouping.replay import (
+    Committed,
+    publish_replays,
+    recall,
+    recall_unknown,
+    remember_window,
+)
+from gateway.grouping.republish_measures import measure
+from gateway.grouping.window_work import WindowQI, WindowWork
 from gateway.policy import RepublicationMode
 
 # (rows of one list per claim column, k) -> (published values per column, group label per row)
@@ -59,49 +66,6 @@ Centroids = Callable[[list[list[object]], NDArray[np.int64]], list[list[Any]]]
 # rows, their group labels, each row's published sensitive value -> labels merged until every
 # group holds l distinct values, or None when the rows hold fewer
 Diversify = Callable[[list[list[object]], NDArray[np.int64], list[bytes]], NDArray[np.int64] | None]
-
-
-@dataclass(frozen=True, slots=True)
-class WindowQI:
-    """A window's quasi-identifier inputs, one entry per record."""
-
-    rids: Sequence[str]
-    keys: Sequence[bytes | None]  # respondent state keys (None: no respondent id)
-    cols: Sequence[Sequence[object]]  # the k claim's inputs, one list per attribute
-    complete: Sequence[bool]  # every claim value present
-    digests: Sequence[str]  # keyed digest of the claim tuple
-    categories: Sequence[str]  # keyed digest of its categorical part
-    releases: Sequence[str]
-    scopes: Sequence[int | None]  # groups never span scopes (input partitions)
-    expired: Sequence[bool]  # hold time over (or the last flush)
-    closed: Sequence[bool]  # the record's release is closed
-    strata: Sequence[str] | None = None  # keyed digest of each record's stratum (None: none)
-    sensitive: Sequence[bytes] | None = None  # digest of its published l-diversity value
-
-
-@dataclass(slots=True)
-class _Window:
-    """Working state of one decision."""
-
-    w: WindowQI
-    states: dict[bytes, dict[str, Any]]
-    touched: set[bytes]
-    groups: dict[str, Group]
-    decision: QIDecision = field(default_factory=QIDecision)
-    # i -> its state's g: group, digests of the values its tuple was formed from (whole tuple,
-    # categories), member index
-    member: dict[int, tuple[str, str, int, str]] = field(default_factory=dict)
-    leaving: set[int] = field(default_factory=set)  # members that leave if they find a group
-    pool: list[int] = field(default_factory=list)
-    # (group, release) -> its class there once the window published in it: (publishers,
-    # distinct published l-diversity values); taken at publication, since a group can move on
-    # to a later release in the same window without publishing in it
-    published_groups: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
-    stale: dict[int, int] = field(default_factory=dict)  # i -> releases its tuple is behind
-    recompute: dict[str, list[int]] = field(default_factory=dict)  # group -> its publishers
-    emitted: dict[int, str] = field(default_factory=dict)  # i -> its tuple's tuple_release
-    # i -> what its record published before a crash (gateway.grouping.replay)
-    replayed: dict[int, Outcome] = field(default_factory=dict)
 
 
 class Republisher:
@@ -156,13 +120,13 @@ class Republisher:
         formed, whose changed entries the caller writes with the states. ``sampled``: a window
         whose risk is measured (``QIDecision.aggregated`` holds its new groups' rows).
         ``committed``: the input offsets committed so far (:mod:`gateway.grouping.replay`)."""
-        win = _Window(w, states, touched, {})
+        win = WindowWork(w, states, touched, {})
         win.decision.sampled = sampled  # its new groups' true and masked rows are kept
         followers, later = self._scan(win)
         gids = {m[0] for m in win.member.values()}
         gids.update(o[0] for o in win.replayed.values() if o is not None)
         win.groups.update(load(sorted(gids)))
-        if self._recall(win):  # some are decided again: their groups too
+        if recall_unknown(win):  # some are decided again: their groups too
             win.groups.update(load(sorted({m[0] for m in win.member.values()} - gids)))
         batches = self._classify(win)
         for (gid, release), idx in batches:
@@ -170,7 +134,7 @@ class Republisher:
         self._recompute(win)
         self._form(win)
         d = win.decision
-        self._replay(win)
+        publish_replays(win)
         suppressed = set(d.suppressed)
         for i, f in followers:  # the same respondent again, same tuple: the same outcome
             if f in d.tuples:
@@ -182,13 +146,13 @@ class Republisher:
                 self._hold_or_suppress(win, i)
         for i in later:  # another tuple of a respondent decided here: the next window's
             self._hold_or_suppress(win, i)
-        self._remember(win, committed or {})
+        remember_window(win, committed or {})
         if sampled:
-            self._measure(win)
+            measure(win, self.k, self.ell)
         return d, win.groups
 
     # -- the window's records --------------------------------------------------------------
-    def _scan(self, win: _Window) -> tuple[list[tuple[int, int]], list[int]]:
+    def _scan(self, win: WindowWork) -> tuple[list[tuple[int, int]], list[int]]:
         """Sort the records: incomplete (suppressed), first of their respondent (member of a
         group, or pending), or a repeat of a respondent already seen here."""
         w, d = win.w, win.decision
@@ -218,20 +182,10 @@ class Republisher:
                     later.append(i)
                 continue
             first[key] = i
-            self._enter(win, i, st)
+            win.enter(i, st)
         return followers, later
 
-    @staticmethod
-    def _enter(win: _Window, i: int, st: dict[str, Any] | None) -> None:
-        """Record ``i`` (its respondent's first here) returns to its group or joins the pool."""
-        g = st.get("g") if st is not None else None
-        if g is None:
-            win.pool.append(i)  # new (or kept by the deferred mode: grouped afresh)
-        else:
-            # states written before categories were digested apart: any change moves
-            win.member[i] = (str(g[0]), str(g[1]), int(g[2]), str(g[3]) if len(g) > 3 else "")
-
-    def _classify(self, win: _Window) -> list[tuple[tuple[str, str], list[int]]]:
+    def _classify(self, win: WindowWork) -> list[tuple[tuple[str, str], list[int]]]:
         """Members by (group, release), oldest release first; the others join the pool."""
         w, k = win.w, self.k
         batches: dict[tuple[str, str], list[int]] = {}
@@ -271,66 +225,15 @@ class Republisher:
                     del batches[(gid, release)]
                     for i in idx:
                         self._leave_for_pool(win, i)
-        return sorted(batches.items(), key=lambda kv: _release_order(kv[0][1]))
+        return sorted(batches.items(), key=lambda kv: release_order(kv[0][1]))
 
-    def _leave_for_pool(self, win: _Window, i: int) -> None:
+    def _leave_for_pool(self, win: WindowWork, i: int) -> None:
         if i in win.member:
             win.leaving.add(i)
         win.pool.append(i)
 
-    # -- replays -----------------------------------------------------------------------------
-    def _recall(self, win: _Window) -> bool:
-        """Replayed records whose group no longer knows the tuple they published are decided
-        again, as if new here; whether there were any."""
-        keys, states, again = win.w.keys, win.states, False
-        for i, outcome in list(win.replayed.items()):
-            if outcome is None:
-                continue
-            grp = win.groups.get(outcome[0])
-            if grp is None or grp.tuple_at(outcome[1]) is None:
-                del win.replayed[i]
-                key = keys[i]
-                assert key is not None
-                self._enter(win, i, states.get(key))
-                again = True
-        return again
-
-    @staticmethod
-    def _replay(win: _Window) -> None:
-        """Records decided before a crash publish what they published then."""
-        d, digests, groups = win.decision, win.w.digests, win.groups
-        for i, outcome in win.replayed.items():
-            if outcome is None:
-                d.suppressed.append(i)
-                continue
-            gid, tuple_release = outcome
-            tuple_ = groups[gid].tuple_at(tuple_release)
-            assert tuple_ is not None  # checked by _recall
-            d.tuples[i], d.group_of[i], d.digests[i] = tuple_, gid, digests[i]
-            win.emitted[i] = tuple_release
-            d.hits += 1
-
-    @staticmethod
-    def _remember(win: _Window, committed: Committed) -> None:
-        """Each respondent's state keeps what its records published here, for a replay."""
-        w, d, states, touched = win.w, win.decision, win.states, win.touched
-        replayed, keys, rids, digests = win.replayed, w.keys, w.rids, w.digests
-        emitted = win.emitted
-        for i, gid in d.group_of.items():
-            key = keys[i]
-            if key is not None and i not in replayed and i in d.tuples:
-                st = states.setdefault(key, {})
-                remember(st, rids[i], digests[i], (gid, emitted[i]), committed)
-                touched.add(key)
-        complete = w.complete
-        for i in d.suppressed:
-            key = keys[i]
-            if key is not None and complete[i] and i not in replayed:
-                remember(states.setdefault(key, {}), rids[i], digests[i], None, committed)
-                touched.add(key)
-
     # -- returning members -----------------------------------------------------------------
-    def _quorum(self, win: _Window, gid: str, release: str, idx: list[int]) -> None:
+    def _quorum(self, win: WindowWork, gid: str, release: str, idx: list[int]) -> None:
         grp = win.groups[gid]
         if not grp.enter(release):  # a straggler of a release the group has left behind
             for i in idx:
@@ -339,7 +242,7 @@ class Republisher:
         member = win.member
         batch = idx
         if self.cohort:
-            batch = _linked_fixpoint(grp, batch, {i: 1 << member[i][2] for i in idx}, self.k)
+            batch = linked_fixpoint(grp, batch, {i: 1 << member[i][2] for i in idx}, self.k)
         mask = 0
         for i in batch:
             mask |= 1 << member[i][2]
@@ -357,7 +260,7 @@ class Republisher:
         for i in waiting:
             self._wait(win, i, regroup_if_closed=True)
 
-    def _diverse(self, win: _Window, grp: Group, batch: list[int]) -> bool:
+    def _diverse(self, win: WindowWork, grp: Group, batch: list[int]) -> bool:
         """Whether the release's publishers, with ``batch``, hold l distinct published values
         (always, without l-diversity)."""
         sensitive = win.w.sensitive
@@ -365,7 +268,7 @@ class Republisher:
             return True
         return len(grp.values.union(sensitive[i] for i in batch)) >= self.ell
 
-    def _publish(self, win: _Window, gid: str, grp: Group, batch: list[int], mask: int) -> None:
+    def _publish(self, win: WindowWork, gid: str, grp: Group, batch: list[int], mask: int) -> None:
         w = win.w
         if gid in win.recompute:  # a second release of the group here: its tuple first
             self._recompute(win)
@@ -388,7 +291,7 @@ class Republisher:
         if gid not in win.recompute:
             self._emit(win, gid, grp.tuple_, batch)
 
-    def _recompute(self, win: _Window) -> None:
+    def _recompute(self, win: WindowWork) -> None:
         """The tuples of the groups whose first publishers of a release brought changed values:
         their centroids over those publishers' current values, all groups in one pass."""
         if not win.recompute:
@@ -403,7 +306,7 @@ class Republisher:
             win.groups[gid].tuple_ = tuple_
             self._emit(win, gid, tuple_, batch)
 
-    def _emit(self, win: _Window, gid: str, tuple_: list[Any], batch: list[int]) -> None:
+    def _emit(self, win: WindowWork, gid: str, tuple_: list[Any], batch: list[int]) -> None:
         """The records of ``batch`` publish ``gid``'s tuple."""
         d, digests, member = win.decision, win.w.digests, win.member
         tuples, group_of, published = d.tuples, d.group_of, d.digests
@@ -418,7 +321,7 @@ class Republisher:
         d.hits += len(batch)
 
     def _wait(
-        self, win: _Window, i: int, *, regroup_if_closed: bool, force_close: bool = False
+        self, win: WindowWork, i: int, *, regroup_if_closed: bool, force_close: bool = False
     ) -> None:
         """A record that cannot publish now: held while its release is open and its hold time
         lasts; then grouped afresh (``regroup``) or published suppressed."""
@@ -433,13 +336,13 @@ class Republisher:
         else:
             d.suppressed.append(i)
 
-    def _hold_or_suppress(self, win: _Window, i: int) -> None:
+    def _hold_or_suppress(self, win: WindowWork, i: int) -> None:
         if win.w.expired[i] and self._suppress_on_timeout:
             win.decision.suppressed.append(i)
         else:
             win.decision.held.append(i)
 
-    def _stale_for(self, win: _Window, i: int) -> int:
+    def _stale_for(self, win: WindowWork, i: int) -> int:
         """A cohort member publishing a tuple its current values are not in: since when (its
         state keeps the release of its first such publication), in releases."""
         key = win.w.keys[i]
@@ -456,7 +359,7 @@ class Republisher:
         return 1
 
     # -- new groups --------------------------------------------------------------------------
-    def _form(self, win: _Window) -> None:
+    def _form(self, win: WindowWork) -> None:
         """Microaggregate the pool, per (scope, release): one slot per respondent."""
         w, d, k = win.w, win.decision, self.k
         slot_of: dict[bytes | int, int] = {}
@@ -475,7 +378,7 @@ class Republisher:
         originals: list[NDArray[np.float64]] = []
         maskeds: list[NDArray[np.float64]] = []
         numeric = [j for j, n in enumerate(self._numeric) if n]
-        for (scope, stratum, release), rows in sorted(parts.items(), key=_part_order):
+        for (scope, stratum, release), rows in sorted(parts.items(), key=pool_order):
             if self._pool_per_release and is_wave(release) and not self._closing(w, rows):
                 d.held.extend(rows)  # the wave's pool grows until the wave closes
                 continue
@@ -536,7 +439,7 @@ class Republisher:
         """Whether a pool is grouped now: its release is closed or a member's hold is over."""
         return any(w.closed[i] or w.expired[i] for i in rows)
 
-    def _pool_waits(self, win: _Window, i: int) -> None:
+    def _pool_waits(self, win: WindowWork, i: int) -> None:
         """Fewer than k pending in its part: held, or past its hold time suppressed — and then
         it has left its group for good (its state no longer names one)."""
         w = win.w
@@ -550,7 +453,7 @@ class Republisher:
             win.states[key].pop("g", None)
             win.touched.add(key)
 
-    def _join(self, win: _Window, i: int, gid: str, grp: Group, j: int) -> None:
+    def _join(self, win: WindowWork, i: int, gid: str, grp: Group, j: int) -> None:
         w, d = win.w, win.decision
         d.tuples[i] = grp.tuple_
         d.group_of[i] = gid
@@ -562,7 +465,7 @@ class Republisher:
             self._depart(win, i)
         self._set_member(win, i, gid, j)
 
-    def _depart(self, win: _Window, i: int) -> None:
+    def _depart(self, win: WindowWork, i: int) -> None:
         """Respondent ``i`` leaves its group: one live member less, and it carries on the
         respondents its linked set still holds."""
         key = win.w.keys[i]
@@ -578,7 +481,7 @@ class Republisher:
             st["x"] = []
         win.touched.add(key)
 
-    def _set_member(self, win: _Window, i: int, gid: str, j: int) -> None:
+    def _set_member(self, win: WindowWork, i: int, gid: str, j: int) -> None:
         """Respondent ``i`` is member ``j`` of ``gid``, its tuple formed from its current
         values."""
         w = win.w
@@ -595,70 +498,3 @@ class Republisher:
         st.pop("current", None)  # the deferred mode's entries, superseded
         st.pop("qi", None)
         win.touched.add(key)
-
-    # -- what the window measured ----------------------------------------------------------
-    def _measure(self, win: _Window) -> None:
-        """Linked candidate sets, freshness and per-release class sizes of what is published."""
-        w, d, k = win.w, win.decision, self.k
-        sizes: list[int] = []
-        suppressed = set(d.suppressed)
-        keys, states, groups = w.keys, win.states, win.groups
-        nothing: dict[str, Any] = {}
-        for i, gid in d.group_of.items():
-            key = keys[i]
-            if key is None or i in suppressed or i in win.replayed:
-                continue  # a replay's linkage was measured when it was first decided
-            st = states.get(key, nothing)
-            g = st.get("g")
-            if g is None or g[0] != gid:
-                continue
-            grp = groups[gid]
-            carried = st.get("x")
-            if carried is None:  # never moved: its set lies within its group
-                sizes.append(grp.linked_mask(g[2]).bit_count())
-            elif not carried:  # linked to itself alone since it moved
-                sizes.append(1)
-            else:
-                sizes.append(linked_size(grp, g[2], carried))
-        m = d.measures
-        m["linked_records"] = float(len(sizes))
-        m["linked_below_k"] = float(sum(size < k for size in sizes))
-        if sizes:
-            m["linked_smallest"] = float(min(sizes))
-        m["stale_records"] = float(len(win.stale))
-        m["stale_age_max"] = float(max(win.stale.values(), default=0))
-        if win.published_groups:
-            classes = win.published_groups.values()
-            m["release_smallest_class"] = float(min(size for size, _ in classes))
-            if self.ell is not None:  # distinct published values of the classes, per release
-                m["release_ldiv_min"] = float(min(values for _, values in classes))
-
-
-def _linked_fixpoint(grp: Group, batch: list[int], bit: Mapping[int, int], k: int) -> list[int]:
-    """The largest part of ``batch`` whose members all keep a linked set of ≥ k when they
-    publish together now (dropping one can only shrink the others' sets, so repeat)."""
-    while batch:
-        extra = 0
-        for i in batch:
-            extra |= bit[i]
-        keep = [
-            i for i in batch if grp.linked_mask(bit[i].bit_length() - 1, extra).bit_count() >= k
-        ]
-        if len(keep) == len(batch):
-            return batch
-        batch = keep
-    return batch
-
-
-def _release_order(release: str) -> tuple[int, int]:
-    """Waves by number first, window releases after them."""
-    if is_wave(release):
-        return (0, int(release))
-    return (1, 0)
-
-
-def _part_order(
-    item: tuple[tuple[int | None, str, str], list[int]],
-) -> tuple[int, int, str, int, int]:
-    (scope, stratum, release), _ = item
-    return (scope is None, scope or 0, stratum, *_release_order(release))
