@@ -39,7 +39,7 @@ from gateway.grouping.mixed_microaggregation import (
 from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
-from gateway.grouping.replay import Committed
+from gateway.grouping.replay import Committed, recall, remember
 from gateway.grouping.republish import Republisher
 from gateway.grouping.scope import Diversifier, GroupingInputs, refuse_in_stream, same_stratum
 from gateway.grouping.strata import stratum_texts
@@ -917,7 +917,7 @@ class Engine:
             # for a replay: gateway.grouping.replay).
             qi_digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
             stratum_digests = grouping.stratum_digests
-            unchanged = qi.unchanged
+            unchanged, replayed = qi.unchanged, qi.replayed
             waves = _attribute_values(records, by_attribute, ["wave"])[0]
             for i in pub_idx:
                 rkey = rkeys[i]
@@ -933,6 +933,14 @@ class Engine:
                     if w < st.get("first_wave", math.inf):
                         st["first_wave"] = w
                         touched.add(rkey)
+                if not republish and i not in replayed and i in qi_digests:
+                    # what it published, for a replay: the claim digest its tuple is stored
+                    # under (gateway.grouping.replay; the republisher keeps its own)
+                    claim = qi_digests[i]
+                    gid = None if i in suppressed_set else group_of.get(i)
+                    outcome = None if gid is None else (gid, current_digest.get(i, claim))
+                    remember(st, rids[i], claim, outcome, committed or {})
+                    touched.add(rkey)
                 if republish or i in unchanged:
                     continue  # stored by the republisher, or as they are
                 digest = qi_digests.get(i)
@@ -1227,7 +1235,10 @@ class Engine:
                 if qi_digests is not None
                 else self._inputs.claim_digests(cols, complete, strata=grouping.strata)
             )
-            kept = _keep_stored_tuples(rkeys, qi_hex, complete, states, decision)
+            replays = _deferred_replays(rids, rkeys, qi_hex, complete, states, decision=decision)
+            kept = _keep_stored_tuples(
+                rkeys, qi_hex, complete, states, decision=decision, replays=replays
+            )
             undecided = [i for i in range(len(records)) if i not in kept]
             # the live counts a move needs, read in one batch rather than one by one: the
             # group left and, on a revert, the one rejoined
@@ -1763,12 +1774,15 @@ def _keep_stored_tuples(
     qi_hex: Sequence[str],
     complete: Sequence[bool],
     states: Mapping[bytes, Mapping[str, Any]],
+    *,
     decision: QIDecision,
+    replays: set[int],
 ) -> set[int]:
     """Decide the records whose respondent, here once in the window, brings a tuple stored for
     the group it is a live member of: it publishes that group's tuple again and nothing moves
     (most of a panel's returning respondents). The same outcome as the record-by-record
-    decision, taken in a few passes over the window; returns those records' indices."""
+    decision, taken in a few passes over the window; returns those records' indices, with the
+    ``replays`` already decided."""
     nothing = _NOTHING
     occurrences = Counter(rkeys)
     sts = [nothing if key is None else states.get(key, nothing) for key in rkeys]
@@ -1782,14 +1796,52 @@ def _keep_stored_tuples(
         for i, (entry, current, ok, key) in enumerate(
             zip(found, currents, complete, rkeys, strict=True)
         )
-        if entry is not None and ok and entry[0] == current[0] and occurrences[key] == 1
+        if entry is not None
+        and ok
+        and entry[0] == current[0]
+        and occurrences[key] == 1
+        and i not in replays
     ]
     decision.digests.update(zip(kept, [qi_hex[i] for i in kept], strict=True))
     decision.tuples.update(zip(kept, [found[i][1] for i in kept], strict=True))
     decision.group_of.update(zip(kept, [found[i][0] for i in kept], strict=True))
     decision.hits += len(kept)
-    decision.unchanged = {i for i in kept if currents[i][1] == qi_hex[i]}
-    return set(kept)
+    decision.unchanged = {i for i in kept if currents[i][1] == qi_hex[i]} | replays
+    return set(kept) | replays
+
+
+def _deferred_replays(
+    rids: Sequence[str],
+    rkeys: Sequence[bytes | None],
+    qi_hex: Sequence[str],
+    complete: Sequence[bool],
+    states: Mapping[bytes, Mapping[str, Any]],
+    *,
+    decision: QIDecision,
+) -> set[int]:
+    """Under the deferred mode, the records decided before a crash (gateway.grouping.replay):
+    each publishes the tuple stored under the claim digest it published then (its own, or the
+    one of a move it deferred) and changes nothing. Returns their indices."""
+    replays: set[int] = set()
+    for i, key in enumerate(rkeys):
+        st = states.get(key) if key is not None and complete[i] else None
+        if st is None or "p" not in st:
+            continue
+        outcome = recall(st, rids[i], qi_hex[i])
+        if outcome is False:
+            continue
+        if outcome is None:
+            decision.suppressed.append(i)
+        else:
+            stored = st.get("qi", _NOTHING).get(outcome[1])
+            if stored is None:  # not kept: decided again
+                continue
+            decision.tuples[i], decision.group_of[i] = stored[1], stored[0]
+            decision.digests[i] = qi_hex[i]
+            decision.hits += 1
+        replays.add(i)
+    decision.replayed = replays
+    return replays
 
 
 class _StoredLookup:

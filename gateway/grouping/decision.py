@@ -27,6 +27,7 @@ class QIDecision:
     current_digest: dict[int, str] = field(default_factory=dict)  # when a move was deferred
     # records whose respondent's current group and tuple are this record's: nothing to store
     unchanged: set[int] = field(default_factory=set)
+    replayed: set[int] = field(default_factory=set)  # decided before a crash (deferred mode)
     group_of: dict[int, str] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)
     suppressed: list[int] = field(default_factory=list)

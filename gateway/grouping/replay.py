@@ -41,7 +41,7 @@ Outcome = tuple[str, str] | None
 Committed = Mapping[tuple[str, int], int]
 
 
-def recall(state: dict[str, Any], record_id: str, digest: str) -> Outcome | Literal[False]:
+def recall(state: Mapping[str, Any], record_id: str, digest: str) -> Outcome | Literal[False]:
     """What the record published, or False when the state does not know it."""
     for entry in state.get("p", ()):
         if entry[0] == record_id and entry[1] == digest[:_DIGEST_CHARS]:

@@ -24,7 +24,7 @@ from state.memory_store import MemoryStore
 @st.composite
 def crashes(draw: st.DrawFn) -> dict[str, Any]:
     return {
-        "mode": draw(st.sampled_from(["regroup", "cohort"])),
+        "mode": draw(st.sampled_from(["regroup", "cohort", "deferred"])),
         "pool": draw(st.sampled_from(["window", "release"])),
         "slack": draw(st.integers(0, 2)),
         "k": draw(st.integers(2, 4)),
@@ -113,5 +113,6 @@ def test_a_replay_publishes_what_was_published_and_keeps_k_per_release(p: dict[s
         releases[row["wave"], qi].add(str(owner[rid]))
         history[qi].add(str(owner[rid]))
     small = {key: len(m) for key, m in releases.items() if len(m) < k}
-    assert not small, f"classes below k within a release after replays: {small}"
+    if p["mode"] != "deferred":  # it promises k over the history only (docs/consistency.md)
+        assert not small, f"classes below k within a release after replays: {small}"
     assert all(len(m) >= k for m in history.values()), "a class below k over the history"
