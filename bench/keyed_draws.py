@@ -33,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stream_throughput  # the bench's policies
 
 from gateway.draw_derivation import DrawDerivation
-from gateway.engine import KeyedInputs, SourceRef, ValidRecord
 from gateway.keyed import KeyedSource, Keyring
+from gateway.keyed_inputs import KeyedInputs
 from gateway.policy import policy_from_yaml
+from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from stream_jobs import engine_process
 from stream_jobs.simulator import PanelSurvey, encode, load_rows

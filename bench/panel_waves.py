@@ -53,12 +53,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
 from gateway.measures import quality
 from gateway.measures.attack import linked_sets, value_keys, value_linkage
 from gateway.policy import Method, Policy, Role, parse_policy
+from gateway.records import SourceRef, ValidRecord
 from state.memory_store import MemoryStore
 from stream_jobs.memory import tune_memory
 

@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
+from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.memory_store import MemoryStore
 from stream_jobs.broker import EmbeddedBroker

@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import policy_from_yaml
+from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
 from stream_jobs.memory import Collector, tune_memory  # the worker's own settings

@@ -27,16 +27,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from gateway.draw_derivation import DrawsHolder, ShardDraws, settle
-from gateway.engine import (
-    Engine,
-    PublishedRecord,
-    ValidRecord,
-    WindowReport,
-    WindowResult,
-    window_id,
-    window_measures,
-)
+from gateway.engine import Engine
 from gateway.grouping.replay import Committed
+from gateway.measures.window_risk import window_measures
+from gateway.records import PublishedRecord, ValidRecord, WindowReport, WindowResult, window_id
 
 __all__ = ["MAX_SHARDS", "ShardedEngine", "merge", "route", "shard_of"]
 

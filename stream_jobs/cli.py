@@ -448,7 +448,7 @@ def cmd_state_check(args: argparse.Namespace) -> int:
 
 
 def _check_store(store: Any, path: Path, *, repair: bool) -> int:
-    from gateway.engine import audit_live_counts  # noqa: PLC0415
+    from gateway.live_counts import audit_live_counts  # noqa: PLC0415
 
     audit = audit_live_counts(store.items())
     print(f"{audit.respondents} respondents, {audit.groups} groups in {path}")

@@ -29,7 +29,7 @@ from aiokafka.errors import (
     KafkaTimeoutError,
 )
 
-from gateway.engine import PublishedRecord
+from gateway.records import PublishedRecord
 from stream_jobs.dlq import DeadLetter
 from stream_jobs.kafka import BatchItem, partitions_for_keys, send_batches
 from stream_jobs.partition_state import PartitionStateGuard

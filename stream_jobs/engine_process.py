@@ -38,16 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.draw_derivation import META_NAME, DrawDerivation, ShardDraws, settle
-from gateway.engine import (
-    Engine,
-    KeyedInputs,
-    ValidRecord,
-    WindowResult,
-)
+from gateway.engine import Engine
 from gateway.errors import PrivgwError
 from gateway.grouping.replay import Committed
 from gateway.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring
+from gateway.keyed_inputs import KeyedInputs
 from gateway.policy import Policy
+from gateway.records import ValidRecord, WindowResult
 from gateway.shards import merge, route
 from stream_jobs.engine_wire import PackedRecords, decode_result, encode_window, window_request
 

@@ -22,16 +22,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from gateway.engine import (
-    KeyedInputs,
-    PublishedRecord,
-    SourceRef,
-    ValidRecord,
-    WindowKeys,
-    WindowResult,
-    encode_rows,
-)
 from gateway.grouping.replay import Committed
+from gateway.keyed_inputs import KeyedInputs, WindowKeys
+from gateway.records import PublishedRecord, SourceRef, ValidRecord, WindowResult, encode_rows
 
 _MARSHAL, _PICKLE = b"m", b"p"
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from gateway.engine import SourceRef, ValidRecord
 from gateway.policy import Policy
+from gateway.records import SourceRef, ValidRecord
 from gateway.validation import DLQReason, Rejection, Validator, rejection
 from stream_jobs.delivery import Forward
 from stream_jobs.dlq import DeadLetter, dead_letter

@@ -43,8 +43,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.exposition import MetricsHandler
 
-from gateway.engine import WindowReport
 from gateway.errors import PrivgwError
+from gateway.records import WindowReport
 from gateway.state_api import StateStore
 from stream_jobs.bounded_http import BoundedHTTPServer
 from stream_jobs.metrics_scrape import (

@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gateway.engine import ValidRecord, WindowReport, WindowResult
 from gateway.grouping.replay import Committed
+from gateway.records import ValidRecord, WindowReport, WindowResult
 from stream_jobs.delivery import Delivery, Forward
 from stream_jobs.dlq import DeadLetter
 from stream_jobs.engine_process import PackedRecords

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gateway.engine import ValidRecord
 from gateway.policy import HoldTimeout, WindowSpec
+from gateway.records import ValidRecord
 
 TP = tuple[str, int]  # (topic, partition)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gateway.engine import WindowReport
+from gateway.records import WindowReport
 
 
 @dataclass(slots=True)

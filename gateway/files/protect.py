@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway.engine import Engine, ValidRecord
+from gateway.engine import Engine
 from gateway.errors import InputDataError
 from gateway.files.evaluate import claim_frame, missing_to_none, whole_key_evaluation
 from gateway.files.fileio import (
@@ -34,6 +34,7 @@ from gateway.policy import (
     RRMode,
 )
 from gateway.randomness import SeededSource
+from gateway.records import ValidRecord
 
 
 def meta_path(out: str | Path) -> Path:

@@ -9,10 +9,11 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.measures.attack import averaging_attack, intersection_attack
 from gateway.policy import policy_from_yaml
+from gateway.records import SourceRef, ValidRecord
 
 KEY = Keyring(b"attack-test-secret-0123456789")
 

@@ -31,9 +31,10 @@ from gateway.draw_derivation import (
     check_parts,
     settle,
 )
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import KeyedSource, Keyring
 from gateway.policy import policy_from_yaml
+from gateway.records import SourceRef, ValidRecord
 from gateway.shards import ShardedEngine, route
 from state.memory_store import MemoryStore
 from state.sqlite_store import SQLiteStore

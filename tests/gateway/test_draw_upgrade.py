@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import pytest
 
-import gateway.engine as current
+import gateway.records as current
 from gateway.draw_derivation import META_NAME, DrawDerivation
 from gateway.engine import Engine
 from gateway.keyed import Keyring

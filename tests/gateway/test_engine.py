@@ -9,11 +9,13 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine, KeyedInputs, SourceRef, ValidRecord, encode_rows
+from gateway.engine import Engine
 from gateway.errors import PolicyError
 from gateway.keyed import Keyring
+from gateway.keyed_inputs import KeyedInputs
 from gateway.policy import Policy, policy_from_yaml
 from gateway.randomness import SeededSource
+from gateway.records import SourceRef, ValidRecord, encode_rows
 from gateway.state_codec import decode_state
 
 POLICY = """
@@ -236,7 +238,7 @@ def test_a_full_digest_cache_is_refilled_without_losing_the_windows_hits(
     store = DictStore()
     engine = Engine(_policy(), keyring=KEY, store=store)
     first = _rows(engine.protect_window(_records(1, 30, np.random.default_rng(0)), now=0.0))
-    monkeypatch.setattr("gateway.engine._DIGEST_CACHE_LIMIT", 32)  # 30 tuples cached
+    monkeypatch.setattr("gateway.keyed_inputs.DIGEST_CACHE_LIMIT", 32)  # 30 tuples cached
     returning = _records(2, 30, np.random.default_rng(0), offset=100)
     newcomers = [
         r._replace(respondent_id=f"new{i}", values={**r.values, "age": 90 + i})

@@ -14,11 +14,12 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.measures.versioned_counts import VersionedCounts
 from gateway.mechanisms.stamp import stamp_column
 from gateway.policy import Policy, load_policy
+from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.memory_store import MemoryStore
 from stream_jobs.simulator import PanelSurvey, encode, load_rows

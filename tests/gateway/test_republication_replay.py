@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_republication import CLAIM, KEY, POLICY, _change, _truth
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.policy import policy_from_yaml
+from gateway.records import SourceRef, ValidRecord
 from state.memory_store import MemoryStore
 
 

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_engine import KEY, DictStore, _policy, _records
 
-from gateway.engine import Engine, SourceRef, ValidRecord, WindowResult, window_measures
+from gateway.engine import Engine
+from gateway.measures.window_risk import window_measures
+from gateway.records import SourceRef, ValidRecord, WindowResult
 from gateway.shards import REPUBLICATION_MEASURES, ShardedEngine, route, shard_of
 
 QI = ("age", "hours")

@@ -26,10 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine, SourceRef, ValidRecord, WindowResult
+from gateway.engine import Engine
 from gateway.errors import PolicyError
 from gateway.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
+from gateway.records import SourceRef, ValidRecord, WindowResult
 from gateway.shards import ShardedEngine
 from gateway.state_codec import decode_state
 from state.memory_store import MemoryStore

@@ -18,10 +18,11 @@ import orjson
 import pytest
 from conftest import TEST_SECRET
 
-from gateway.engine import Engine, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy, policy_from_yaml
 from gateway.policy.upgrade import UpgradeAction, diff
+from gateway.records import ValidRecord
 from gateway.state_codec import decode_state
 from gateway.validation import Validator
 from state.policy_record import Outcome, PolicyChangedError, check_policy, policy_facets

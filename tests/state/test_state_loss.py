@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
+from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
 from stream_jobs.simulator import PanelSurvey, encode, load_rows

@@ -19,9 +19,9 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gateway.engine import SourceRef, ValidRecord
 from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy
+from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from stream_jobs.app import serve
 from stream_jobs.kafka import ensure_topics

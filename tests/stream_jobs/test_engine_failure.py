@@ -25,10 +25,11 @@ from streamkit import (
     small_window_policy,
 )
 
-from gateway.engine import Engine, ValidRecord, WindowResult
+from gateway.engine import Engine
 from gateway.grouping.replay import Committed
 from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy
+from gateway.records import ValidRecord, WindowResult
 from state.sqlite_store import SQLiteStore
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.engine_process import EngineProcess, EngineShards, PackedRecords

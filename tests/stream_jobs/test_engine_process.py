@@ -19,9 +19,11 @@ import pytest
 import yaml
 from streamkit import validated_panel
 
-from gateway.engine import Engine, KeyedInputs, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
+from gateway.keyed_inputs import KeyedInputs
 from gateway.policy import load_policy
+from gateway.records import ValidRecord
 from gateway.shards import ShardedEngine
 from gateway.state_codec import decode_state
 from state.sqlite_store import SQLiteStore

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.engine import Engine, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import policy_from_yaml
+from gateway.records import SourceRef, ValidRecord
 from state.sqlite_store import SQLiteStore
 from stream_jobs.metrics import GatewayMetrics
 from stream_jobs.settings import WorkerSettings

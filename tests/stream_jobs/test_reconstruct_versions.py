@@ -19,11 +19,12 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from gateway.engine import Engine, PublishedRecord, SourceRef, ValidRecord
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.measures.published import mechanisms_from_meta
 from gateway.measures.reconstruction import reconstruct
 from gateway.policy import Policy, load_policy
+from gateway.records import PublishedRecord, SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.memory_store import MemoryStore
 from stream_jobs.broker import EmbeddedBroker

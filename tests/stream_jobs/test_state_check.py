@@ -9,9 +9,11 @@ import orjson
 import pytest
 
 from gateway.cli import main
-from gateway.engine import Engine, SourceRef, ValidRecord, audit_live_counts
+from gateway.engine import Engine
 from gateway.keyed import Keyring
+from gateway.live_counts import audit_live_counts
 from gateway.policy import policy_from_yaml
+from gateway.records import SourceRef, ValidRecord
 from gateway.shards import ShardedEngine
 from gateway.state_codec import decode_state
 from state.layout import shard_paths

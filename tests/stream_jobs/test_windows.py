@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import SourceRef, ValidRecord
 from gateway.policy import HoldTimeout, WindowSpec
+from gateway.records import SourceRef, ValidRecord
 from stream_jobs.windows import FlushReason, WindowBuffer
 
 SPEC = WindowSpec(

@@ -1,0 +1,276 @@
+"""The engine's k-claim step: a window's claim inputs (values, keyed digests, releases) and the
+republication mode's decision over them — ``regroup`` and ``cohort`` by
+:class:`gateway.grouping.republish.Republisher`, ``deferred`` and stateless runs by
+:class:`gateway.grouping.deferred.DeferredGrouping` — with the records a wave pool parks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.grouping.claim_partition import ClaimPartition
+from gateway.grouping.decision import QIDecision
+from gateway.grouping.deferred import ClaimInputs, DeferredGrouping
+from gateway.grouping.live_view import StateView
+from gateway.grouping.mixed_microaggregation import claim_inputs
+from gateway.grouping.parking import Parking
+from gateway.grouping.registry import Group
+from gateway.grouping.release import ReleaseClock, release_keys
+from gateway.grouping.replay import Committed
+from gateway.grouping.republish import Republisher
+from gateway.grouping.scope import Diversifier, GroupingInputs
+from gateway.grouping.window_work import WindowQI
+from gateway.keyed_inputs import CATEGORIES_DIGEST_ATTR, KeyedInputs
+from gateway.measures.window_risk import window_measures
+from gateway.policy import GroupingPool, HoldTimeout, Policy, RepublicationMode
+from gateway.records import ValidRecord, attribute_values, record_ids_at, window_id
+from gateway.state_api import StateStore
+from gateway.state_codec import decode_state
+from gateway.state_keys import group_id, group_key
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimWindow:
+    """What the claim step reads of a window."""
+
+    records: Sequence[ValidRecord]
+    rids: Sequence[str]
+    rkeys: Sequence[bytes | None]  # respondent state keys
+    by_attribute: Mapping[str, Sequence[Any]] | None
+    view: StateView
+    grouping: GroupingInputs
+    qi_digests: list[str] | None  # the claim digests the caller brought (None: taken here)
+    scopes: Sequence[int] | None  # state partitions groups never span (None: the window)
+    sampled: bool  # a window whose risk is measured
+
+
+class ClaimStep:
+    """The policy's k-claim decision, built once. ``inputs``: keyed digests (None without a
+    secret); ``store``: the state, whose group registry the republication modes read;
+    ``measure_risk=False``: a shard's sampled rows go back unmeasured."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        inputs: KeyedInputs | None,
+        store: StateStore | None,
+        measure_risk: bool,
+    ) -> None:
+        self.policy = policy
+        self.names = policy.k_claim
+        self.claim = ClaimPartition(policy)
+        self._inputs = inputs
+        self._store = store
+        self._measure_risk = measure_risk
+        spec, rep, window = policy.microaggregation, policy.republication, policy.window
+        # groups hold l distinct published values of one attribute
+        ldiv = spec.l_diversity if self.names else None
+        self.ldiv = None if ldiv is None else ldiv.attribute
+        self.diversify = (
+            None if ldiv is None else Diversifier(self.claim.columns, spec.standardize, ldiv.l)
+        )
+        self.releases = ReleaseClock()
+        pooled = (
+            rep.pool is GroupingPool.RELEASE
+            and rep.wave_attribute is not None
+            and rep.mode is not RepublicationMode.DEFERRED
+            and store is not None
+        )
+        self._parking = Parking(window.max_hold_seconds) if pooled else None
+        suppress = window.on_hold_timeout is HoldTimeout.SUPPRESS
+        self._republisher = (
+            Republisher(
+                rep.mode,
+                k=spec.k,
+                slack=rep.slack,
+                numeric=self.claim.numeric,
+                partition=self.claim.partition,
+                centroids=self.claim.centroids,
+                on_timeout_suppress=suppress,
+                pool_per_release=rep.pool is GroupingPool.RELEASE,
+                ell=None if ldiv is None else ldiv.l,
+                diversify=self.diversify,
+            )
+            if rep.mode is not RepublicationMode.DEFERRED and self.names and store
+            else None
+        )
+        self._deferred = DeferredGrouping(
+            k=spec.k,
+            claim=self.claim,
+            diversify=self.diversify,
+            max_hold_seconds=window.max_hold_seconds,
+            suppress_on_timeout=suppress,
+            measure=DeferredGrouping.measuring(policy.risk.interval_pct) if measure_risk else None,
+        )
+
+    def republishes(self, sticky: bool) -> bool:
+        """Whether windows are decided by the ``regroup`` or ``cohort`` mode."""
+        return self._republisher is not None and sticky
+
+    def parked(
+        self,
+        records: Sequence[ValidRecord],
+        by_attribute: Mapping[str, Sequence[Any]] | None,
+        *,
+        now: float,
+        flush_all: bool,
+    ) -> list[int]:
+        """The records set aside unread in this window (:mod:`gateway.grouping.parking`)."""
+        parking, wave = self._parking, self.policy.republication.wave_attribute
+        if parking is None or wave is None or not records:
+            return []
+        column = by_attribute.get(wave) if by_attribute is not None else None
+
+        def releases_at(positions: Sequence[int]) -> list[str]:
+            if by_attribute is None:
+                values = [records[i].values.get(wave) for i in positions]
+            else:
+                values = [None if column is None else column[i] for i in positions]
+            return release_keys(values, str)  # no wave: a window release (never parked)
+
+        return parking.split(
+            records,
+            lambda i: records[i].arrived_at,
+            lambda positions: record_ids_at(records, positions),
+            releases_at,
+            self.releases,
+            now=now,
+            flush_all=flush_all,
+        )
+
+    def decide(
+        self, cw: ClaimWindow, *, now: float, flush_all: bool, committed: Committed | None
+    ) -> tuple[QIDecision, dict[str, Group]]:
+        """The window's decision and the groups the republication modes read or formed."""
+        if not self.names:
+            decision = QIDecision()
+            decision.sampled = cw.sampled
+            return decision, {}
+        # the partition's inputs: floats, categories (generalized where the policy says so),
+        # None where a value is missing and not a category of its own
+        names = self.names
+        attributes = self.policy.attributes
+        values = attribute_values(cw.records, cw.by_attribute, names)
+        cols = [claim_inputs(attributes[n], c) for n, c in zip(names, values, strict=True)]
+        complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
+        if self.republishes(cw.view.sticky):
+            return self._republish(
+                cw, cols, complete, now=now, flush_all=flush_all, committed=committed
+            )
+        return self._deferred_decision(cw, cols, complete, now=now, flush_all=flush_all), {}
+
+    def _digests(self, cw: ClaimWindow, cols: list[list[Any]], complete: list[bool]) -> list[str]:
+        assert self._inputs is not None
+        if cw.qi_digests is not None:
+            return cw.qi_digests
+        return self._inputs.claim_digests(cols, complete, strata=cw.grouping.strata)
+
+    def _deferred_decision(
+        self,
+        cw: ClaimWindow,
+        cols: list[list[Any]],
+        complete: list[bool],
+        *,
+        now: float,
+        flush_all: bool,
+    ) -> QIDecision:
+        """The ``deferred`` mode and stateless runs: no group is re-formed. A respondent's state
+        maps each claim digest it published to its tuple, so a replay needs no offsets."""
+        sticky = cw.view.sticky and self._inputs is not None and bool(cw.records)
+        inputs = ClaimInputs(
+            rids=cw.rids,
+            keys=cw.rkeys,
+            cols=cols,
+            complete=complete,
+            digests=self._digests(cw, cols, complete) if sticky else [],
+            arrived=[r.arrived_at for r in cw.records],
+            scopes=cw.scopes,
+        )
+        return self._deferred.decide(
+            inputs, cw.view, cw.grouping, now=now, flush_all=flush_all, sampled=cw.sampled
+        )
+
+    def _republish(
+        self,
+        cw: ClaimWindow,
+        cols: list[list[Any]],
+        complete: list[bool],
+        *,
+        now: float,
+        flush_all: bool,
+        committed: Committed | None,
+    ) -> tuple[QIDecision, dict[str, Group]]:
+        """The ``regroup`` and ``cohort`` modes (:mod:`gateway.grouping.republish`)."""
+        assert self._republisher is not None and self._inputs is not None
+        records, grouping, policy = cw.records, cw.grouping, self.policy
+        categorical = [
+            c for c, numeric in zip(cols, self.claim.numeric, strict=True) if not numeric
+        ]
+        # a changed stratum counts as a changed category: the respondent moves
+        categories = self._inputs.claim_digests(
+            categorical, complete, CATEGORIES_DIGEST_ATTR, strata=grouping.strata
+        )
+        releases = self._release_keys(cw)
+        max_hold = policy.window.max_hold_seconds
+        closed = {r: self.releases.closed(r) for r in set(releases)}
+        window_qi = WindowQI(
+            rids=cw.rids,
+            keys=cw.rkeys,
+            cols=cols,
+            complete=complete,
+            digests=self._digests(cw, cols, complete),
+            categories=categories,
+            releases=releases,
+            scopes=list(cw.scopes) if cw.scopes is not None else [None] * len(records),
+            expired=[True] * len(records)
+            if flush_all
+            else [now - r.arrived_at >= max_hold for r in records],
+            closed=[closed[r] for r in releases],
+            strata=grouping.stratum_digests,
+            sensitive=None
+            if self.ldiv is None or grouping.sensitive is None
+            else self._inputs.published_digests(self.ldiv, grouping.sensitive),
+        )
+        decision, groups = self._republisher.decide(
+            window_qi,
+            cw.view.states,
+            cw.view.touched,
+            self._load_groups,
+            sampled=cw.sampled,
+            committed=committed,
+        )
+        for gid, grp in groups.items():
+            cw.view.sizes[gid] = grp.size
+        if decision.sampled and decision.aggregated is not None and self._measure_risk:
+            decision.measures.update(
+                window_measures(*decision.aggregated, policy.risk.interval_pct)
+            )
+            decision.aggregated = None
+        elif not decision.sampled:
+            decision.aggregated = None
+        return decision, groups
+
+    def _release_keys(self, cw: ClaimWindow) -> list[str]:
+        """Each record's release (its wave, else the window's), seen by the release clock."""
+        records = cw.records
+        wave = self.policy.republication.wave_attribute
+        if wave is None:
+            releases = ["w" + window_id(records)] * len(records)
+        else:
+            releases = release_keys(
+                attribute_values(records, cw.by_attribute, [wave])[0], lambda: window_id(records)
+            )
+        self.releases.see(releases)
+        return releases
+
+    def _load_groups(self, group_ids: Sequence[str]) -> dict[str, Group]:
+        assert self._store is not None
+        found = self._store.get_many([group_key(g) for g in group_ids])
+        out: dict[str, Group] = {}
+        for key, raw in found.items():
+            grp = Group.from_doc(decode_state(raw))
+            if grp is not None:
+                out[group_id(key)] = grp
+        return out

@@ -1,0 +1,159 @@
+"""The records a window takes and gives: validated input records with their source, the
+protected records and the window's report, record and window ids, values by attribute, and the
+published records' encoding."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+
+# The per-record types below are NamedTuples, not frozen dataclasses: equally immutable, but a
+# frozen dataclass sets each field through object.__setattr__, which cost ~5 µs per published
+# record and as much again per consumed one on the worker's hot path.
+
+
+class SourceRef(NamedTuple):
+    """Where a record came from; gives the deterministic record id."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int = -1
+
+    @property
+    def record_id(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+class ValidRecord(NamedTuple):
+    """A decoded, validated input record (values typed per the policy; missing = None)."""
+
+    respondent_id: str | None
+    values: Mapping[str, object]
+    source: SourceRef | None
+    arrived_at: float  # monotonic seconds when the worker first saw it (hold timeout)
+
+
+class PublishedRecord(NamedTuple):
+    record_id: str
+    key: bytes | None
+    value: bytes  # orjson JSON; deterministic for a given input, state and policy
+    source: SourceRef | None
+    suppressed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WindowReport:
+    window_id: str
+    records_in: int
+    published: int
+    held: int
+    suppressed: int
+    min_group_size: int | None
+    groups: int
+    sticky_hits: int
+    deferred_moves: int = 0  # changed QIs kept in their group so it stays ≥ k live members
+    risk_sampled: bool = False
+    measures: Mapping[str, float] = field(default_factory=dict)
+    retention: Mapping[str, float] = field(default_factory=dict)
+    # records randomized per RR attribute: what ``retention`` is a share of (merging shards)
+    randomized: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    published: Sequence[PublishedRecord]
+    held: Sequence[ValidRecord]
+    report: WindowReport
+    rows: Sequence[dict[str, Any]] = ()  # the published values, decoded (file workflow)
+    # protect_window(encode=False): the published values as columns (names, one list per
+    # name, aligned with ``published``), left for the caller to encode with encode_rows;
+    # ``published`` then carries empty values and ``rows`` is empty
+    output: tuple[list[str], list[list[Any]]] | None = None
+    # a shard's risk-sampled window (Engine(measure_risk=False)): its microaggregated records,
+    # true and masked (rows alike), measured once the shards' results are merged
+    aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
+
+
+def record_ids_at(records: Sequence[ValidRecord], positions: Sequence[int]) -> list[str]:
+    """:func:`record_ids` of the records at ``positions`` (their positions in ``records``)."""
+    out = []
+    for i in positions:
+        src = records[i].source
+        out.append(src.record_id if src else f"row/{i}")
+    return out
+
+
+def record_ids(records: Sequence[ValidRecord]) -> list[str]:
+    """Each record's id: its input position, or its index in the window without one."""
+    return [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
+
+
+def _columns(maps: Sequence[Mapping[str, object]], names: Sequence[str]) -> list[list[Any]]:
+    """The values of ``names`` in every map, as one list per name (missing: None)."""
+    try:  # validated records carry every policy attribute: plain indexing is cheapest
+        return [[m[n] for m in maps] for n in names]
+    except KeyError:  # some maps lack some names (file rows, optional fields)
+        return [[m.get(n) for m in maps] for n in names]
+
+
+def attribute_values(
+    records: Sequence[ValidRecord],
+    columns: Mapping[str, Sequence[Any]] | None,
+    names: Sequence[str],
+    positions: Sequence[int] | None = None,
+) -> list[list[Any]]:
+    """The values of ``names`` for the records at ``positions`` (default: all, in order), one
+    list per name: from ``columns`` when the caller gave them, else from each record."""
+    n = len(records)
+    if columns is None:
+        if positions is None:
+            return _columns([r.values for r in records], names)
+        return _columns([records[i].values for i in positions], names)
+    # positions are increasing and distinct, so as many as records means all of them
+    every = positions is None or len(positions) == n
+    out: list[list[Any]] = []
+    for name in names:
+        col = columns.get(name)
+        if col is None:
+            out.append([None] * (n if positions is None else len(positions)))
+        elif every:
+            out.append(list(col))
+        else:
+            assert positions is not None
+            out.append([col[i] for i in positions])
+    return out
+
+
+def output_rows(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The published records as mappings, members in ``names`` order (built by ``map``: a
+    quarter less than a comprehension; each row has one value per name by construction)."""
+    return list(map(dict, map(zip, repeat(names), zip(*columns, strict=True))))
+
+
+def encode_published(rows: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """The published records as the output topic carries them: one JSON object each."""
+    return list(map(orjson.dumps, rows))
+
+
+def encode_rows(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[bytes]:
+    """The published records' values (``WindowResult.output``) encoded as ``protect_window``
+    encodes them itself unless told not to."""
+    return encode_published(output_rows(names, columns))
+
+
+def window_id(records: Sequence[ValidRecord]) -> str:
+    """A window's id: a digest of its records' ids (positions for records without a source),
+    the same for the same records whichever engine or shards protect them."""
+    return window_digest(r.source.record_id if r.source else str(i) for i, r in enumerate(records))
+
+
+def window_digest(ids: Iterable[str]) -> str:
+    return hashlib.sha256("|".join(ids).encode()).hexdigest()[:16]
