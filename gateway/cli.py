@@ -1,5 +1,7 @@
-"""``privgw``: the command line. File commands live here; the Kafka commands (run, demo,
-simulate) plug in through the ``privgw.commands`` entry point so the engine never imports them."""
+"""``privgw``: the command line — its parser, exit codes and signal handling, and the policy
+and secret commands. The file workflow's commands register from :mod:`gateway.files.commands`
+and :mod:`gateway.files.risk_cli`; the Kafka commands (run, demo, simulate) plug in through the
+``privgw.commands`` entry point so the engine never imports them."""
 
 from __future__ import annotations
 
@@ -12,17 +14,10 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import orjson
-
+from gateway.command_kit import add_command, print_json
 from gateway.errors import PrivgwError
-from gateway.files.analysis import attack_history, read_jsonl_rows, reconstruct_file
-from gateway.files.evaluate import evaluate_files
-from gateway.files.fileio import PICTURE_SUFFIXES, check_output
 from gateway.files.policy_report import policy_report
-from gateway.files.protect import meta_path, microaggregate_file, protect_file
-from gateway.files.ru_map import plot_ru_map, ru_map
 from gateway.launch import STOPPED_EARLY, note_sigterm, sigterm_received
 from gateway.policy import load_policy
 
@@ -31,207 +26,11 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _print_json(obj: Any) -> None:
-    sys.stdout.write(
-        orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
-    )
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4f}"
-    return str(v)
-
-
-def add_command(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
-    """A subcommand with its help, and an example in its epilog (plug-ins use it too)."""
-    parser: argparse.ArgumentParser = sub.add_parser(
-        name,
-        help=help_,
-        description=help_,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser
-
-
 # -- commands ------------------------------------------------------------------------------
-def cmd_protect(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy)
-    if args.seed is not None and args.seed < 0:
-        raise PrivgwError(f"--seed must be a whole number ≥ 0, got {args.seed}")
-    # OUT.meta.json too: a symlink there, or an input of that name, would be overwritten
-    meta = meta_path(args.output)
-    check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
-    summary = protect_file(args.input, policy, args.output, seed=args.seed)
-    print(
-        f"protected {summary['published']} of {summary['records']} records -> {args.output} "
-        f"(policy {summary['policy_version']}; {summary['groups']} groups, smallest "
-        f"{summary['min_group_size']}; {summary['suppressed']} suppressed)"
-    )
-    numeric_only = {"sse_sst_pct", "il1s", "dld", "interval_disclosure"}
-    for name, value in summary["measures"].items():
-        label = f"{name} (numeric quasi-identifiers)" if name in numeric_only else name
-        print(f"  {label}: {_fmt(value)}")
-    for name, value in summary["retention"].items():
-        print(f"  retention {name}: {_fmt(value)}")
-    key = summary["whole_key"]
-    if key.get("method") == "recode_suppress":
-        print(
-            f"  recoding + local suppression on ({', '.join(key['keys'])}): "
-            f"{key['suppressed_cells']} cells suppressed in {key['suppressed_records']} records; "
-            f"every record matches ≥ {key['min_matches']} records (a missing value matching "
-            f"any); records whose exact tuple is shared by < k: {key['strict_records_below_k']}"
-        )
-        for name, cells in key["suppressed_per_key"].items():
-            print(f"  suppressed {name}: {cells}")
-    elif key:
-        before, after, link = key["whole_key_original"], key["whole_key"], key["whole_key_linkage"]
-        print(
-            f"  whole key ({len(key['k_claim'])} quasi-identifiers): smallest class "
-            f"{before['smallest_class']} -> {after['smallest_class']}, records in classes < k "
-            f"{before['share_below_k']:.4f} -> {after['share_below_k']:.4f}, sample uniques "
-            f"{before['sample_uniques']} -> {after['sample_uniques']}"
-        )
-        print(
-            f"  whole-key record linkage: {link['share_linked']:.4f} ± "
-            f"{link['standard_error']:.4f} (exact categorical key, then nearest numeric: "
-            f"{link['exact_key_linkage']:.4f})"
-        )
-        grouping = key.get("grouping", {})
-        if "strata" in grouping:
-            st = grouping["strata"]
-            print(
-                f"  strata: {st['strata']}, {st['small_strata']} below k "
-                f"({st['records_in_small_strata']} records, {st['small_strata_handling']})"
-            )
-        if "l_diversity" in grouping:
-            ld = grouping["l_diversity"]
-            print(
-                f"  l-diversity of {ld['attribute']} (l = {ld['l']}): "
-                f"{ld['groups_below_l_before']} groups below l merged in {ld['merges']} merges"
-            )
-        for name, share in key["changed_categories"].items():
-            print(f"  changed categories {name}: {_fmt(share)}")
-        if key["unprotected_quasi_identifiers"]:
-            print(
-                "  NOT covered by the k claim: " + ", ".join(key["unprotected_quasi_identifiers"])
-            )
-    freq = summary.get("frequency_risk")
-    if freq:
-        for label in ("original", "published"):
-            f = freq[label]
-            print(
-                f"  frequency risk {label} ({len(freq['keys'])} keys, missing matches any): "
-                f"expected re-identifications {f['expected_reidentifications']:.2f} "
-                f"({f['global_risk_pct']:.3f} %), violating k: "
-                + ", ".join(f"{k}: {v}" for k, v in f["k_anonymity_violations"].items())
-                + f"; SUDA2 records with an MSU {f['suda2']['records_with_msu']}"
-            )
-    print(f"  metadata for analysts: {summary['meta']}")
-    return 0
-
-
-def cmd_microaggregate(args: argparse.Namespace) -> int:
-    cols = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    check_output(args.output, inputs=(args.input,))
-    s = microaggregate_file(
-        args.input,
-        args.output,
-        k=args.k,
-        columns=cols,
-        algorithm=args.algorithm,
-        standardize=not args.no_standardize,
-        strata=[c.strip() for c in args.strata.split(",") if c.strip()] if args.strata else None,
-    )
-    print(
-        f"microaggregated {s['records']} records on {', '.join(s['columns'])} with k={args.k}: "
-        f"{s['groups']} groups of {s['min_group_size']}..{s['max_group_size']}, "
-        f"100·SSE/SST = {s['sse_sst_pct']:.2f} -> {args.output}"
-    )
-    if "strata" in s:
-        st = s["strata"]
-        print(
-            f"  within {st['strata']} strata; {st['small_strata']} below k "
-            f"({st['records_in_small_strata']} records) pooled"
-        )
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy) if args.policy else None
-    if args.p is not None and not 0.0 < args.p <= 100.0:  # also nan
-        raise PrivgwError(f"--p must be a percentage in (0, 100], e.g. 10; got {args.p}")
-    if args.report:
-        if policy is None:
-            raise PrivgwError("--report needs --policy (it names the attributes to tabulate)")
-        check_output(
-            args.report,
-            suffixes=frozenset({".html"}),
-            inputs=(args.original, args.protected),
-            setting="--report",
-        )
-    result = evaluate_files(args.original, args.protected, policy, p_pct=args.p)
-    if args.report:
-        from gateway.files.utility_report import build_report  # noqa: PLC0415 - matplotlib
-
-        assert policy is not None
-        page = build_report(
-            args.original,
-            args.protected,
-            policy,
-            result,
-            policy_path=args.policy,
-            out=args.report,
-        )
-        Path(args.report).write_text(page, encoding="utf-8")
-        print(f"utility report -> {args.report}", file=sys.stderr)
-    if args.json:
-        _print_json(result)
-        return 0
-    for key, value in result.items():
-        if isinstance(value, dict):
-            print(f"{key}:")
-            for k2, v2 in value.items():
-                print(f"  {k2}: {_fmt(v2)}")
-        else:
-            print(f"{key}: {_fmt(value)}")
-    return 0
-
-
-def cmd_ru_map(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy)
-    try:
-        ks = [int(k) for k in args.k.split(",")]
-    except ValueError:
-        raise PrivgwError(
-            f"--k must be a comma-separated list of integers, got '{args.k}'"
-        ) from None
-    check_output(args.output, suffixes=PICTURE_SUFFIXES, inputs=(args.input, args.policy))
-    rows = ru_map(args.input, policy, ks)
-    nan = float("nan")
-    print(
-        f"{'k':>4} {'IL(SSE/SST%)':>13} {'IL1s':>8} {'changed':>8} {'DLD':>8} {'ID':>8} "
-        f"{'DR':>8} {'score':>8} {'whole-key linkage':>18} {'E(re-id)':>9}"
-    )
-    print(f"{'':>4} {'numeric QIs':>13} {'':>8} {'categ.':>8} {'numeric QIs only':>26}")
-    for r in rows:
-        print(
-            f"{int(r['k']):>4} {r.get('il', nan):>13.3f} {r.get('il1s', nan):>8.4f} "
-            f"{r['changed_categories']:>8.4f} {r.get('dld', nan):>8.4f} "
-            f"{r.get('interval_disclosure', nan):>8.4f} {r.get('dr', nan):>8.4f} "
-            f"{r.get('score', nan):>8.4f} {r['whole_key_linkage']:>18.4f} "
-            f"{r['expected_reidentifications']:>9.3f}"
-        )
-    plot_ru_map(rows, args.output)
-    print(f"R-U map -> {args.output}")
-    return 0
-
-
 def cmd_check_policy(args: argparse.Namespace) -> int:
     report = policy_report(load_policy(args.policy), data=args.data)
     if args.json:
-        _print_json(report)
+        print_json(report)
         return 0
     print(f"policy {report['policy']} version {report['version']}")
     claim = report["k_claim"]
@@ -302,101 +101,6 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reconstruct(args: argparse.Namespace) -> int:
-    if args.bootstrap:
-        if not args.topic:
-            raise PrivgwError("--bootstrap needs --topic (the protected topic)")
-        meta_topic = args.meta_topic
-        if meta_topic is None and args.policy:
-            policy = load_policy(args.policy)
-            if args.topic == policy.output.topic:
-                meta_topic = policy.meta_topic
-        # streamed: per-version category counts, never the topic's rows
-        reader = _entry_point("privgw.readers", "counts")
-        counts = reader(args.bootstrap, args.topic, meta_topic=meta_topic)
-        for version, n in counts.without_meta().items():
-            log.warning(
-                "policy version %s: no metadata record in %s; its %d rows are left out of "
-                "every estimate (give the right metadata topic with --meta-topic)",
-                version,
-                meta_topic or f"{args.topic}.meta",
-                n,
-            )
-        for why, n in counts.skipped().items():  # a stream is not trusted: never fatal
-            log.warning("%d %s in %s: left out", n, why.replace("_", " "), args.topic)
-        result = counts.reconstruct()
-        if not result:
-            raise PrivgwError(
-                f"no randomized values to reconstruct from in {args.topic} (rows per policy "
-                f"version: {counts.rows or 'none'})"
-            )
-    else:
-        if not args.protected or not args.policy:
-            raise PrivgwError("give PROTECTED --policy P, or --bootstrap B --topic T")
-        result = reconstruct_file(args.protected, load_policy(args.policy))
-    if args.json:
-        _print_json(result)
-        return 0
-    for name, est in result.items():
-        groups = est.get("groups", [])
-        # the attribute's header always: without a combined estimate (versions that publish
-        # different categories) its groups' tables came out under the attribute before
-        versions = f"; {len(groups)} matrices" if len(groups) > 1 else ""
-        print(f"{name} (n = {est['n']}{versions}):")
-        if "categories" in est:
-            _print_estimate(est)
-        for g in groups if len(groups) > 1 or "categories" not in est else ():
-            print(f"  policy versions {', '.join(g['policy_versions'])} (n = {g['n']}):")
-            _print_estimate(g)
-        for note in est.get("notes", []):
-            print(f"  note: {note}")
-    return 0
-
-
-def _print_estimate(est: Any) -> None:
-    print(f"  {'category':>20} {'observed':>9} {'inversion':>10} {'±se':>7} {'EM':>8} {'±se':>7}")
-    for i, c in enumerate(est["categories"]):
-        print(
-            f"  {c[:20]:>20} {est['observed'][i]:>9.4f} {est['inversion'][i]:>10.4f} "
-            f"{est['inversion_se'][i]:>7.4f} {est['em'][i]:>8.4f} {est['em_se'][i]:>7.4f}"
-        )
-
-
-def cmd_attack(args: argparse.Namespace) -> int:
-    if args.bootstrap:
-        reader = _entry_point("privgw.readers", "kafka")
-        meta, history = reader(args.bootstrap, args.topic)
-    else:
-        if not args.history:
-            raise PrivgwError("give the history as JSONL files, or --bootstrap B --topic T")
-        history = read_jsonl_rows(args.history)
-        meta = {}
-    truth = read_jsonl_rows([args.truth])
-    qi = [c for c in (args.qi or "").split(",") if c] or list(meta.get("microaggregated", []))
-    k = args.k or int(meta.get("k", 0)) or 2
-    ts = [int(t) for t in args.t.split(",")]
-    result = attack_history(history, truth, attribute=args.attribute, qi_columns=qi, k=k, ts=ts)
-    if args.json:
-        _print_json(result)
-        return 0
-    print(f"{result['releases']} releases, {result['records']} records")
-    for p in result.get("averaging", []):
-        lo, hi = p["ci95"]
-        print(
-            f"averaging T={p['T']:>4}: accuracy {p['accuracy']:.4f} "
-            f"(95% CI {lo:.4f}..{hi:.4f}, {p['respondents']} respondents)"
-        )
-    if "intersection" in result:
-        i = result["intersection"]
-        print(
-            f"linked candidate sets (intersection over every release a respondent published "
-            f"in): {i['below_k']} of {i['respondents']} respondents below k={i['k']} "
-            f"({100 * i['share_below_k']:.1f} %), {i['singled_out']} singled out, median "
-            f"{i['median']:g}; smallest sets {i['smallest_candidate_sets']}"
-        )
-    return 0
-
-
 def cmd_secret_create(args: argparse.Namespace) -> int:
     from gateway.keyed import SECRET_FILE_ENV, Keyring, generate_secret_file, load_secret  # noqa: PLC0415
 
@@ -417,13 +121,6 @@ def cmd_secret_create(args: argparse.Namespace) -> int:
         "refused with any other secret"
     )
     return 0
-
-
-def _entry_point(group: str, name: str) -> Any:
-    for ep in importlib.metadata.entry_points(group=group):
-        if ep.name == name:
-            return ep.load()
-    raise PrivgwError(f"'{name}' support is not installed (pip install privgw with its extras)")
 
 
 # -- parser --------------------------------------------------------------------------------
@@ -453,67 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add_command(
         sub,
-        "protect",
-        "protect a CSV/JSONL file with a policy",
-        "privgw protect adult.csv --policy adult.yaml -o adult.protected.csv --seed 1",
-    )
-    p.add_argument("input", help="input file (.csv or .jsonl)")
-    p.add_argument("--policy", required=True, help="policy YAML")
-    p.add_argument("-o", "--output", required=True, help="output file (.csv or .jsonl)")
-    p.add_argument("--seed", type=int, default=None, help="seed for a reproducible run")
-    p.set_defaults(func=cmd_protect)
-
-    p = add_command(
-        sub,
-        "microaggregate",
-        "MDAV microaggregation of numeric columns (sdcMicro's microaggregation() equivalent)",
-        "privgw microaggregate census.csv --k 3 -o census.k3.csv",
-    )
-    p.add_argument("input", help="input file (.csv or .jsonl)")
-    p.add_argument("--k", type=int, required=True, help="minimum group size (≥ 2)")
-    p.add_argument("-o", "--output", required=True, help="output file (.csv or .jsonl)")
-    p.add_argument("--columns", help="comma-separated columns (default: all numeric)")
-    p.add_argument(
-        "--algorithm",
-        choices=["mdav", "ranking"],
-        default="mdav",
-        help="mdav (multivariate, default) or ranking (individual ranking, column by column)",
-    )
-    p.add_argument("--no-standardize", action="store_true", help="distances on raw values")
-    p.add_argument("--strata", help="comma-separated strata columns: groups never cross a stratum")
-    p.set_defaults(func=cmd_microaggregate)
-
-    p = add_command(
-        sub,
-        "evaluate",
-        "information loss and disclosure risk of a protected file",
-        "privgw evaluate census.csv census.k3.csv --json",
-    )
-    p.add_argument("original", help="the original file (.csv or .jsonl)")
-    p.add_argument("protected", help="its protected version (same records, same order)")
-    p.add_argument("--policy", help="policy (selects attributes, adds RR retention)")
-    p.add_argument("--p", type=float, default=None, help="interval disclosure p%% (default 10)")
-    p.add_argument("--json", action="store_true", help="one JSON object")
-    p.add_argument(
-        "--report",
-        help="write one self-contained HTML page (tables, plots, the commands) for analysts",
-    )
-    p.set_defaults(func=cmd_evaluate)
-
-    p = add_command(
-        sub,
-        "ru-map",
-        "R-U map: information loss vs disclosure risk per k",
-        "privgw ru-map adult.csv --policy deploy/policies/adult.yaml --k 2,3,4,5,6,8,10 -o ru.png",
-    )
-    p.add_argument("input", help="input file (.csv or .jsonl)")
-    p.add_argument("--policy", required=True, help="policy YAML (its k is replaced by each k)")
-    p.add_argument("--k", default="2,3,4,5,6,8,10", help="comma-separated k values")
-    p.add_argument("-o", "--output", required=True, help="PNG picture")
-    p.set_defaults(func=cmd_ru_map)
-
-    p = add_command(
-        sub,
         "check-policy",
         "validate a policy and print what it guarantees",
         "privgw check-policy deploy/policies/adult.yaml",
@@ -525,49 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_check_policy)
-
-    p = add_command(
-        sub,
-        "reconstruct",
-        "estimate the true distributions of randomized attributes",
-        "privgw reconstruct adult.protected.csv --policy deploy/policies/adult.yaml\n"
-        "  privgw reconstruct --bootstrap 127.0.0.1:9092 --topic survey.protected",
-    )
-    p.add_argument("protected", nargs="?", help="protected file (reads PROTECTED.meta.json too)")
-    p.add_argument(
-        "--policy",
-        help="policy YAML (with a file: needed; with --topic: finds its metadata topic)",
-    )
-    p.add_argument("--bootstrap", help="read the protected topic and its .meta topic instead")
-    p.add_argument(
-        "--topic",
-        help="protected topic (with --bootstrap): read as a stream, each policy version's rows "
-        "reconstructed with that version's metadata",
-    )
-    p.add_argument(
-        "--meta-topic",
-        help="metadata topic (with --topic; default: the policy's meta topic when --policy "
-        "names that output topic, else TOPIC.meta)",
-    )
-    p.add_argument("--json", action="store_true", help="one JSON object")
-    p.set_defaults(func=cmd_reconstruct)
-
-    p = add_command(
-        sub,
-        "attack",
-        "simulate the averaging and intersection adversaries on a history",
-        "privgw attack out/*.jsonl --truth truth.jsonl --attribute occupation --t 1,5,20",
-    )
-    p.add_argument("history", nargs="*", help="published records (JSONL/CSV with record_id, wave)")
-    p.add_argument("--truth", required=True, help="JSONL: record_id, respondent_id, true values")
-    p.add_argument("--attribute", help="randomized attribute for the averaging adversary")
-    p.add_argument("--qi", help="published quasi-identifier columns (default: from metadata)")
-    p.add_argument("--k", type=int, help="k (default: from metadata)")
-    p.add_argument("--t", default="1,5,20,100", help="numbers of releases T")
-    p.add_argument("--bootstrap", help="read the history from a protected topic instead")
-    p.add_argument("--topic", help="protected topic to read (with --bootstrap)")
-    p.add_argument("--json", action="store_true", help="one JSON object")
-    p.set_defaults(func=cmd_attack)
 
     p = add_command(
         sub,
@@ -586,8 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="the file to create (an existing file is never overwritten)")
     p.set_defaults(func=cmd_secret_create)
 
-    from gateway.files import risk_cli  # noqa: PLC0415  (sdcMicro-shaped commands: risk, kanon)
+    # the file workflow's commands, then the sdcMicro-shaped ones (risk, kanon)
+    from gateway.files import commands, risk_cli  # noqa: PLC0415
 
+    commands.register(sub)
     risk_cli.register(sub)
 
     for ep in importlib.metadata.entry_points(group="privgw.commands"):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.cli import add_command
+from gateway.command_kit import add_command
 from gateway.errors import PrivgwError
 from gateway.policy import load_policy
 from stream_jobs.worker_build import (

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from gateway.cli import add_command
+from gateway.command_kit import add_command
 from gateway.errors import PrivgwError
 from gateway.policy import load_policy
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gateway.command_kit import add_command, print_json
 from gateway.errors import PrivgwError
 from gateway.files.fileio import check_output
 
@@ -63,9 +64,7 @@ def cmd_risk(args: argparse.Namespace) -> int:
         dis_fraction=args.dis_fraction,
     )
     if args.json:
-        from gateway.cli import _print_json  # noqa: PLC0415
-
-        _print_json(summary)
+        print_json(summary)
     else:
         _print_risk(summary)
         if args.output:
@@ -94,9 +93,7 @@ def cmd_kanon(args: argparse.Namespace) -> int:
     check_output(args.output, inputs=(args.input,))
     s = kanon_file(args.input, keys, k=_check_k(args.k), out=args.output, importance=importance)
     if args.json:
-        from gateway.cli import _print_json  # noqa: PLC0415
-
-        _print_json(s)
+        print_json(s)
         return 0
     print(
         f"{s['k']}-anonymity on ({', '.join(s['keys'])}), a missing value matching any: "
@@ -112,8 +109,6 @@ def cmd_kanon(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add ``risk`` and ``kanon`` to the ``privgw`` subcommands."""
-    from gateway.cli import add_command  # noqa: PLC0415
-
     p = add_command(
         sub,
         "risk",

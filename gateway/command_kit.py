@@ -1,0 +1,34 @@
+"""What every command-line front end shares (the file commands, the Kafka commands through
+the ``privgw.commands`` entry point): a subcommand with its example, and JSON / number output."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+
+def add_command(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand with its help, and an example in its epilog (plug-ins use it too)."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_,
+        description=help_,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(
+        orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
+    )
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
