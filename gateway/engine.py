@@ -76,6 +76,22 @@ def _state_partitions(
     return partitions.of_keys(keys, fallback)
 
 
+def _refuse(
+    policy: Policy, *, keyring: Keyring | None, store: StateStore | None, inconsistent: bool
+) -> None:
+    """An engine the policy and its parts cannot give: say which setting and the fix."""
+    refuse_in_stream(policy)
+    if policy.consistency.mode is ConsistencyMode.NONE and not inconsistent:
+        raise PolicyError(
+            "consistency.mode none gives every release fresh randomness, which an "
+            "averaging adversary defeats; it needs the explicit --allow-inconsistent flag"
+        )
+    if store is not None and keyring is None:
+        raise PolicyError("a state store needs a keyring: set PRIVGW_SECRET or PRIVGW_SECRET_FILE")
+    if policy.output.pseudonym is Pseudonym.HMAC and keyring is None:
+        raise PolicyError("output.pseudonym hmac needs a secret: set PRIVGW_SECRET")
+
+
 class Engine:
     """Protects windows of records according to a policy.
 
@@ -108,18 +124,7 @@ class Engine:
         ``measure_risk=False``: a risk-sampled window returns its microaggregated records
         (``WindowResult.aggregated``) without measuring them — a shard of a window
         (:mod:`gateway.shards`), measured once the shards' results are merged."""
-        refuse_in_stream(policy)
-        if policy.consistency.mode is ConsistencyMode.NONE and not consistency_override:
-            raise PolicyError(
-                "consistency.mode none gives every release fresh randomness, which an "
-                "averaging adversary defeats; it needs the explicit --allow-inconsistent flag"
-            )
-        if store is not None and keyring is None:
-            raise PolicyError(
-                "a state store needs a keyring: set PRIVGW_SECRET or PRIVGW_SECRET_FILE"
-            )
-        if policy.output.pseudonym is Pseudonym.HMAC and keyring is None:
-            raise PolicyError("output.pseudonym hmac needs a secret: set PRIVGW_SECRET")
+        _refuse(policy, keyring=keyring, store=store, inconsistent=consistency_override)
         self.policy = policy
         self.version = policy.version
         self._keyring = keyring
