@@ -99,20 +99,31 @@ def _child_parts(side: str, process: ModuleType) -> tuple[Any, Any]:
     return wire.encode_window, child._answer
 
 
+def _module_of(side: str, name: str, engine_mod: ModuleType) -> ModuleType:
+    """The side's module ``name`` (gateway.records, gateway.keyed_inputs since the engine was
+    laid out by concept), else its engine module, which held them before."""
+    try:
+        return importlib.import_module(f"{side}_gateway.{name}")
+    except ModuleNotFoundError:
+        return engine_mod
+
+
 def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any, ...]:
     """The side's engine process work: its windows packed, its engine and store built."""
     engine_mod, process = load(side)
+    records = _module_of(side, "records", engine_mod)
+    keyed_inputs = _module_of(side, "keyed_inputs", engine_mod)
     policy = importlib.import_module(f"{side}_gateway.policy").policy_from_yaml(text)
     valid = [
-        engine_mod.ValidRecord(rid, values, engine_mod.SourceRef("in", i % 3, i, 0), 0.0)
+        records.ValidRecord(rid, values, records.SourceRef("in", i % 3, i, 0), 0.0)
         for i, (rid, values) in enumerate(answers)
     ]
     # packed as the worker packs them: with their keyed digests where the version computes
     # them in the worker (untimed, as the worker's time is)
     pack, answer = _child_parts(side, process)
-    if hasattr(engine_mod, "KeyedInputs"):
+    if hasattr(keyed_inputs, "KeyedInputs"):
         keyring = importlib.import_module(f"{side}_gateway.keyed").Keyring(SECRET)
-        pack = functools.partial(pack, inputs=engine_mod.KeyedInputs(policy, keyring))
+        pack = functools.partial(pack, inputs=keyed_inputs.KeyedInputs(policy, keyring))
     blobs = [pack(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
     engine, store = process.EngineSpec(policy, state, SECRET).build()
     return answer, engine, store, blobs
