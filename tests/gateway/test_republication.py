@@ -87,6 +87,29 @@ def _change(rng: np.random.Generator, v: dict[str, Any]) -> None:
         v["occ"] = "abc"[int(rng.integers(3))]
 
 
+def panel_waves(p: dict[str, Any]) -> list[list[ValidRecord]]:
+    """The panel's records, wave by wave (respondents changing and skipping waves as ``p``
+    says, shuffled within a wave), with consecutive offsets on one partition."""
+    rng = np.random.default_rng(p["seed"])
+    truth = _truth(rng, p["n"])
+    out: list[list[ValidRecord]] = []
+    sent = 0
+    for w in range(1, p["waves"] + 1):
+        if w > 1:
+            for v in truth:
+                if rng.random() < p["change"]:
+                    _change(rng, v)
+        present = [i for i in range(p["n"]) if rng.random() >= p["skip"]]
+        records = []
+        for i in rng.permutation(present).tolist():
+            records.append(
+                ValidRecord(f"r{i}", {**truth[i], "wave": w}, SourceRef("in", 0, sent), 0.0)
+            )
+            sent += 1
+        out.append(records)
+    return out
+
+
 @given(panels())
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_random_panels_keep_k_per_release_over_the_history_and_cohort_linkage(
@@ -99,26 +122,21 @@ def test_random_panels_keep_k_per_release_over_the_history_and_cohort_linkage(
         .replace("K", str(p["k"]))
     )
     engine = Engine(policy_from_yaml(text), keyring=KEY, store=MemoryStore())
-    rng = np.random.default_rng(p["seed"])
-    truth = _truth(rng, p["n"])
     k = p["k"]
     releases: list[dict[str, Any]] = [{} for _ in range(p["waves"])]
-    owner: dict[str, tuple[str, str]] = {}  # record id -> (respondent, its true answer)
     answers: dict[tuple[str, str], str] = {}  # (respondent, true answer) -> published
     held: list[ValidRecord] = []
     sent = published = 0
-    for w in range(1, p["waves"] + 1):
-        if w > 1:
-            for v in truth:
-                if rng.random() < p["change"]:
-                    _change(rng, v)
-        present = [i for i in range(p["n"]) if rng.random() >= p["skip"]]
-        records = []
-        for i in rng.permutation(present).tolist():
-            source = SourceRef("in", 0, sent)
-            sent += 1
-            owner[source.record_id] = (f"r{i}", truth[i]["occ"])
-            records.append(ValidRecord(f"r{i}", {**truth[i], "wave": w}, source, 0.0))
+    waves = panel_waves(p)
+    # record id -> (respondent, its true answer)
+    owner = {
+        r.source.record_id: (str(r.respondent_id), str(r.values["occ"]))
+        for records in waves
+        for r in records
+        if r.source is not None
+    }
+    for w, records in enumerate(waves, start=1):
+        sent += len(records)
         batches = [records[s : s + p["window"]] for s in range(0, len(records), p["window"])]
         for j, batch in enumerate(batches):
             last = w == p["waves"] and j == len(batches) - 1

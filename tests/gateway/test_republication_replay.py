@@ -10,15 +10,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_republication import CLAIM, KEY, POLICY, _change, _truth
+from test_republication import CLAIM, KEY, POLICY, panel_waves
 
 from gateway.engine import Engine
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
+from gateway.records import ValidRecord
 from state.memory_store import MemoryStore
 
 
@@ -41,19 +40,7 @@ def crashes(draw: st.DrawFn) -> dict[str, Any]:
 
 def _stream(p: dict[str, Any]) -> list[ValidRecord]:
     """Every wave's records, one partition, in wave order (shuffled within a wave)."""
-    rng = np.random.default_rng(p["seed"])
-    truth = _truth(rng, p["n"])
-    out: list[ValidRecord] = []
-    for w in range(1, p["waves"] + 1):
-        if w > 1:
-            for v in truth:
-                if rng.random() < p["change"]:
-                    _change(rng, v)
-        present = [i for i in range(p["n"]) if rng.random() >= p["skip"]]
-        for i in rng.permutation(present).tolist():
-            source = SourceRef("in", 0, len(out))
-            out.append(ValidRecord(f"r{i}", {**truth[i], "wave": w}, source, 0.0))
-    return out
+    return [r for records in panel_waves(p) for r in records]
 
 
 @given(crashes())
