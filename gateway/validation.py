@@ -24,7 +24,7 @@ from typing import Final
 
 import orjson
 
-from gateway.policy import AttrType, ExtraFields, Policy
+from gateway.policy import Attribute, AttrType, ExtraFields, Policy
 
 
 class DLQReason(StrEnum):
@@ -207,10 +207,25 @@ def _expected_key(policy: Policy) -> Callable[[str | None, dict[str, object]], b
 def _compile(
     policy: Policy, max_bytes: int, max_depth: int
 ) -> Callable[[bytes | None, bytes | None], _Result]:
+    """The policy's validator, generated as one straight-line function: a fast path per
+    attribute for the usual value, the slow checks only when it does not apply."""
     missing = frozenset(policy.input.missing_tokens)
     rid_field = policy.input.respondent_id
     known = set(policy.attributes) | ({rid_field} if rid_field is not None else set())
-    ns: dict[str, object] = {
+    ns = _namespace(missing, known)
+    src = _prologue(policy, max_bytes, max_depth)
+    for i, (name, attr) in enumerate(policy.attributes.items()):
+        src += _attribute_lines(i, name, attr, missing, ns)
+    src += _epilogue(policy, known, rid_field)
+    code = compile("\n".join(src), f"<validator for policy {policy.version}>", "exec")
+    exec(code, ns)
+    fn = ns["decode_and_validate"]
+    return fn  # type: ignore[return-value]
+
+
+def _namespace(missing: frozenset[str], known: set[str]) -> dict[str, object]:
+    """What the generated validator refers to."""
+    return {
         "loads": orjson.loads,
         "JSONDecodeError": orjson.JSONDecodeError,
         "classify": _classify_undecodable,
@@ -238,6 +253,10 @@ def _compile(
             )
         },
     }
+
+
+def _prologue(policy: Policy, max_bytes: int, max_depth: int) -> list[str]:
+    """The message as a whole: present, not too large, keyed, JSON, not too deep, an object."""
     src = [
         "def decode_and_validate(raw, key):",
         "    if not raw:",
@@ -247,7 +266,8 @@ def _compile(
     ]
     if policy.input.key_field is None:
         src += ["    if not key:", "        return R_MISSING_KEY"]
-    src += [
+    return [
+        *src,
         "    try:",
         "        obj = loads(raw)",
         "    except JSONDecodeError:",
@@ -261,35 +281,45 @@ def _compile(
         "    absent = False",
         "    slow = False",
     ]
-    names = list(policy.attributes)
-    for i, (name, attr) in enumerate(policy.attributes.items()):
-        v, lit = f"v{i}", repr(name)
-        lo, hi = attr.range if attr.range is not None else (None, None)
-        cats = frozenset(attr.categories) - missing if attr.categories is not None else None
-        ns[f"S{i}"] = (name, attr.required, cats, lo, hi)
-        src.append(f"    {v} = g({lit}, ABSENT)")
-        if attr.type is AttrType.NUMERIC:
-            fast_lo = -MAX_SAFE_INTEGER if lo is None else max(lo, -MAX_SAFE_INTEGER)
-            fast_hi = MAX_SAFE_INTEGER if hi is None else min(hi, MAX_SAFE_INTEGER)
-            src.append(f"    if {v}.__class__ is not int or not {fast_lo!r} <= {v} <= {fast_hi!r}:")
-            src.append(f"        {v} = slow_numeric({v}, S{i}, raw, MISSING)")
-        elif attr.type is AttrType.TIMESTAMP:
-            src.append(f"    if {v}.__class__ is not str or {v} in MISSING or not is_time({v}):")
-            src.append(f"        {v} = slow_timestamp({v}, S{i}, MISSING)")
-        elif cats is not None:
-            ns[f"C{i}"] = cats
-            src.append(f"    if {v}.__class__ is not str or {v} not in C{i}:")
-            src.append(f"        {v} = slow_categorical({v}, S{i}, MISSING)")
-        else:
-            src.append(f"    if {v}.__class__ is not str or {v} in MISSING:")
-            src.append(f"        {v} = slow_categorical({v}, S{i}, MISSING)")
-        src += [
-            "        slow = True",
-            f"        if {v}.__class__ is Rejection:",
-            f"            return {v}",
-            f"        if {lit} not in obj:",
-            "            absent = True",
-        ]
+
+
+def _attribute_lines(
+    i: int, name: str, attr: Attribute, missing: frozenset[str], ns: dict[str, object]
+) -> list[str]:
+    """Attribute ``i``: its fast check, else its slow one (which may reject the record)."""
+    v, lit = f"v{i}", repr(name)
+    lo, hi = attr.range if attr.range is not None else (None, None)
+    cats = frozenset(attr.categories) - missing if attr.categories is not None else None
+    ns[f"S{i}"] = (name, attr.required, cats, lo, hi)
+    src = [f"    {v} = g({lit}, ABSENT)"]
+    if attr.type is AttrType.NUMERIC:
+        fast_lo = -MAX_SAFE_INTEGER if lo is None else max(lo, -MAX_SAFE_INTEGER)
+        fast_hi = MAX_SAFE_INTEGER if hi is None else min(hi, MAX_SAFE_INTEGER)
+        src.append(f"    if {v}.__class__ is not int or not {fast_lo!r} <= {v} <= {fast_hi!r}:")
+        src.append(f"        {v} = slow_numeric({v}, S{i}, raw, MISSING)")
+    elif attr.type is AttrType.TIMESTAMP:
+        src.append(f"    if {v}.__class__ is not str or {v} in MISSING or not is_time({v}):")
+        src.append(f"        {v} = slow_timestamp({v}, S{i}, MISSING)")
+    elif cats is not None:
+        ns[f"C{i}"] = cats
+        src.append(f"    if {v}.__class__ is not str or {v} not in C{i}:")
+        src.append(f"        {v} = slow_categorical({v}, S{i}, MISSING)")
+    else:
+        src.append(f"    if {v}.__class__ is not str or {v} in MISSING:")
+        src.append(f"        {v} = slow_categorical({v}, S{i}, MISSING)")
+    return [
+        *src,
+        "        slow = True",
+        f"        if {v}.__class__ is Rejection:",
+        f"            return {v}",
+        f"        if {lit} not in obj:",
+        "            absent = True",
+    ]
+
+
+def _epilogue(policy: Policy, known: set[str], rid_field: str | None) -> list[str]:
+    """The respondent id, repeated keys, extra fields, and the decoded record."""
+    src: list[str] = []
     if rid_field is not None:
         src += [
             f"    rid = g({rid_field!r})",
@@ -317,12 +347,9 @@ def _compile(
             f"    if (absent or len(obj) != {len(known)}) and not KNOWN.issuperset(obj):",
             "        return R_EXTRA_FIELD",
         ]
-    items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
+    items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(policy.attributes))
     src.append(f"    return rid, {{{items}}}")
-    code = compile("\n".join(src), f"<validator for policy {policy.version}>", "exec")
-    exec(code, ns)
-    fn = ns["decode_and_validate"]
-    return fn  # type: ignore[return-value]
+    return src
 
 
 def _slow_numeric(v: object, spec: _Spec, raw: bytes, missing: frozenset[str]) -> object:

@@ -180,21 +180,49 @@ def build_report(
     out: str | Path,
 ) -> str:
     """The report's HTML (the figures of ``result`` from ``evaluate`` and its own tables)."""
-    tokens = set(policy.input.missing_tokens)
     orig = read_table(original, as_text=True)
     prot = read_table(protected, as_text=True)
     meta_file = Path(str(protected) + ".meta.json")
     mechanisms: dict[str, RRMechanism] = {}
     if meta_file.exists():
         mechanisms = mechanisms_from_meta(orjson.loads(meta_file.read_bytes()))
+    weight = policy.weight if policy.weight in orig.columns else None
+    parts = [
+        *_heading(original, protected, policy, orig, weight, policy_path=policy_path, out=out),
+        _table(["figure", "value"], _summary_rows(result, len(orig)), "summary"),
+        *_marginal_parts(policy, orig, prot, mechanisms),
+        *_numeric_parts(policy, orig, prot, weight),
+    ]
+    if result.get("weighted_estimates"):
+        rows = [
+            [n, e["mean_original"], e["mean_published"], e["total_original"], e["total_published"]]
+            for n, e in result["weighted_estimates"].items()
+        ]
+        parts.append("<h2>Weighted estimates</h2>")
+        parts.append(_table(["attribute", "mean original", "mean published", "total original",
+                             "total published"], rows))  # fmt: skip
+    body = "\n".join(parts)
+    return _PAGE.replace("BODY", body)
+
+
+def _heading(
+    original: str | Path,
+    protected: str | Path,
+    policy: Policy,
+    orig: pd.DataFrame,
+    weight: str | None,
+    *,
+    policy_path: str | Path,
+    out: str | Path,
+) -> list[str]:
+    """The title and the commands that reproduce every figure."""
     q = shlex.quote
     cmd = (
         f"privgw evaluate {q(str(original))} {q(str(protected))} --policy {q(str(policy_path))} "
         f"--report {q(str(out))}"
     )
     keys = [n for n in policy.k_claim if n in orig.columns]
-    weight = policy.weight if policy.weight in orig.columns else None
-    parts: list[str] = [
+    return [
         f"<h1>Utility report: {html.escape(Path(protected).name)}</h1>",
         "<p>Every figure on this page is reproduced by <code>"
         + html.escape(cmd)
@@ -209,34 +237,43 @@ def build_report(
         + "</code>.</p>",
         "<h2>Summary</h2>",
     ]
-    summary_rows: list[list[object]] = [["records", result.get("records", len(orig))]]
+
+
+def _summary_rows(result: Mapping[str, Any], records: int) -> list[list[object]]:
+    """The summary table: utility, linkage, category changes, retention, frequency risk."""
+    rows: list[list[object]] = [["records", result.get("records", records)]]
     for name in ("sse_sst_pct", "il1s", "dld", "interval_disclosure"):
         if name in result:
-            summary_rows.append([f"{name} (numeric quasi-identifiers)", float(result[name])])
+            rows.append([f"{name} (numeric quasi-identifiers)", float(result[name])])
     if "whole_key_linkage" in result:
-        summary_rows.append(
-            ["whole-key record linkage", result["whole_key_linkage"]["share_linked"]]
-        )
+        rows.append(["whole-key record linkage", result["whole_key_linkage"]["share_linked"]])
     for attr, share in result.get("changed_categories", {}).items():
-        summary_rows.append([f"category change rate: {attr}", float(share)])
+        rows.append([f"category change rate: {attr}", float(share)])
     for attr, share in result.get("retention", {}).items():
-        summary_rows.append([f"randomized response retention: {attr}", float(share)])
+        rows.append([f"randomized response retention: {attr}", float(share)])
     freq = result.get("frequency_risk")
     if freq:
         for label in ("original", "published"):
             f = freq[label]
-            summary_rows.append(
+            rows.append(
                 [f"expected re-identifications, {label}", float(f["expected_reidentifications"])]
             )
             for k, v in f["k_anonymity_violations"].items():
-                summary_rows.append([f"records violating {k}-anonymity, {label}", v])
-            summary_rows.append(
-                [f"SUDA2 records with an MSU, {label}", f["suda2"]["records_with_msu"]]
-            )
-    parts.append(_table(["figure", "value"], summary_rows, "summary"))
+                rows.append([f"records violating {k}-anonymity, {label}", v])
+            rows.append([f"SUDA2 records with an MSU, {label}", f["suda2"]["records_with_msu"]])
+    return rows
 
-    # marginals
-    parts.append("<h2>Marginals: raw, published, reconstructed</h2>")
+
+def _marginal_parts(
+    policy: Policy,
+    orig: pd.DataFrame,
+    prot: pd.DataFrame,
+    mechanisms: Mapping[str, RRMechanism],
+) -> list[str]:
+    """Each categorical attribute's marginal (raw, published, reconstructed) and one two-way
+    table of a randomized attribute within a plain one."""
+    tokens = set(policy.input.missing_tokens)
+    parts = ["<h2>Marginals: raw, published, reconstructed</h2>"]
     categorical = [
         n
         for n, a in policy.attributes.items()
@@ -265,8 +302,13 @@ def build_report(
             f"<h2>Two-way table: {html.escape(col_name)} within {html.escape(row_name)}</h2>"
         )
         parts.append(_two_way(row_name, col_name, raw_t, pub_t, mechanisms[col_name]))
+    return parts
 
-    # numeric attributes: correlations, regression, weighted estimates
+
+def _numeric_parts(
+    policy: Policy, orig: pd.DataFrame, prot: pd.DataFrame, weight: str | None
+) -> list[str]:
+    """The numeric attributes' correlation matrices and one regression, before and after."""
     numeric = [
         n
         for n, a in policy.attributes.items()
@@ -276,28 +318,20 @@ def build_report(
         and n in orig.columns
         and n in prot.columns
     ]
-    if len(numeric) >= 2:
-        x = orig[numeric].apply(pd.to_numeric, errors="coerce")
-        xm = prot[numeric].apply(pd.to_numeric, errors="coerce")
-        ok = (x.notna() & xm.notna()).all(axis=1).to_numpy()
-        x, xm = x[ok], xm[ok]
-        table, img = _correlations(x, xm)
-        parts.append(f"<h2>Correlation matrices</h2><img alt='correlations' src='{img}'>{table}")
-        w = weights_of(orig, weight)[ok] if weight else None  # type: ignore[index]
-        reg = _regression(x, xm, w)
-        if reg is not None:
-            model, table = reg
-            parts.append(f"<h2>Regression: {html.escape(model)}</h2>{table}")
-    if result.get("weighted_estimates"):
-        rows = [
-            [n, e["mean_original"], e["mean_published"], e["total_original"], e["total_published"]]
-            for n, e in result["weighted_estimates"].items()
-        ]
-        parts.append("<h2>Weighted estimates</h2>")
-        parts.append(_table(["attribute", "mean original", "mean published", "total original",
-                             "total published"], rows))  # fmt: skip
-    body = "\n".join(parts)
-    return _PAGE.replace("BODY", body)
+    if len(numeric) < 2:
+        return []
+    x = orig[numeric].apply(pd.to_numeric, errors="coerce")
+    xm = prot[numeric].apply(pd.to_numeric, errors="coerce")
+    ok = (x.notna() & xm.notna()).all(axis=1).to_numpy()
+    x, xm = x[ok], xm[ok]
+    table, img = _correlations(x, xm)
+    parts = [f"<h2>Correlation matrices</h2><img alt='correlations' src='{img}'>{table}"]
+    w = weights_of(orig, weight)[ok] if weight else None  # type: ignore[index]
+    reg = _regression(x, xm, w)
+    if reg is not None:
+        model, table = reg
+        parts.append(f"<h2>Regression: {html.escape(model)}</h2>{table}")
+    return parts
 
 
 _PAGE = """<!DOCTYPE html>
