@@ -17,7 +17,6 @@ from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.grouping.parking import Parking
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
-from gateway.grouping.replay import Committed
 from gateway.grouping.republish import Republisher
 from gateway.grouping.scope import Diversifier, GroupingInputs
 from gateway.grouping.window_work import WindowQI
@@ -141,7 +140,7 @@ class ClaimStep:
         )
 
     def decide(
-        self, cw: ClaimWindow, *, now: float, flush_all: bool, committed: Committed | None
+        self, cw: ClaimWindow, *, now: float, flush_all: bool
     ) -> tuple[QIDecision, dict[str, Group]]:
         """The window's decision and the groups the republication modes read or formed."""
         if not self.names:
@@ -156,9 +155,7 @@ class ClaimStep:
         cols = [claim_inputs(attributes[n], c) for n, c in zip(names, values, strict=True)]
         complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
         if self.republishes(cw.view.sticky):
-            return self._republish(
-                cw, cols, complete, now=now, flush_all=flush_all, committed=committed
-            )
+            return self._republish(cw, cols, complete, now=now, flush_all=flush_all)
         return self._deferred_decision(cw, cols, complete, now=now, flush_all=flush_all), {}
 
     def _digests(self, cw: ClaimWindow, cols: list[list[Any]], complete: list[bool]) -> list[str]:
@@ -200,7 +197,6 @@ class ClaimStep:
         *,
         now: float,
         flush_all: bool,
-        committed: Committed | None,
     ) -> tuple[QIDecision, dict[str, Group]]:
         """The ``regroup`` and ``cohort`` modes (:mod:`gateway.grouping.republish`)."""
         assert self._republisher is not None and self._inputs is not None
@@ -239,7 +235,6 @@ class ClaimStep:
             cw.view.touched,
             self._load_groups,
             sampled=cw.sampled,
-            committed=committed,
         )
         for gid, grp in groups.items():
             cw.view.sizes[gid] = grp.size

@@ -323,9 +323,7 @@ class Engine:
             scopes=self._parts if self._partition_scope else None,
             sampled=(self._windows - 1) % self.policy.risk.sample_every == 0,
         )
-        qi, regroups = self._claims.decide(
-            claim_window, now=now, flush_all=flush_all, committed=committed
-        )
+        qi, regroups = self._claims.decide(claim_window, now=now, flush_all=flush_all)
         held = set(qi.held)
         pub_idx = [i for i in range(len(records)) if i not in held]
         out = self._columns.output(win, qi, pub_idx, early=early, value_digests=value_digests)

@@ -37,7 +37,7 @@ def write_states(
     entry in one batch. ``republish``: the regroup and cohort modes, whose decision updated the
     respondents' grouping entries itself."""
     states, touched = view.states, view.touched
-    suppressed = set(qi.suppressed)
+    outcomes, done = qi.outcomes, committed or {}
     for i in published:
         rkey = rkeys[i]
         if rkey is None:
@@ -48,15 +48,11 @@ def write_states(
             touched.add(rkey)
         if _first_wave(st, waves[i]):
             touched.add(rkey)
-        if not republish and _deferred_entries(
-            st,
-            qi,
-            i,
-            rid=rids[i],
-            suppressed=suppressed,
-            strata=stratum_digests,
-            committed=committed,
-        ):
+        kept = outcomes.get(i)
+        if kept is not None:  # what it published, for a replay
+            remember(st, rids[i], kept[0], kept[1], done)
+            touched.add(rkey)
+        if not republish and _deferred_entries(st, qi, i, strata=stratum_digests):
             touched.add(rkey)
     for i in qi.departed:  # no longer a live member of the group it left
         rkey = rkeys[i]
@@ -84,35 +80,24 @@ def _first_wave(st: dict[str, Any], wave: Any) -> bool:
 
 
 def _deferred_entries(
-    st: dict[str, Any],
-    qi: QIDecision,
-    i: int,
-    *,
-    rid: str,
-    suppressed: set[int],
-    strata: Sequence[str] | None,
-    committed: Committed | None,
+    st: dict[str, Any], qi: QIDecision, i: int, *, strata: Sequence[str] | None
 ) -> bool:
-    """The deferred mode's entries for record ``i``: what it published, for a replay (the
-    claim digest its tuple is stored under), the tuple stored for its claim digest, and its
-    current group. Returns whether the state changed."""
+    """The deferred mode's entries for record ``i``: the tuple stored for its claim digest
+    and its current group. Returns whether the state changed."""
     digests, group_of, current_digest = qi.digests, qi.group_of, qi.current_digest
-    if i in qi.replayed or i not in digests:
-        return False
-    digest = digests[i]
-    gid = None if i in suppressed else group_of.get(i)
-    outcome = None if gid is None else (gid, current_digest.get(i, digest))
-    remember(st, rid, digest, outcome, committed or {})
-    if i in qi.unchanged or i not in group_of:
-        return True  # stored as they are
-    gid = group_of[i]
+    if i in qi.unchanged or i not in group_of or i not in digests:
+        return False  # stored as they are (replays among them)
+    digest, gid = digests[i], group_of[i]
+    changed = False
     if i not in current_digest:  # a deferred move keeps its old mapping
         known = st.setdefault("qi", {})
         if digest not in known:
             known[digest] = [gid, list(qi.tuples[i])]
+            changed = True
     current = [gid, current_digest.get(i, digest)]
     if strata is not None:  # a deferred move never leaves it
         current.append(strata[i])
     if st.get("current") != current:
         st["current"] = current
-    return True
+        changed = True
+    return changed

@@ -28,6 +28,9 @@ class QIDecision:
     # records whose respondent's current group and tuple are this record's: nothing to store
     unchanged: set[int] = field(default_factory=set)
     replayed: set[int] = field(default_factory=set)  # decided before a crash (deferred mode)
+    # record index -> (claim digest, what it published): kept in its respondent's state until
+    # its offset is committed, so that a replay publishes it again (gateway.grouping.replay)
+    outcomes: dict[int, tuple[str, tuple[str, str] | None]] = field(default_factory=dict)
     group_of: dict[int, str] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)
     suppressed: list[int] = field(default_factory=list)

@@ -125,6 +125,7 @@ class DeferredGrouping:
         self._assign(work, slots)
         for i in work.deferred:  # no departure was reserved for these
             self._hold_or_suppress(work, i)
+        _outcomes(work)
         return decision
 
     # -- stored tuples ------------------------------------------------------------------------
@@ -414,3 +415,15 @@ def _replays(
         replays.add(i)
     decision.replayed = replays
     return replays
+
+
+def _outcomes(work: _Work) -> None:
+    """What each published record (not replayed) published, into the decision's ``outcomes``:
+    the claim digest its tuple is stored under (its own, or the one of a move it deferred)."""
+    d, keys = work.decision, work.w.keys
+    held, suppressed = set(d.held), set(d.suppressed)
+    for i, digest in d.digests.items():
+        if i in held or i in d.replayed or keys[i] is None:
+            continue
+        gid = None if i in suppressed else d.group_of.get(i)
+        d.outcomes[i] = (digest, None if gid is None else (gid, d.current_digest.get(i, digest)))

@@ -106,20 +106,15 @@ def publish_replays(win: WindowWork) -> None:
         d.hits += 1
 
 
-def remember_window(win: WindowWork, committed: Committed) -> None:
-    """Each respondent's state keeps what its records published here, for a replay."""
-    w, d, states, touched = win.w, win.decision, win.states, win.touched
-    replayed, keys, rids, digests = win.replayed, w.keys, w.rids, w.digests
-    emitted = win.emitted
+def window_outcomes(win: WindowWork) -> None:
+    """What each record published here (not replayed), into the decision's ``outcomes``."""
+    w, d = win.w, win.decision
+    replayed, keys, digests, emitted = win.replayed, w.keys, w.digests, win.emitted
+    outcomes = d.outcomes
     for i, gid in d.group_of.items():
-        key = keys[i]
-        if key is not None and i not in replayed and i in d.tuples:
-            st = states.setdefault(key, {})
-            remember(st, rids[i], digests[i], (gid, emitted[i]), committed)
-            touched.add(key)
+        if keys[i] is not None and i not in replayed and i in d.tuples:
+            outcomes[i] = (digests[i], (gid, emitted[i]))
     complete = w.complete
     for i in d.suppressed:
-        key = keys[i]
-        if key is not None and complete[i] and i not in replayed:
-            remember(states.setdefault(key, {}), rids[i], digests[i], None, committed)
-            touched.add(key)
+        if keys[i] is not None and complete[i] and i not in replayed:
+            outcomes[i] = (digests[i], None)

@@ -49,11 +49,10 @@ from gateway.grouping.registry import (
 )
 from gateway.grouping.release import pool_order, release_order
 from gateway.grouping.replay import (
-    Committed,
     publish_replays,
     recall,
     recall_unknown,
-    remember_window,
+    window_outcomes,
 )
 from gateway.grouping.republish_measures import measure
 from gateway.grouping.window_work import WindowQI, WindowWork
@@ -113,13 +112,11 @@ class Republisher:
         load: Callable[[Sequence[str]], Mapping[str, Group]],
         *,
         sampled: bool = False,
-        committed: Committed | None = None,
     ) -> tuple[QIDecision, dict[str, Group]]:
         """The window's decision; ``states`` (the respondents' decoded states) are updated in
         place and their keys added to ``touched``. Returns the decision and every group read or
         formed, whose changed entries the caller writes with the states. ``sampled``: a window
-        whose risk is measured (``QIDecision.aggregated`` holds its new groups' rows).
-        ``committed``: the input offsets committed so far (:mod:`gateway.grouping.replay`)."""
+        whose risk is measured (``QIDecision.aggregated`` holds its new groups' rows)."""
         win = WindowWork(w, states, touched, {})
         win.decision.sampled = sampled  # its new groups' true and masked rows are kept
         followers, later = self._scan(win)
@@ -146,7 +143,7 @@ class Republisher:
                 self._hold_or_suppress(win, i)
         for i in later:  # another tuple of a respondent decided here: the next window's
             self._hold_or_suppress(win, i)
-        remember_window(win, committed or {})
+        window_outcomes(win)
         if sampled:
             measure(win, self.k, self.ell)
         return d, win.groups
