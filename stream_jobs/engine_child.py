@@ -28,7 +28,7 @@ from typing import Any
 from gateway.engine import Engine
 from gateway.errors import PrivgwError
 from stream_jobs.engine_process import EngineSpec
-from stream_jobs.engine_wire import decode_window, encode_result
+from stream_jobs.engine_wire import HeldInChild, decode_window, encode_result, held_positions
 from stream_jobs.memory import Collector, tune_memory
 
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
@@ -58,13 +58,14 @@ def _serve(conn: Connection, parent: int) -> None:
         tune_memory()
         collector = Collector()
         collector.start(time.monotonic())
+        held = HeldInChild()  # what the last window handed back held
         while True:
             try:
                 request = pickle.loads(conn.recv_bytes())
             except EOFError:
                 return
             try:
-                reply = _answer(request, engine, store, spec.encode_outputs)
+                reply = _answer(request, engine, store, spec.encode_outputs, held)
             except Exception as err:  # reported to the worker, which stops
                 reply = ("error", type(err).__name__, _message(err))
             conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
@@ -92,13 +93,18 @@ def _message(err: Exception) -> str:
     return "message withheld (it may quote an input value)"
 
 
-def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) -> tuple[Any, ...]:
+def _answer(
+    request: tuple[Any, ...], engine: Engine, store: Any, encode: bool, held: HeldInChild
+) -> tuple[Any, ...]:
     op = request[0]
     if op == "count_prefix":
         return ("ok", store.count_prefix(request[1]))
     if op == "protect":
-        _, blobs, now, flush_all, *committed = request  # (benches send no offsets)
-        records, by_attribute, keys = decode_window(blobs)
+        # (benches send neither offsets nor held records)
+        _, blobs, now, flush_all, *rest = request
+        committed = rest[0] if rest else None
+        kept = rest[1] if len(rest) > 1 else 0
+        records, by_attribute, keys = held.join(kept, *decode_window(blobs))
         result = engine.protect_window(
             records,
             now=now,
@@ -106,9 +112,11 @@ def _answer(request: tuple[Any, ...], engine: Engine, store: Any, encode: bool) 
             by_attribute=by_attribute,
             encode=encode,
             keys=keys,
-            committed=committed[0] if committed else None,
+            committed=committed,
         )
-        columns, report = encode_result(records, result)
+        positions = held_positions(records, result)
+        held.keep(records, by_attribute, keys, positions)
+        columns, report = encode_result(records, result, positions)
         return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())

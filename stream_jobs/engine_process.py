@@ -46,7 +46,13 @@ from gateway.keyed_inputs import KeyedInputs
 from gateway.policy import Policy
 from gateway.records import ValidRecord, WindowResult
 from gateway.shards import merge, route
-from stream_jobs.engine_wire import PackedRecords, decode_result, encode_window, window_request
+from stream_jobs.engine_wire import (
+    PackedRecords,
+    decode_result,
+    encode_window,
+    held_prefix,
+    window_request,
+)
 
 __all__ = [
     "EngineProcess",
@@ -124,6 +130,9 @@ class EngineProcess:
         self._closed = False
         self._count = 0
         self._prefixed: dict[bytes, int] = {}
+        # the records the child handed back held last (the worker's objects): a window that
+        # starts with them sends only how many (engine_wire.HeldInChild)
+        self._held: Sequence[ValidRecord] = []
         try:
             with self._lock:
                 self._send(("start", spec))
@@ -172,8 +181,23 @@ class EngineProcess:
         worker's event loop, where the packing does not contend for the GIL with it), and the
         call it returns, which hands it over and waits (the worker's engine thread).
         ``tail``: the window's last records, already packed by :meth:`pack`."""
-        request = window_request(records, now, flush_all, tail, self._inputs, committed=committed)
+        request = self.request(records, now, flush_all, tail, self._inputs, committed=committed)
         return functools.partial(self._protect_request, records, request)
+
+    def request(
+        self,
+        records: Sequence[ValidRecord],
+        now: float,
+        flush_all: bool,
+        tail: PackedRecords | None = None,
+        inputs: KeyedInputs | None = None,
+        *,
+        committed: Committed | None = None,
+    ) -> tuple[Any, ...]:
+        """The window packed for the child (``window_request``): the records it handed back
+        held last time, if they start the window as they came back, stay in the child."""
+        kept = held_prefix(records, self._held)
+        return window_request(records, now, flush_all, tail, inputs, committed=committed, kept=kept)
 
     def pack(self, records: Sequence[ValidRecord]) -> bytes:
         """Records packed ahead of their window, for :meth:`prepare`'s ``tail``, with their
@@ -200,11 +224,14 @@ class EngineProcess:
 
     def collect(self, records: Sequence[ValidRecord]) -> WindowResult:
         """The result of the window ``submit`` handed over (the same ``records``)."""
+        self._held = []  # the child's held records are unknown until its reply is read
         try:
             _, columns, extra, self._count = self._reply("protect_window")
         finally:
             self._lock.release()
-        return decode_result(records, columns, extra)
+        result = decode_result(records, columns, extra)
+        self._held = result.held
+        return result
 
     def count_prefix(self, prefix: bytes) -> int:
         """Keys of the child's store that start with ``prefix``; 0 while a window is in the
@@ -381,7 +408,8 @@ class EngineShards(ShardDraws):
         windows = [[records[i] for i in idx] for idx in parts]
         # every shard gets every window, an empty one too: their risk sampling stays in step
         requests = [
-            window_request(window, now, flush_all, committed=committed) for window in windows
+            shard.request(window, now, flush_all, committed=committed)
+            for shard, window in zip(self.shards, windows, strict=True)
         ]
         return functools.partial(self._protect_requests, records, parts, windows, requests)
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import marshal
+import operator
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 from gateway.grouping.replay import Committed
-from gateway.keyed_inputs import KeyedInputs, WindowKeys
+from gateway.keyed_inputs import KeyedInputs, WindowKeys, keys_at
 from gateway.records import PublishedRecord, SourceRef, ValidRecord, WindowResult, encode_rows
 
 _MARSHAL, _PICKLE = b"m", b"p"
@@ -111,12 +112,115 @@ def window_request(
     inputs: KeyedInputs | None = None,
     *,
     committed: Committed | None = None,
+    kept: int = 0,
 ) -> tuple[Any, ...]:
-    if tail is None or not 0 < tail.count <= len(records):
-        return ("protect", [encode_window(records, inputs)], now, flush_all, committed)
-    head = len(records) - tail.count
-    segments = [encode_window(records[:head], inputs)] if head else []
-    return ("protect", [*segments, *tail.segments], now, flush_all, committed)
+    """The ``protect`` request of a window. ``kept``: its first records are the ones the child
+    handed back held last time, in that order (:class:`HeldInChild`); only the others travel.
+    ``tail``: the window's last records, already packed."""
+    if tail is None or not 0 < tail.count <= len(records) - kept:
+        segments = [encode_window(records[kept:], inputs)] if len(records) > kept else []
+        return ("protect", segments, now, flush_all, committed, kept)
+    head = records[kept : len(records) - tail.count]
+    segments = [encode_window(head, inputs)] if head else []
+    return ("protect", [*segments, *tail.segments], now, flush_all, committed, kept)
+
+
+def held_prefix(records: Sequence[ValidRecord], held: Sequence[ValidRecord]) -> int:
+    """How many of the records the child handed back held start ``records``, as they came
+    back (the same objects, in order): all of them, or 0 (they travel again)."""
+    n = len(held)
+    if n and len(records) >= n and all(map(operator.is_, records, held)):
+        return n
+    return 0
+
+
+class HeldInChild:
+    """The records the child handed back held, as it decoded them, with their columns and
+    keyed digests. A held record comes back first in every window until it is decided — with
+    ``republication.pool: release``, every record of the open wave, for most of the wave — so
+    the worker sends how many of them start its window instead of the records again: packing,
+    digests and decoding then cost once a record, not once a window it waits."""
+
+    __slots__ = ("_columns", "_keys", "_records")
+
+    def __init__(self) -> None:
+        self._records: list[ValidRecord] = []
+        self._columns: dict[str, list[object]] | None = None
+        self._keys: WindowKeys | None = None
+
+    def join(
+        self,
+        kept: int,
+        records: list[ValidRecord],
+        columns: dict[str, list[object]] | None,
+        keys: WindowKeys | None,
+    ) -> tuple[list[ValidRecord], dict[str, list[object]] | None, WindowKeys | None]:
+        """The window: the ``kept`` records held last time, then the ones that travelled."""
+        if kept == 0:
+            return records, columns, keys
+        if kept != len(self._records):
+            raise ValueError(
+                f"the window starts with {kept} records held by the engine, which holds "
+                f"{len(self._records)}: the worker and its engine process are out of step"
+            )
+        held_cols = self._columns
+        if held_cols is not None and columns is not None and held_cols.keys() == columns.keys():
+            columns = {n: held_cols[n] + c for n, c in columns.items()}
+        elif records:
+            columns = None  # the engine reads each record's values
+        else:
+            columns = held_cols
+        return self._records + records, columns, _joined_keys(self._keys, keys, bool(records))
+
+    def keep(
+        self,
+        records: list[ValidRecord],
+        columns: dict[str, list[object]] | None,
+        keys: WindowKeys | None,
+        held: list[int],
+    ) -> None:
+        """What the window handed back held (positions in ``records``, in the held order)."""
+        m = len(held)
+        if held == list(range(m)):  # the usual case: the wave set aside comes back first
+            self._records = records[:m]
+            self._columns = None if columns is None else {n: c[:m] for n, c in columns.items()}
+            self._keys = None if keys is None else _keys_slice(keys, m)
+            return
+        self._records = [records[i] for i in held]
+        self._columns = None if columns is None else {n: _at(c, held) for n, c in columns.items()}
+        self._keys = None if keys is None else keys_at(keys, held)
+
+
+def _at(column: list[object], positions: list[int]) -> list[object]:
+    return [column[i] for i in positions]
+
+
+def _keys_slice(keys: WindowKeys, m: int) -> WindowKeys:
+    return WindowKeys(
+        keys.respondents[:m],
+        keys.draws[:m],
+        {n: v[:m] for n, v in keys.values.items()},
+        keys.quasi_identifiers[:m],
+    )
+
+
+def _joined_keys(
+    held: WindowKeys | None, new: WindowKeys | None, any_new: bool
+) -> WindowKeys | None:
+    """The held records' keys then the new ones', or None (the engine computes them all)
+    unless both sides have them in the same form."""
+    if not any_new:
+        return held
+    if held is None or new is None or held.values.keys() != new.values.keys():
+        return None
+    if bool(held.quasi_identifiers) != bool(new.quasi_identifiers):
+        return None
+    return WindowKeys(
+        held.respondents + new.respondents,
+        held.draws + new.draws,
+        {n: v + new.values[n] for n, v in held.values.items()},
+        held.quasi_identifiers + new.quasi_identifiers,
+    )
 
 
 def _pack(columns: tuple[Any, ...]) -> bytes:
@@ -140,6 +244,8 @@ def decode_window(
     travelled as columns of the same attributes, and their keys when every segment brought
     them."""
     unpacked = list(map(_unpack, blobs))
+    if not unpacked:  # every record of the window is held in the child already
+        return [], None, None
     parts = [part for part in unpacked if part[0]] or unpacked[:1]
     ids, values, topics, partitions, offsets, stamps, arrived, keys = (
         parts[0] if len(parts) == 1 else _concatenate(parts)
@@ -182,9 +288,17 @@ def _mappings(values: dict[str, list[object]] | list[dict[str, object]]) -> list
     return [dict(zip(values, row, strict=True)) for row in zip(*values.values(), strict=True)]
 
 
-def encode_result(records: Sequence[ValidRecord], result: WindowResult) -> tuple[bytes, bytes]:
-    by_source = {id(r.source): i for i, r in enumerate(records) if r.source is not None}
+def held_positions(records: Sequence[ValidRecord], result: WindowResult) -> list[int]:
+    """Where the records the window handed back held are in it, in the held order."""
     by_record = {id(r): i for i, r in enumerate(records)}
+    return [by_record[id(h)] for h in result.held]
+
+
+def encode_result(
+    records: Sequence[ValidRecord], result: WindowResult, held: list[int]
+) -> tuple[bytes, bytes]:
+    """The result for the worker; ``held``: :func:`held_positions`."""
+    by_source = {id(r.source): i for i, r in enumerate(records) if r.source is not None}
     pub = result.published
     # the values as the engine left them: columns, encoded by the worker (decode_result)
     values = result.output if result.output is not None else [p.value for p in pub]
@@ -194,7 +308,7 @@ def encode_result(records: Sequence[ValidRecord], result: WindowResult) -> tuple
         values,
         [by_source[id(p.source)] if p.source is not None else -1 for p in pub],
         [p.suppressed for p in pub],
-        [by_record[id(h)] for h in result.held],
+        held,
     )
     extra = (result.report, result.aggregated)
     return _pack(columns), pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)

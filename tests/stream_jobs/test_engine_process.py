@@ -34,7 +34,7 @@ from stream_jobs.engine_process import (
     EngineSpec,
     PackedRecords,
 )
-from stream_jobs.engine_wire import decode_window, encode_window
+from stream_jobs.engine_wire import HeldInChild, decode_window, encode_window
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = ROOT / "deploy" / "policies" / "adult.yaml"
@@ -399,3 +399,45 @@ def test_committed_offsets_reach_the_child_and_bound_what_a_replay_keeps(
     again = [offsets for offsets in child if offsets and max(offsets) >= 200]
     assert len(again) >= both
     assert all(min(offsets) >= 200 for offsets in again)
+
+
+def test_held_records_stay_in_the_child_and_travel_again_only_when_out_of_step(
+    engine_process: EngineProcess, tmp_path: Path
+) -> None:
+    """With pool: release a wave's records come back held with every window until the wave
+    closes: the worker sends how many of them start its window, not the records again. A
+    window that does not start with them as they came back (a revocation dropped some) sends
+    them all again, to the same result."""
+    records = validated_panel(600)  # wave 1, then wave 2
+    with SQLiteStore(tmp_path / "local.db") as store:
+        local = Engine(load_policy(ADULT), keyring=Keyring(SECRET), store=store)
+        got = engine_process.protect_window(records[:100], now=1.0)
+        want = local.protect_window(records[:100], now=1.0)
+        assert len(got.held) == 100  # the open wave, set aside
+        window = [*got.held, *records[100:150]]
+        request = engine_process.request(window, 1.0, False)
+        assert request[-1] == 100 and len(decode_window(request[1])[0]) == 50
+        # a revocation dropped one of them: the window no longer starts with them
+        out_of_step = [*got.held[1:], *records[100:150]]
+        request = engine_process.request(out_of_step, 1.0, False)
+        assert request[-1] == 0 and len(decode_window(request[1])[0]) == 149
+        got = engine_process.protect_window(out_of_step, now=1.0)
+        want = local.protect_window([*want.held[1:], *records[100:150]], now=1.0)
+        assert [h.source for h in got.held] == [h.source for h in want.held]
+        # then in step again, up to the wave's close and the last flush
+        for chunk, last in ((records[150:400], False), (records[400:], True)):
+            got = engine_process.protect_window([*got.held, *chunk], now=1.0, flush_all=last)
+            want = local.protect_window([*want.held, *chunk], now=1.0, flush_all=last)
+            assert got.published == want.published
+            assert [h.source for h in got.held] == [h.source for h in want.held]
+        assert got.published and not got.held
+
+
+def test_a_window_out_of_step_with_what_the_child_holds_is_refused() -> None:
+    held = HeldInChild()
+    records = validated_panel(30)
+    held.keep(records, None, None, [0, 1, 2])
+    joined, _, _ = held.join(3, records[3:5], None, None)
+    assert joined == records[:5]
+    with pytest.raises(ValueError, match="out of step"):
+        held.join(2, records[3:5], None, None)
