@@ -108,6 +108,10 @@ class ClaimStep:
         """Whether windows are decided by the ``regroup`` or ``cohort`` mode."""
         return self._republisher is not None and sticky
 
+    def parked_ids(self) -> list[str]:
+        """The record ids of the records :meth:`parked` set aside last, in order."""
+        return [] if self._parking is None else self._parking.rids
+
     def parked(
         self,
         records: Sequence[ValidRecord],

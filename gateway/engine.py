@@ -50,11 +50,12 @@ from gateway.records import (
     WindowResult,
     attribute_values,
     encode_published,
+    leading_run,
     output_rows,
     record_ids,
     record_ids_at,
     window_digest,
-    window_id,
+    window_id_from,
 )
 from gateway.release_metadata import release_metadata
 from gateway.routing import StatePartitions
@@ -252,11 +253,13 @@ class Engine:
                 committed=committed,
             )
         # records waiting for their wave to close are handed back held, undecided
-        aside = set(parked)
-        active = [i for i in range(len(records)) if i not in aside]
+        lead = leading_run(parked)  # those parked last time come first
+        aside = set(parked[lead:])
+        active = [i for i in range(lead, len(records)) if i not in aside]
+        active_ids = record_ids_at(records, active)
         res = self._protect_window(
             [records[i] for i in active],
-            record_ids_at(records, active),
+            active_ids,
             now=now,
             flush_all=flush_all,
             by_attribute=None
@@ -268,7 +271,9 @@ class Engine:
         )
         report = replace(
             res.report,
-            window_id=window_id(records),
+            window_id=window_id_from(
+                records, [(parked, self._claims.parked_ids()), (active, active_ids)]
+            ),
             records_in=len(records),
             held=res.report.held + len(parked),
         )

@@ -5,6 +5,7 @@ published records' encoding."""
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -153,6 +154,39 @@ def window_id(records: Sequence[ValidRecord]) -> str:
     """A window's id: a digest of its records' ids (positions for records without a source),
     the same for the same records whichever engine or shards protect them."""
     return window_digest(r.source.record_id if r.source else str(i) for i, r in enumerate(records))
+
+
+_SOURCE = operator.attrgetter("source")
+
+
+def window_id_from(
+    records: Sequence[ValidRecord], parts: Sequence[tuple[Sequence[int], Sequence[str]]]
+) -> str:
+    """:func:`window_id` from the record ids at hand: ``parts`` are (positions, their
+    :func:`record_ids`), covering the window between them (a window with parked records: the
+    parking keeps their ids, so they are not built again for every window they wait)."""
+    if None in map(_SOURCE, records):  # window_id names those by position alone
+        return window_id(records)
+    ids = [""] * len(records)
+    for positions, rids in parts:
+        lead = leading_run(positions)  # mostly the parked records, in front
+        ids[:lead] = rids[:lead]
+        for i, rid in zip(positions[lead:], rids[lead:], strict=True):
+            ids[i] = rid
+    return window_digest(ids)
+
+
+def leading_run(positions: Sequence[int]) -> int:
+    """The largest m with ``positions[:m] == range(m)``, for increasing distinct positions
+    (a binary search: position j is j exactly when every one before it is)."""
+    lo, hi = 0, len(positions)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if positions[mid] == mid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def window_digest(ids: Iterable[str]) -> str:

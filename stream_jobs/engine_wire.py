@@ -290,15 +290,22 @@ def _mappings(values: dict[str, list[object]] | list[dict[str, object]]) -> list
 
 def held_positions(records: Sequence[ValidRecord], result: WindowResult) -> list[int]:
     """Where the records the window handed back held are in it, in the held order."""
+    held = result.held
+    if len(held) <= len(records) and all(map(operator.is_, held, records)):
+        return list(range(len(held)))  # the wave set aside, in front as it came
     by_record = {id(r): i for i, r in enumerate(records)}
-    return [by_record[id(h)] for h in result.held]
+    return [by_record[id(h)] for h in held]
 
 
 def encode_result(
     records: Sequence[ValidRecord], result: WindowResult, held: list[int]
 ) -> tuple[bytes, bytes]:
     """The result for the worker; ``held``: :func:`held_positions`."""
-    by_source = {id(r.source): i for i, r in enumerate(records) if r.source is not None}
+    # where each published record came from (held records publish nothing: mostly in front)
+    skip = len(held) if held == list(range(len(held))) else 0
+    by_source = {
+        id(r.source): i for i, r in enumerate(records[skip:], skip) if r.source is not None
+    }
     pub = result.published
     # the values as the engine left them: columns, encoded by the worker (decode_result)
     values = result.output if result.output is not None else [p.value for p in pub]

@@ -16,6 +16,7 @@ to the same outcome.
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ class Parking:
         """The positions of the records whose wave is not due yet (records of a window
         release never wait)."""
         n = len(self.records)
-        if n and len(records) >= n and all(map(operator.is_, records[:n], self.records)):
+        if n and len(records) >= n and all(map(operator.is_, records, self.records)):
             known = n  # the records parked last time come back first, as they were
         elif n and len(records) >= n and rids_at(range(n)) == self.rids:
             known = n
@@ -70,9 +71,19 @@ class Parking:
         else:
             hold = self.max_hold_seconds
             due = {r for r, at in oldest.items() if now - at >= hold or clock.closed(r)}
-        parked = [i for i, r in enumerate(releases) if r in oldest and r not in due]
-        self.records = [records[i] for i in parked]
-        self.releases = [releases[i] for i in parked]
-        self.rids = rids_at(parked)
+        if known and due.isdisjoint(self.oldest):
+            # no wave parked last time is due: those records stay as they are, in front
+            new = [i for i in fresh if releases[i] in oldest and releases[i] not in due]
+            parked = [*range(known), *new]
+            self.records.extend(records[i] for i in new)
+            self.releases.extend(releases[i] for i in new)
+            self.rids.extend(rids_at(new))
+        else:
+            parked = [i for i, r in enumerate(releases) if r in oldest and r not in due]
+            self.records = [records[i] for i in parked]
+            self.releases = [releases[i] for i in parked]
+            # the ids of the records still parked are known: only the new ones' are built
+            old = bisect.bisect_left(parked, known)  # parked positions below known
+            self.rids = [self.rids[i] for i in parked[:old]] + rids_at(parked[old:])
         self.oldest = {r: at for r, at in oldest.items() if r not in due}
         return parked
