@@ -13,7 +13,6 @@ import numpy as np
 
 from gateway.mechanisms import masking
 from gateway.mechanisms.protection import Draws, Protection, Published, finite
-from gateway.mechanisms.sticky import store_drawn
 from gateway.policy import Attribute, CodingSpec, NoiseSpec
 from gateway.randomness import normals_from_uniforms
 
@@ -52,20 +51,10 @@ class Noise(Protection):
         hits = 0
         vds = draws.digests(name)
         if draws.view.sticky and vds is not None:
-            maps = draws.stored.maps("noise", name)
-            found = [
-                m.get(hexed) if v is not None else None
-                for m, (_, hexed), v in zip(maps, vds, values, strict=True)
-            ]
+            found, fresh, hits, fresh_keys = draws.recall(
+                "noise", name, vds, [v is not None for v in values]
+            )
             out = found
-            fresh = [
-                i
-                for i, (f, v) in enumerate(zip(found, values, strict=True))
-                if f is None and v is not None
-            ]
-            hits = len(found) - found.count(None)
-            keys = draws.keys
-            fresh_keys = [(keys[i] or b"") + vds[i][0] for i in fresh]
             u1 = rand.uniform(f"noise/{name}/1", len(fresh), fresh_keys)
             u2 = rand.uniform(f"noise/{name}/2", len(fresh), fresh_keys)
         else:
@@ -85,16 +74,7 @@ class Noise(Protection):
             drawn = [finite(v) for v in noisy.tolist()]
             for i, v in zip(fresh, drawn, strict=True):
                 out[i] = v
-            if draws.stores and vds:
-                store_drawn(
-                    draws.view,
-                    "noise",
-                    name,
-                    keys=draws.stored.keys,
-                    digests=vds,
-                    fresh=fresh,
-                    drawn=drawn,
-                )
+            draws.keep("noise", name, digests=vds, fresh=fresh, drawn=drawn)
         return Published(out, hits)
 
 

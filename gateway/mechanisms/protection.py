@@ -19,8 +19,18 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from gateway.mechanisms.sticky import DrawnStates, StoredLookup
+from gateway.mechanisms.sticky import DrawnStates, StoredLookup, store_drawn
 from gateway.randomness import UniformSource
+
+
+class Recalled(NamedTuple):
+    """A sticky column's look-up: each value's stored publication (None: none, or nothing
+    to draw), the positions drawn afresh, how many were stored, each fresh draw's key."""
+
+    found: list[Any]
+    fresh: list[int]
+    hits: int
+    keys: list[bytes]
 
 
 class Published(NamedTuple):
@@ -57,6 +67,46 @@ class Draws:
         if len(self.positions) == len(column):  # increasing and distinct: all of them
             return column
         return [column[i] for i in self.positions]
+
+    def recall(
+        self, kind: str, name: str, digests: list[tuple[bytes, str]], drawn: Sequence[bool]
+    ) -> Recalled:
+        """The stored publications of ``name``'s values (those ``drawn`` at all) and what is
+        left to draw: a fresh draw is keyed by its draw key and the value's digest."""
+        maps = self.stored.maps(kind, name)
+        # one pass per step over the window rather than one loop with branches
+        found = [
+            m.get(hexed) if d else None
+            for m, (_, hexed), d in zip(maps, digests, drawn, strict=True)
+        ]
+        fresh = [i for i, (f, d) in enumerate(zip(found, drawn, strict=True)) if f is None and d]
+        keys = self.keys
+        fresh_keys = [(keys[i] or b"") + digests[i][0] for i in fresh]
+        return Recalled(found, fresh, len(found) - found.count(None), fresh_keys)
+
+    def keep(
+        self,
+        kind: str,
+        name: str,
+        *,
+        digests: Sequence[tuple[bytes, str]],
+        fresh: Sequence[int],
+        drawn: Sequence[Any],
+        version: str | None = None,
+    ) -> None:
+        """Store the fresh draws (with the mechanism's version, if it has one) if this engine
+        stores draws."""
+        if self.stores and digests:
+            store_drawn(
+                self.view,
+                kind,
+                name,
+                keys=self.stored.keys,
+                digests=digests,
+                fresh=fresh,
+                drawn=drawn,
+                version=version,
+            )
 
 
 class Protection(ABC):

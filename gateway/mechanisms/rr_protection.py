@@ -17,7 +17,6 @@ from numpy.typing import NDArray
 from gateway.mechanisms.protection import Draws, Protection, Published
 from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.mechanisms.rr_constructions import from_spec
-from gateway.mechanisms.sticky import store_drawn
 from gateway.policy import MISSING_LABEL, Attribute
 
 
@@ -60,25 +59,13 @@ class RandomizedResponse(Protection):
         vds = draws.digests(name)
         rand = draws.rand
         if draws.view.sticky and vds is not None:
-            # one pass per step over the window rather than one loop with branches: the
-            # respondent's stored publication of this value, else a fresh keyed draw
-            maps = draws.stored.maps("rr", name)
-            found = [
-                m.get(hexed) if code >= 0 else None
-                for m, (_, hexed), code in zip(maps, vds, code_list, strict=True)
-            ]
+            found, fresh, hits, fresh_keys = draws.recall(
+                "rr", name, vds, [code >= 0 for code in code_list]
+            )
             out = [None if f is None else f[0] for f in found]
             under: list[str | None] = [
                 None if f is None else (f[1] if len(f) > 1 else None) for f in found
             ]
-            fresh = [
-                i
-                for i, (f, code) in enumerate(zip(found, code_list, strict=True))
-                if f is None and code >= 0
-            ]
-            hits = len(found) - found.count(None)
-            keys = draws.keys
-            fresh_keys = [(keys[i] or b"") + vds[i][0] for i in fresh]
             u = rand.uniform(f"rr/{name}", len(fresh), fresh_keys) if fresh else np.empty(0)
         else:
             vds = []
@@ -94,16 +81,7 @@ class RandomizedResponse(Protection):
             for i, label in zip(fresh, drawn, strict=True):
                 out[i] = label
                 under[i] = current
-            if draws.stores and vds:
-                store_drawn(
-                    draws.view,
-                    "rr",
-                    name,
-                    keys=draws.stored.keys,
-                    digests=vds,
-                    fresh=fresh,
-                    drawn=[[label, current] for label in drawn],
-                )
+            draws.keep("rr", name, digests=vds, fresh=fresh, drawn=drawn, version=current)
         return Published(out, hits, kept_share(codes_of, codes, out), under)
 
     def retention(

@@ -54,14 +54,17 @@ def store_drawn(
     digests: Sequence[tuple[bytes, str]],
     fresh: Sequence[int],
     drawn: Sequence[Any],
+    version: str | None = None,
 ) -> None:
     """Remember each respondent's fresh publication of a value (by its digest), so that the
-    same value republishes it (``drawn``: what is stored, as the mechanism keeps it)."""
+    same value republishes it: ``[value, version]`` with a mechanism version (randomized
+    response's matrix), else the value."""
     states, touched = view.states, view.touched
     for i, value in zip(fresh, drawn, strict=True):
         key = keys[i]
         if key is not None:
-            stored_map(states, key, kind, name)[digests[i][1]] = value
+            stored = value if version is None else [value, version]
+            stored_map(states, key, kind, name)[digests[i][1]] = stored
             touched.add(key)
 
 
