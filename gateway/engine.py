@@ -34,7 +34,7 @@ from gateway.keyed_inputs import (
 from gateway.measures.attack import unique_combinations
 from gateway.measures.window_keys import key_measures
 from gateway.mechanisms.randomized_response import RRMechanism
-from gateway.mechanisms.rr_constructions import from_spec
+from gateway.mechanisms.registry import protections, randomized
 from gateway.policy import (
     ConsistencyMode,
     Method,
@@ -145,10 +145,9 @@ class Engine:
             rand = KeyedSource(keyring, self._pin.derivation)
         else:
             rand = SeededSource()
-        freqs = frequencies or {}
-        self.mechanisms: dict[str, RRMechanism] = {
-            a: from_spec(policy.attributes[a], freqs.get(a)) for a in policy.randomized
-        }
+        # every published attribute's protection outside the k claim, built once
+        protects = protections(policy, frequencies)
+        self.mechanisms: dict[str, RRMechanism] = randomized(protects)
         # the k claim: every quasi-identifier microaggregated together (Domingo-Ferrer & Torra)
         self._qi_agg = policy.k_claim
         self._claims = ClaimStep(
@@ -168,7 +167,7 @@ class Engine:
         self._strata = list(policy.microaggregation.strata or []) if self._qi_agg else []
         self._columns = PublishedColumns(
             policy,
-            mechanisms=self.mechanisms,
+            protections=protects,
             rand=rand,
             stores=self._store is not None,
             ldiv=self._ldiv,
@@ -207,8 +206,7 @@ class Engine:
         return release_metadata(
             self.policy,
             claims=self._claims,
-            mechanisms=self.mechanisms,
-            versions=self._columns.versions,
+            protections=self._columns.protections,
             draws=self.draws,
         )
 

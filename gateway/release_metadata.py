@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from gateway.claim_step import ClaimStep
 from gateway.draw_derivation import META_NAME, DrawDerivation
 from gateway.grouping.guarantees import republication_statement
-from gateway.mechanisms.randomized_response import RRMechanism
+from gateway.mechanisms.protection import Protection
 from gateway.policy import Policy, Role
 
 
@@ -18,13 +18,14 @@ def release_metadata(
     p: Policy,
     *,
     claims: ClaimStep,
-    mechanisms: Mapping[str, RRMechanism],
-    versions: Mapping[str, str],
+    protections: Mapping[str, Protection],
     draws: DrawDerivation | None,
 ) -> dict[str, object]:
     """Everything an analyst needs to reconstruct statistics (the meta topic's value):
-    ``mechanisms`` and ``versions``, each randomized attribute's matrix and its version;
-    ``draws``, the derivation of the keyed draws (None: not keyed)."""
+    ``protections``, each published attribute's protection outside the k claim, which says
+    what of it is published (randomized response: its matrix and version; noise, coding and
+    rounding: their settings); ``draws``, the derivation of the keyed draws (None: not
+    keyed)."""
     keyed = {} if draws is None else {META_NAME: draws.value}
     claim = p.k_claim
     return {
@@ -52,20 +53,22 @@ def release_metadata(
         "consistency": p.consistency.mode.value,
         "republication": republication_statement(p),
         "edit_rules": p.microaggregation.edit_rules,
-        "randomized_response": {
-            a: {**m.to_dict(), "matrix_version": versions[a]} for a, m in mechanisms.items()
-        },
-        "noise": {
-            n: a.noise.model_dump(mode="json", exclude_none=True)
-            for n, a in p.attributes.items()
-            if a.noise is not None
-        },
-        "top_bottom_coding": {
-            n: a.coding.model_dump(mode="json", exclude_none=True)
-            for n, a in p.attributes.items()
-            if a.coding is not None
-        },
-        # published as multiples of this step (a noised number: rounded after the noise,
-        # which adds step²/12 to its error variance)
-        "round_to": {n: a.round_to for n, a in p.attributes.items() if a.round_to is not None},
+        **_sections(protections),
     }
+
+
+def _sections(protections: Mapping[str, Protection]) -> dict[str, dict[str, object]]:
+    """Each protection's entries by section, in the policy's order: randomized response,
+    noise, top/bottom coding and round_to (published as multiples of this step; a noised
+    number is rounded after the noise, which adds step²/12 to its error variance) always
+    present, a new mechanism's own sections after them."""
+    sections: dict[str, dict[str, object]] = {
+        "randomized_response": {},
+        "noise": {},
+        "top_bottom_coding": {},
+        "round_to": {},
+    }
+    for name, protection in protections.items():
+        for section, entry in protection.release().items():
+            sections.setdefault(section, {})[name] = entry
+    return sections

@@ -1,0 +1,84 @@
+"""Sticky draws in the respondents' states: a drawing mechanism looks up each respondent's
+stored publication of a value (by the value's keyed digest) and stores its fresh draws, so the
+same true value republishes the same draw. States are plain dicts, ``state[kind][attribute]
+[value digest] -> stored publication``; the engine reads and writes them, mechanisms only see
+them through :class:`StoredLookup` and :class:`DrawnStates`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+_NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
+
+
+class DrawnStates(Protocol):
+    """Where a window's fresh draws go (the engine's view of the respondents' states):
+    ``sticky``, whether draws are keyed and republished at all; ``touched``, the respondent
+    keys the window changed."""
+
+    states: dict[bytes, dict[str, Any]]
+    sticky: bool
+    touched: set[bytes]
+
+
+class StoredLookup:
+    """Each record's stored publications, by kind ("rr", "noise") and attribute (by value
+    digest; empty: none stored): the respondents' states are looked up once per window and
+    each kind once, not once per attribute."""
+
+    __slots__ = ("_kinds", "_states", "keys")
+
+    def __init__(
+        self, states: Mapping[bytes, Mapping[str, Any]], keys: Sequence[bytes | None]
+    ) -> None:
+        self.keys = keys  # the records' respondent keys (None: no respondent id)
+        nothing = _NOTHING
+        self._states = [nothing if key is None else states.get(key, nothing) for key in keys]
+        self._kinds: dict[str, list[Mapping[str, Any]]] = {}
+
+    def maps(self, kind: str, name: str) -> list[Mapping[str, Any]]:
+        nothing = _NOTHING
+        of_kind = self._kinds.get(kind)
+        if of_kind is None:
+            of_kind = self._kinds[kind] = [state.get(kind, nothing) for state in self._states]
+        return [by_name.get(name, nothing) for by_name in of_kind]
+
+
+def store_drawn(
+    view: DrawnStates,
+    kind: str,
+    name: str,
+    *,
+    keys: Sequence[bytes | None],
+    digests: Sequence[tuple[bytes, str]],
+    fresh: Sequence[int],
+    drawn: Sequence[Any],
+    version: str | None = None,
+) -> None:
+    """Remember each respondent's fresh publication of a value (by its digest), so that the
+    same value republishes it: ``[value, version]`` with a mechanism version (randomized
+    response's matrix), else the value."""
+    states, touched = view.states, view.touched
+    for i, value in zip(fresh, drawn, strict=True):
+        key = keys[i]
+        if key is not None:
+            stored = value if version is None else [value, version]
+            stored_map(states, key, kind, name)[digests[i][1]] = stored
+            touched.add(key)
+
+
+def stored_map(
+    states: dict[bytes, dict[str, Any]], key: bytes, kind: str, name: str
+) -> dict[str, Any]:
+    """The respondent's stored values of ``kind`` for ``name``, created if absent."""
+    state = states.get(key)
+    if state is None:
+        state = states[key] = {}
+    by_name = state.get(kind)
+    if by_name is None:
+        by_name = state[kind] = {}
+    values = by_name.get(name)
+    if values is None:
+        values = by_name[name] = {}
+    return values
