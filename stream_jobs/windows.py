@@ -5,10 +5,12 @@ Pure bookkeeping (no Kafka, no asyncio), driven by the worker:
 - ``add(record)`` for every valid record (``add_partition_batch`` for a run of them from one
   partition), ``consumed(topic, partition, offset)`` for every consumed record (valid or
   dead-lettered);
-- ``due(now)`` says whether (and why) to flush now: ``max_records`` new records, a window
-  open for ``max_seconds``, or a held record reaching ``max_hold_seconds`` (only when the
-  policy suppresses on timeout: with ``hold`` it would be held again). ``deadline(now)`` is
-  when ``due`` turns true without new input — the worker's timer;
+- ``due(now, quiet=...)`` says whether (and why) to flush now: ``max_records`` new records, a
+  window open for ``max_seconds``, new records and an input drained (``quiet``: the last fetch
+  found nothing) and quiet for ``max_idle_seconds``, or a held record reaching
+  ``max_hold_seconds`` (only when the policy suppresses on timeout: with ``hold`` it would be
+  held again). ``deadline(now)`` is when ``due`` turns true without new input — the worker's
+  timer;
 - ``take()`` hands out the held + new records and snapshots the consumed positions;
   ``complete(flush, held)`` records what the engine still holds and returns the offsets that
   may now be committed (after the outputs are acknowledged): per partition, the smallest
@@ -31,6 +33,7 @@ TP = tuple[str, int]  # (topic, partition)
 class FlushReason(StrEnum):
     COUNT = "count"
     TIME = "time"
+    IDLE = "idle"
     HOLD_TIMEOUT = "hold_timeout"
     REVOKE = "revoke"
     SHUTDOWN = "shutdown"
@@ -52,6 +55,7 @@ class WindowBuffer:
     new: list[ValidRecord] = field(default_factory=list)
     held: list[ValidRecord] = field(default_factory=list)
     opened_at: float | None = None  # first record consumed since the last flush
+    last_input: float | None = None  # last record consumed
     _positions: dict[TP, int] = field(default_factory=dict)
     _committed: dict[TP, int] = field(default_factory=dict)
     _first: dict[TP, int] = field(default_factory=dict)  # first offset consumed (this run)
@@ -61,6 +65,7 @@ class WindowBuffer:
         """Any consumed record, valid or dead-lettered: its offset is covered by the next
         flush, which is due ``max_seconds`` after the first such record at the latest."""
         tp = (topic, partition)
+        self.last_input = now
         self._first.setdefault(tp, offset)
         if offset + 1 > self._positions.get(tp, -1):
             self._positions[tp] = offset + 1
@@ -89,20 +94,34 @@ class WindowBuffer:
     def _hold_expires(self) -> bool:
         return self.spec.on_hold_timeout is HoldTimeout.SUPPRESS
 
+    def _idle_at(self) -> float | None:
+        """When new records close the window if no more come (``max_idle_seconds``)."""
+        idle = self.spec.max_idle_seconds
+        if idle is None or not self.new or self.last_input is None:
+            return None
+        return self.last_input + idle
+
     def deadline(self) -> float | None:
         """Monotonic time at which a flush becomes due without new records (None: never)."""
         times: list[float] = []
         if self.opened_at is not None:
             times.append(self.opened_at + self.spec.max_seconds)
+        idle_at = self._idle_at()
+        if idle_at is not None:
+            times.append(idle_at)
         if self.held and self._hold_expires:
             times.append(min(r.arrived_at for r in self.held) + self.spec.max_hold_seconds)
         return min(times) if times else None
 
-    def due(self, now: float) -> FlushReason | None:
+    def due(self, now: float, *, quiet: bool = False) -> FlushReason | None:
+        """``quiet``: the last fetch found no record (the input is drained)."""
         if len(self.new) >= self.spec.max_records:
             return FlushReason.COUNT
         if self.opened_at is not None and now >= self.opened_at + self.spec.max_seconds:
             return FlushReason.TIME
+        idle_at = self._idle_at()
+        if quiet and idle_at is not None and now >= idle_at:
+            return FlushReason.IDLE
         if self.held and self._hold_expires:
             oldest = min(r.arrived_at for r in self.held)
             if now >= oldest + self.spec.max_hold_seconds:

@@ -251,7 +251,7 @@ class GatewayWorker:
                         self.intake.ingest(batch, self._clock())
                     elif windows.protecting is None:  # (a window in the engine is not waited for)
                         await self.intake.check_truncated_logs()
-                    reason = self._buffer.due(self._clock())
+                    reason = self._buffer.due(self._clock(), quiet=not batch)
                     if reason is not None:
                         await windows.protected(then=reason)  # one window at a time in the engine
                     else:

@@ -40,6 +40,9 @@ class WindowSpec(StrictModel):
     max_seconds: SFloat = 5.0
     max_hold_seconds: SFloat = 60.0
     on_hold_timeout: HoldTimeout = HoldTimeout.SUPPRESS
+    # close a window once the input is drained and has been quiet this long (None: wait for
+    # max_records or max_seconds)
+    max_idle_seconds: SFloat | None = None
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -47,6 +50,12 @@ class WindowSpec(StrictModel):
             raise ValueError(f"window.max_records must be ≥ 1, got {self.max_records}")
         if not self.max_seconds > 0:
             raise ValueError(f"window.max_seconds must be > 0, got {self.max_seconds}")
+        idle = self.max_idle_seconds
+        if idle is not None and not 0 < idle <= self.max_seconds:
+            raise ValueError(
+                f"window.max_idle_seconds must be > 0 and ≤ window.max_seconds "
+                f"({self.max_seconds:g}), got {idle:g}; leave it out to wait for a full window"
+            )
         if self.max_hold_seconds < 0:
             raise ValueError(f"window.max_hold_seconds must be ≥ 0, got {self.max_hold_seconds}")
         return self

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -348,25 +349,25 @@ def assert_consistent_republication(
 
 
 def small_window_policy(
-    tmp: Path, max_records: int, max_hold_seconds: int = 3, pool: str = "release"
+    tmp: Path,
+    max_records: int,
+    max_hold_seconds: int = 3,
+    pool: str = "release",
+    mode: str = "regroup",
 ) -> Path:
-    """deploy/policies/adult.yaml with windows of ``max_records`` records closed every second,
-    so that kills and restarts land between windows, and a wave decided ``max_hold_seconds``
-    after its first record arrived (the policy's 30 s would make every test wait for it);
-    ``pool: window`` groups in every window, publishing as records come; written to ``tmp``."""
+    """deploy/policies/adult.yaml with windows of ``max_records`` records closed every second
+    (not earlier: a quiet input does not close them), so that kills and restarts land between
+    windows, and a wave decided ``max_hold_seconds`` after its first record arrived (the
+    policy's 30 s would make every test wait for it); ``pool: window`` groups in every window,
+    publishing as records come; ``mode``: the republication mode; written to ``tmp``."""
     root = Path(__file__).resolve().parents[2]
-    text = (root / "deploy" / "policies" / "adult.yaml").read_text()
-    old = "window: {max_records: 5000, max_seconds: 2, max_hold_seconds: 30,"
-    assert old in text, "the Adult policy's window changed: update small_window_policy"
-    assert "pool: release}" in text, "the Adult policy's republication changed: update this"
+    data = yaml.safe_load((root / "deploy" / "policies" / "adult.yaml").read_text())
+    assert data["republication"]["pool"] == "release", "the Adult policy changed: update this"
+    data["window"].update(max_records=max_records, max_seconds=1, max_hold_seconds=max_hold_seconds)
+    data["window"].pop("max_idle_seconds", None)
+    data["republication"].update(pool=pool, mode=mode)
     path = tmp / "policy.yaml"
-    path.write_text(
-        text.replace(
-            old,
-            f"window: {{max_records: {max_records}, max_seconds: 1, "
-            f"max_hold_seconds: {max_hold_seconds},",
-        ).replace("pool: release}", f"pool: {pool}}}")
-    )
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 

@@ -11,6 +11,7 @@ import asyncio
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +213,36 @@ def test_records_short_of_k_wait_then_are_suppressed_never_published_alone(
     assert len(rows) == 2
     assert all(r["age"] is None and r["hours"] is None for r in rows)
     assert all(r["occ"] in {"a", "b", "c", "d"} for r in rows)
+
+
+def test_a_drained_input_closes_its_window_after_max_idle_seconds_not_max_seconds(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    """Six records and then nothing: with max_idle_seconds their window closes once the
+    fetches find the input drained and quiet, long before the window's 60 s."""
+    text = HOLD_POLICY.replace(
+        "window: {max_records: 1000, max_seconds: 0.3,",
+        "window: {max_records: 1000, max_seconds: 60, max_idle_seconds: 0.2,",
+    ).replace("max_hold_seconds: 1.5", "max_hold_seconds: 60")
+    policy = policy_from_yaml(text)
+    assert policy.window.max_idle_seconds == 0.2
+    settings = settings_for(broker.bootstrap, unique_name, tmp_path, partitions=1)
+    topics = settings.topics(policy)
+    create_topics(policy, settings)
+    rows = [
+        (f"r{i}".encode(), orjson.dumps({"rid": f"r{i}", "age": 30 + i, "hours": 40, "occ": "a"}))
+        for i in range(6)
+    ]
+    worker = make_worker(policy, settings, secret_env)
+    t0 = time.monotonic()
+    code = asyncio.run(
+        run_until(
+            worker,
+            lambda w: w.stats.published >= 6,
+            during=lambda: produce(broker.bootstrap, topics.input, rows),
+            timeout=40,
+        )
+    )
+    assert code == 0
+    assert worker.stats.published == 6 and worker.stats.suppressed == 0
+    assert time.monotonic() - t0 < 30  # the window's 60 s would end the run at 40 s

@@ -106,8 +106,7 @@ def test_another_secret_is_refused_unless_rotated(
     monkeypatch.delenv("PRIVGW_ROTATE_SECRET", raising=False)
     fp_a = Keyring(SECRET_A.encode()).fingerprint()
     fp_b = Keyring(SECRET_B.encode()).fingerprint()
-    policy = small_window_policy(tmp_path, 1000)
-    policy.write_text(policy.read_text().replace("max_hold_seconds: 30", "max_hold_seconds: 2"))
+    policy = small_window_policy(tmp_path, 1000)  # waves decided 3 s after they open
     state = tmp_path / "state"
     in_topic, out_topic = f"{unique_name}.in", f"{unique_name}.out"
     panel = PanelSurvey(respondents=150, waves=2, seed=3, new_share=0.0, rows=load_rows())

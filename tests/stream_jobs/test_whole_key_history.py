@@ -88,8 +88,7 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # no
     shards: int | None,
     mode: str,
 ) -> None:
-    path = small_window_policy(tmp_path, 300)
-    path.write_text(path.read_text().replace("mode: regroup,", f"mode: {mode},"))
+    path = small_window_policy(tmp_path, 300, mode=mode)
     policy = load_policy(path)
     assert policy.republication.mode.value == mode
     k = policy.microaggregation.k

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +37,34 @@ def test_timer_flush_without_new_records() -> None:
     assert buf.deadline() == 15.0
     assert buf.due(14.9) is None
     assert buf.due(15.0) is FlushReason.TIME
+
+
+def test_a_drained_input_closes_the_window_once_quiet_for_max_idle_seconds() -> None:
+    spec = SPEC.model_copy(update={"max_idle_seconds": 0.5})
+    buf = WindowBuffer(spec)
+    assert buf.deadline() is None
+    buf.add(rec(0, 10.0))
+    buf.add(rec(1, 10.2))
+    assert buf.deadline() == 10.7  # the idle deadline comes before max_seconds' 15.0
+    assert buf.due(10.6, quiet=True) is None  # quiet, not yet for long enough
+    # records still came in (a fetch returned some): not idle, however long since the last
+    assert buf.due(12.0, quiet=False) is None
+    assert buf.due(10.7, quiet=True) is FlushReason.IDLE
+    flush = buf.take(FlushReason.IDLE)
+    buf.complete(flush, held=[flush.records[0]])
+    # held records alone are no window to close early: they wait for new ones or their time
+    assert buf.due(30.0, quiet=True) is FlushReason.HOLD_TIMEOUT
+    assert buf.due(29.0, quiet=True) is None
+    # without the setting a drained input waits for the window's time
+    plain = WindowBuffer(SPEC)
+    plain.add(rec(0, 10.0))
+    assert plain.due(14.0, quiet=True) is None
+    assert plain.deadline() == 15.0
+
+
+def test_max_idle_seconds_must_fit_in_the_window() -> None:
+    with pytest.raises(ValueError, match=r"max_idle_seconds must be > 0 and ≤ window\.max_seconds"):
+        SPEC.model_validate({**SPEC.model_dump(), "max_idle_seconds": 6.0})
 
 
 def test_held_records_block_commits_and_expire_into_a_hold_timeout_flush() -> None:
