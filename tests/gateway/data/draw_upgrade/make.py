@@ -12,9 +12,7 @@ bench/engine_ab.py does).
 from __future__ import annotations
 
 import contextlib
-import re
 import sqlite3
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,26 +25,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
 BASE = "07fd6de"  # main before draw derivations: its states record none
 sys.path.insert(0, str(ROOT / "tests" / "gateway"))
+sys.path.insert(0, str(HERE.parent))
 
+from base_export import export_base  # noqa: E402
 from test_draw_upgrade import POLICY, SECRET, waves  # noqa: E402
 
 
 def _base(root: Path) -> dict[str, ModuleType]:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BASE, "gateway", "state"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    imports = re.compile(r"\b(from|import) (gateway|state)\b")
-    for pkg in ("gateway", "state"):
-        for path in (root / pkg).rglob("*.py"):
-            path.write_text(imports.sub(r"\1 base33_\2", path.read_text()))
-        (root / pkg).rename(root / f"base33_{pkg}")
-    sys.path.insert(0, str(root))
+    mod = export_base(BASE, root, "base33")
     names = ("gateway.engine", "gateway.keyed", "gateway.policy", "gateway.shards")
-    mods = {n: __import__(f"base33_{n}", fromlist=["_"]) for n in names}
-    mods["state.sqlite_store"] = __import__("base33_state.sqlite_store", fromlist=["_"])
+    mods = {n: mod(n) for n in (*names, "state.sqlite_store")}
     return mods
 
 

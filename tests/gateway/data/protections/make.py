@@ -10,8 +10,6 @@ BASE's ``gateway`` and ``state`` are exported from git and imported under other 
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,27 +21,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
 BASE = "0095fb9"  # main with the if/elif chain in gateway/columns.py
 sys.path.insert(0, str(ROOT / "tests" / "gateway"))
+sys.path.insert(0, str(HERE.parent))
 
+from base_export import export_base  # noqa: E402
 from test_protections_byte_identical import scenarios  # noqa: E402
 
 
 def _base(root: Path) -> SimpleNamespace:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BASE, "gateway", "state"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    imports = re.compile(r"\b(from|import) (gateway|state)\b")
-    for pkg in ("gateway", "state"):
-        for path in (root / pkg).rglob("*.py"):
-            path.write_text(imports.sub(r"\1 base33m_\2", path.read_text()))
-        (root / pkg).rename(root / f"base33m_{pkg}")
-    sys.path.insert(0, str(root))
-
-    def mod(name: str) -> object:
-        return __import__(f"base33m_{name}", fromlist=["_"])
-
+    mod = export_base(BASE, root, "base33m")
     engine, records = mod("gateway.engine"), mod("gateway.records")
     return SimpleNamespace(
         Engine=engine.Engine,  # type: ignore[attr-defined]
