@@ -245,9 +245,19 @@ class Policy(StrictModel):
 
     @property
     def version(self) -> str:
-        """Stable hash of the canonical form: same meaning, same version, whatever the layout."""
-        canonical = orjson.dumps(self.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        """Stable hash of the canonical form: same meaning, same version, whatever the layout
+        — and whatever privgw version reads it: a setting added later counts only once set."""
+        form = self.model_dump(mode="json")
+        for section, name in _ADDED_SETTINGS:
+            if form[section].get(name) is None:
+                del form[section][name]
+        canonical = orjson.dumps(form, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+# settings added after policies were deployed: left out of the version while unset, so that a
+# policy keeps its version (and the output headers and metadata that carry it) across upgrades
+_ADDED_SETTINGS = (("window", "max_idle_seconds"),)
 
 
 # why a topic may not serve a second role, by the role it has first

@@ -50,6 +50,16 @@ def test_version_is_stable_across_layout_and_changes_with_meaning() -> None:
     assert policy_from_yaml(BASE.replace("k: 3", "k: 4")).version != a.version
 
 
+def test_a_setting_added_later_changes_the_version_only_once_set() -> None:
+    """A policy keeps its version when privgw learns a new setting (the byte-identical
+    upgrade fixtures pin versions written before it); setting it is a change of meaning."""
+    plain = policy_from_yaml(BASE)
+    idle = policy_from_yaml(BASE + "window: {max_seconds: 5, max_idle_seconds: 0.5}\n")
+    same_window = policy_from_yaml(BASE + "window: {max_seconds: 5}\n")
+    assert same_window.version == plain.version
+    assert idle.version != plain.version
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
