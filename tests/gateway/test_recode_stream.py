@@ -213,3 +213,38 @@ def test_exact_suppression_from_sticky_masks_suppresses_nothing_more() -> None:
     assert first.withheld == []
     again = suppress_exact(rows, first.masks, who, k=2, order=[1, 0])
     assert again.masks == first.masks
+
+
+def test_reports_count_suppressed_cells_per_attribute_and_no_class_below_k() -> None:
+    """Each window's measures: suppressed cells per key (as many as the output shows), the
+    whole-key figures at 0 records below k; the metadata names the method and the keys."""
+    p = {"k": 3, "n": 60, "waves": 3, "skip": 0.1, "change": 0.2, "late": 0.2, "repeat": 0.0}
+    stream = panel({**p, "window": 0, "seed": 11})
+    by_id = {r.source.record_id: r for r in stream if r.source is not None}
+    engine = Engine(policy(3), keyring=KEY, store=MemoryStore())
+    counted = dict.fromkeys(CLAIM, 0.0)
+    shown = dict.fromkeys(CLAIM, 0)
+    held: list[ValidRecord] = []
+    at = 0
+    while at < len(stream) or held:
+        batch = stream[at : at + 20]
+        at += len(batch)
+        res = engine.protect_window(held + batch, now=0.0, flush_all=at >= len(stream))
+        held = list(res.held)
+        m = res.report.measures
+        if res.published and m.get("key_records"):
+            assert m["key_share_below_k"] == 0 and m["key_smallest_class"] >= 3
+        for name in CLAIM:
+            counted[name] += m.get(f"suppressed_cells:{name}", 0.0)
+        for rec in res.published:
+            row = orjson.loads(rec.value)
+            if not rec.suppressed:
+                truth = recoded(dict(by_id[rec.record_id].values))
+                for name, t in zip(CLAIM, truth, strict=True):
+                    shown[name] += row[name] is None and t is not None
+    assert counted == {n: float(c) for n, c in shown.items()}
+    assert counted["region"] > 0  # the panel needed suppression
+    meta = engine.metadata()
+    assert meta["recode_suppress"]["keys"] == list(CLAIM)
+    assert meta["recode_suppress"]["suppressed_first"] == ["region", "rel", "age", "sex"]
+    assert meta["republication"]["mode"] == "recode_suppress"
