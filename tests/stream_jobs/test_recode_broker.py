@@ -62,7 +62,8 @@ def test_recoded_waves_keep_exact_k_and_sticky_suppression_through_the_broker(
     waves = [[encode(r) for r in panel if r["wave"] == w] for w in range(1, WAVES + 1)]
     sent: list[Any] = []
     worker = make_worker(policy, settings, secret_env)
-    metrics = GatewayMetrics.create(CollectorRegistry())
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics.create(registry)
     metrics.attach(worker)
 
     def feed() -> None:  # wave after wave; a wave is decided once the next one is seen
@@ -99,6 +100,18 @@ def test_recoded_waves_keep_exact_k_and_sticky_suppression_through_the_broker(
         seen[str(respondent)].append((int(row["wave"]), truth, shown))
     small = {key: len(m) for key, m in classes.items() if len(m) < k}
     assert classes and not small, f"exact classes below k = {k} in a wave: {small}"
+    # the live counter of suppressed cells per key: what the output shows (nothing withheld
+    # here, so an all-empty row is a fully suppressed class and its cells count)
+    assert worker.stats.suppressed == 0
+    shown_cells = dict.fromkeys(keys, 0)
+    for history in seen.values():
+        for _, truth, shown in history:
+            for n, t, v in zip(keys, truth, shown, strict=True):
+                shown_cells[n] += v is None and t is not None
+    for n in keys:
+        got = registry.get_sample_value("privgw_suppressed_cells_total", {"attribute": n})
+        assert got == shown_cells[n], n
+    assert shown_cells["native_country"] > 0
     kept = 0
     for history in seen.values():
         history.sort(key=lambda h: h[0])
