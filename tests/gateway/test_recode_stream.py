@@ -286,3 +286,19 @@ def test_replays_after_crashes_publish_what_was_published(
             break
     assert len(first) == len(stream)
     check_exact_k(p, stream, list(first.values()))
+
+
+def test_partition_scope_keeps_each_partitions_classes_and_registry_apart() -> None:
+    """With state that follows its partition, a wave is decided per state partition: every
+    class of each partition has k, and its registry entries name the partition."""
+    p = {"k": 3, "n": 60, "waves": 3, "skip": 0.1, "change": 0.2, "late": 0.1, "repeat": 0.0}
+    stream = [
+        r._replace(source=SourceRef("in", int(str(r.respondent_id)[1:]) % 2, r.source.offset))
+        for r in panel({**p, "window": 0, "seed": 5})
+        if r.source is not None
+    ]
+    store = MemoryStore()
+    out = run(Engine(policy(3), keyring=KEY, store=store, partition_scope=True), stream, 20)
+    check_exact_k(p, stream, out)
+    registry = [key for key, _ in store.items() if key.startswith(b"group:")]
+    assert registry and all(key.split(b".")[0] in (b"group:0", b"group:1") for key in registry)
