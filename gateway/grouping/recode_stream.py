@@ -20,9 +20,9 @@ whole when it closes (:mod:`gateway.grouping.parking`). Per (scope, wave):
   withheld.
 
 The state: per respondent ``rs`` = {``d``: digest of its last published recoded tuple, ``m``:
-its mask, ``r``: [wave, digest prefix, mask] of its last :data:`KEPT_RELEASES` publications, a
-mask of -1 for a withheld record}; per (scope, wave) a registry entry ``rs.<wave>`` (decided)
-and per class ``rs.<wave>.<digest of the published tuple>`` with its respondents as the
+its mask, ``r``: [wave, digest prefix, mask] of its last :data:`KEPT_RELEASES` publications
+(one per wave and recoded tuple), a mask of -1 for a withheld record}; per (scope, wave) a
+registry entry ``rs.<wave>`` (decided) and per class ``rs.<wave>.<digest of the published tuple>`` with its respondents as the
 formation size and no live members (:mod:`gateway.state_codec`; no respondent is a "member",
 so the live-count audit sees nothing to repair). Counts only grow: a class enters the registry
 at ≥ k and late records join it, so existence at ≥ k is all a late record needs (a respondent
@@ -286,9 +286,11 @@ class _Step:
             return
         st = self.view.states.setdefault(key, {})
         entry = st.setdefault("rs", {})
-        release = self.pool[1]
-        kept = [e for e in entry.get("r", ()) if e[0] != release]
-        kept.append([release, self.own[i][:_PREFIX], mask])
+        release, prefix = self.pool[1], self.own[i][:_PREFIX]
+        # one entry per (release, recoded tuple): a respondent that answered a wave twice,
+        # differently, replays both answers
+        kept = [e for e in entry.get("r", ()) if e[0] != release or e[1] != prefix]
+        kept.append([release, prefix, mask])
         entry["r"] = kept[-KEPT_RELEASES:]
         if mask != WITHHELD:
             entry["d"], entry["m"] = self.own[i], mask

@@ -67,9 +67,12 @@ def test_recoded_waves_keep_exact_k_and_sticky_suppression_through_the_broker(
     metrics.attach(worker)
 
     def feed() -> None:  # wave after wave; a wave is decided once the next one is seen
-        for wave in waves:
+        for wave in waves:  # each consumed whole before the next is sent: no record is late
             sent.extend(produce(broker.bootstrap, topics.input, wave))
-            time.sleep(0.3)
+            deadline = time.monotonic() + 20
+            while not accounted(worker, len(sent)):
+                assert time.monotonic() < deadline, "a wave was not consumed in 20 s"
+                time.sleep(0.05)
 
     code = asyncio.run(
         run_until(worker, lambda w: accounted(w, len(panel)), during=feed, timeout=50)
