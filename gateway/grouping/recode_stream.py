@@ -19,14 +19,14 @@ whole when it closes (:mod:`gateway.grouping.parking`). Per (scope, wave):
   joined (looked up by keyed digest); none: the record is held until its hold time, then
   withheld.
 
-The state: per respondent ``rs`` = {``d``: digest of its last published recoded tuple, ``m``:
-its mask, ``r``: [wave, digest prefix, mask] of its last :data:`KEPT_RELEASES` publications
-(one per wave and recoded tuple), a mask of -1 for a withheld record}; per (scope, wave) a
-registry entry ``rs.<wave>`` (decided) and per class ``rs.<wave>.<digest of the published tuple>`` with its respondents as the
-formation size and no live members (:mod:`gateway.state_codec`; no respondent is a "member",
-so the live-count audit sees nothing to repair). Counts only grow: a class enters the registry
-at ≥ k and late records join it, so existence at ≥ k is all a late record needs (a respondent
-counted twice changes nothing).
+The state: per respondent ``rs`` = {``d``: digest of the recoded tuple it published in its
+newest wave ``w``, ``m``: that publication's mask, ``r``: [wave, digest prefix, mask] of its
+last :data:`KEPT_RELEASES` publications (one per wave and recoded tuple; mask -1: withheld)};
+per (scope, wave) a registry entry ``rs.<wave>`` (decided), and per class ``rs.<wave>.<digest
+of the published tuple>`` with its respondents as the formation size and no live members
+(:mod:`gateway.state_codec`; no respondent is a "member", so the live-count audit sees nothing
+to repair). Counts only grow: a class enters the registry at ≥ k and late records join it, so
+existence at ≥ k is all a late record needs (a respondent counted twice changes nothing).
 """
 
 from __future__ import annotations
@@ -292,8 +292,11 @@ class _Step:
         kept = [e for e in entry.get("r", ()) if e[0] != release or e[1] != prefix]
         kept.append([release, prefix, mask])
         entry["r"] = kept[-KEPT_RELEASES:]
-        if mask != WITHHELD:
-            entry["d"], entry["m"] = self.own[i], mask
+        # the sticky mask is the newest wave's: a late record of an older wave, with other
+        # values, must not reset what the respondent suppressed since
+        newest = entry.get("w")
+        if mask != WITHHELD and (newest is None or release_order(release) >= release_order(newest)):
+            entry["d"], entry["m"], entry["w"] = self.own[i], mask, release
         self.view.touched.add(key)
 
 

@@ -309,3 +309,32 @@ def test_partition_scope_keeps_each_partitions_classes_and_registry_apart() -> N
     check_exact_k(p, stream, out)
     registry = [key for key, _ in store.items() if key.startswith(b"group:")]
     assert registry and all(key.split(b".")[0] in (b"group:0", b"group:1") for key in registry)
+
+
+def test_a_late_record_of_an_older_wave_does_not_reset_what_was_suppressed_since() -> None:
+    """r answers wave 3 with region c (suppressed: alone), then its wave-2 record arrives late
+    with other values and is published; in wave 4 r gives its wave-3 answer again, beside two
+    new respondents of region c: it still publishes the region suppressed."""
+
+    def rec(rid: str, wave: int, at: int, region: str, rel: str = "wife") -> ValidRecord:
+        values = {"age": 35, "sex": "F", "rel": rel, "region": region, "occ": "x", "wave": wave}
+        return ValidRecord(rid, values, SourceRef("in", 0, at), 0.0)
+
+    wave2 = [rec(f"x{j}", 2, j, "a", "other") for j in range(3)]
+    wave3 = [rec(r, 3, 3 + j, g) for j, (r, g) in enumerate(zip("rstabc", "cdeaaa", strict=True))]
+    engine = Engine(policy(3), keyring=KEY, store=MemoryStore())
+    out = list(engine.protect_window([*wave2, *wave3], now=0.0).published)  # wave 2 decided
+    res = engine.protect_window([*wave3, rec("u", 4, 9, "c")], now=0.0)  # wave 3 decided
+    out += res.published
+    res = engine.protect_window([*res.held, rec("r", 2, 10, "a", "other")], now=0.0)  # late
+    out += res.published
+    assert [orjson.loads(p.value)["region"] for p in res.published] == ["a"]  # joins x0..x2
+    wave4 = [
+        rec(r, 4, 11 + j, g) for j, (r, g) in enumerate(zip("rstabcv", "cdeaaac", strict=True))
+    ]
+    out += engine.protect_window([*res.held, *wave4], now=0.0, flush_all=True).published
+    rows = {p.record_id: orjson.loads(p.value) for p in out}
+    assert rows["in/0/3"]["region"] is None  # r in wave 3: alone with c
+    # r in wave 4, unchanged since wave 3: its region stays suppressed (started afresh, it
+    # would form a class of c with u and v), so u and v lose theirs too
+    assert [rows[f"in/0/{i}"]["region"] for i in (11, 9, 17)] == [None, None, None]
