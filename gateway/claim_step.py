@@ -9,20 +9,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.errors import PolicyError
 from gateway.grouping.claim_partition import ClaimPartition
 from gateway.grouping.decision import QIDecision
 from gateway.grouping.deferred import ClaimInputs, DeferredGrouping
 from gateway.grouping.live_view import StateView
 from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.grouping.parking import Parking
+from gateway.grouping.recode_stream import RecodeStream, RecodeWindow, digests_of
 from gateway.grouping.registry import Group
 from gateway.grouping.release import ReleaseClock, release_keys
 from gateway.grouping.republish import Republisher
 from gateway.grouping.scope import Diversifier, GroupingInputs
 from gateway.grouping.window_work import WindowQI
-from gateway.keyed_inputs import CATEGORIES_DIGEST_ATTR, KeyedInputs
+from gateway.keyed_inputs import CATEGORIES_DIGEST_ATTR, RECODED_DIGEST_ATTR, KeyedInputs
 from gateway.measures.window_risk import window_measures
-from gateway.policy import GroupingPool, HoldTimeout, Policy, RepublicationMode
+from gateway.policy import (
+    GroupingPool,
+    HoldTimeout,
+    MicroaggAlgorithm,
+    Policy,
+    RepublicationMode,
+)
 from gateway.records import ValidRecord, attribute_values, record_ids_at, window_id
 from gateway.state_api import StateStore
 from gateway.state_codec import decode_state
@@ -79,6 +87,17 @@ class ClaimStep:
         )
         self._parking = Parking(window.max_hold_seconds) if pooled else None
         suppress = window.on_hold_timeout is HoldTimeout.SUPPRESS
+        # recode_suppress: exact-tuple k per wave (gateway.grouping.recode_stream)
+        self._recode: RecodeStream | None = None
+        if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS and self.names:
+            if inputs is None or store is None:
+                raise PolicyError(
+                    "microaggregation.algorithm recode_suppress in the stream keeps each "
+                    "respondent's suppressed cells: it needs a secret (PRIVGW_SECRET) and a "
+                    "state store; privgw protect runs it on files"
+                )
+            digest = digests_of(inputs.claim_digests, RECODED_DIGEST_ATTR)
+            self._recode = RecodeStream(policy, digest)
         self._republisher = (
             Republisher(
                 rep.mode,
@@ -92,7 +111,10 @@ class ClaimStep:
                 ell=None if ldiv is None else ldiv.l,
                 diversify=self.diversify,
             )
-            if rep.mode is not RepublicationMode.DEFERRED and self.names and store
+            if rep.mode is not RepublicationMode.DEFERRED
+            and self.names
+            and store
+            and self._recode is None
             else None
         )
         self._deferred = DeferredGrouping(
@@ -105,8 +127,9 @@ class ClaimStep:
         )
 
     def republishes(self, sticky: bool) -> bool:
-        """Whether windows are decided by the ``regroup`` or ``cohort`` mode."""
-        return self._republisher is not None and sticky
+        """Whether windows are decided by a mode that keeps its own respondent entries
+        (``regroup``, ``cohort``, or recoding with suppression) rather than ``deferred``'s."""
+        return (self._republisher is not None or self._recode is not None) and sticky
 
     def parked_ids(self) -> list[str]:
         """The record ids of the records :meth:`parked` set aside last, in order."""
@@ -158,6 +181,8 @@ class ClaimStep:
         values = attribute_values(cw.records, cw.by_attribute, names)
         cols = [claim_inputs(attributes[n], c) for n, c in zip(names, values, strict=True)]
         complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
+        if self._recode is not None and cw.view.sticky:
+            return self._recoded(cw, cols, now=now, flush_all=flush_all), {}
         if self.republishes(cw.view.sticky):
             return self._republish(cw, cols, complete, now=now, flush_all=flush_all)
         return self._deferred_decision(cw, cols, complete, now=now, flush_all=flush_all), {}
@@ -250,6 +275,21 @@ class ClaimStep:
         elif not decision.sampled:
             decision.aggregated = None
         return decision, groups
+
+    def _recoded(
+        self, cw: ClaimWindow, cols: list[list[Any]], *, now: float, flush_all: bool
+    ) -> QIDecision:
+        """``recode_suppress`` (:mod:`gateway.grouping.recode_stream`)."""
+        assert self._recode is not None
+        max_hold, records = self.policy.window.max_hold_seconds, cw.records
+        w = RecodeWindow(
+            keys=cw.rkeys,
+            cols=cols,
+            releases=self._release_keys(cw),
+            scopes=list(cw.scopes) if cw.scopes is not None else [None] * len(records),
+            expired=[flush_all or now - r.arrived_at >= max_hold for r in records],
+        )
+        return self._recode.decide(w, cw.view, sampled=cw.sampled)
 
     def _release_keys(self, cw: ClaimWindow) -> list[str]:
         """Each record's release (its wave, else the window's), seen by the release clock."""

@@ -17,6 +17,7 @@ from gateway.records import ValidRecord, attribute_values, record_ids
 
 _QI_DIGEST_ATTR = "\x00quasi-identifiers"
 CATEGORIES_DIGEST_ATTR = "\x00categorical-quasi-identifiers"  # a tuple's categories alone
+RECODED_DIGEST_ATTR = "\x00recoded-quasi-identifiers"  # a recoded tuple (recode_suppress)
 _STRATUM_DIGEST_ATTR = "\x00stratum"
 _PUBLISHED_DIGEST_ATTR = "\x00published:"  # + attribute: a published value (l-diversity)
 _PUBLISHED_DIGEST_BYTES = 8  # a group keeps its release's distinct values as these

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from gateway.claim_step import ClaimStep
 from gateway.draw_derivation import META_NAME, DrawDerivation
 from gateway.grouping.guarantees import republication_statement
+from gateway.grouping.recode_stream import importance_order
 from gateway.mechanisms.protection import Protection
-from gateway.policy import Policy, Role
+from gateway.policy import Method, MicroaggAlgorithm, Policy, Role
 
 
 def release_metadata(
@@ -53,7 +54,24 @@ def release_metadata(
         "consistency": p.consistency.mode.value,
         "republication": republication_statement(p),
         "edit_rules": p.microaggregation.edit_rules,
+        "recode_suppress": _recoding(p),
         **_sections(protections),
+    }
+
+
+def _recoding(p: Policy) -> dict[str, object] | None:
+    """recode_suppress: the keys, how each is recoded, the suppression order and the
+    invariant (an empty cell is suppressed or missing; analysts treat it as unknown)."""
+    if p.microaggregation.algorithm is not MicroaggAlgorithm.RECODE_SUPPRESS:
+        return None
+    attrs = p.attributes
+    return {
+        "keys": p.k_claim,
+        "bins": {n: attrs[n].bins for n in p.k_claim if attrs[n].bins is not None},
+        "generalized": [n for n in p.k_claim if attrs[n].method is Method.GENERALIZE],
+        "suppressed_first": [p.k_claim[j] for j in importance_order(p)],
+        "invariant": "exact tuple: every published key tuple, an empty cell a value of its "
+        "own, is shared by at least k respondents within its release",
     }
 
 

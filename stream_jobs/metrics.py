@@ -52,6 +52,7 @@ from stream_jobs.metrics_scrape import (
     KEY_MEASURES,
     LDIV_PREFIX,
     MEASURES,
+    SUPPRESSED_PREFIX,
     WorkerCollector,
     count_respondents,
 )
@@ -112,6 +113,7 @@ class GatewayMetrics:
         self.key_class_violations = 0
         self.key_last: dict[str, float] = {}
         self.ldiv_last: dict[str, float] = {}
+        self.suppressed_cells: dict[str, float] = {}  # recode_suppress, per key, summed
         self.republication = RepublicationFigures(k=0, guarantee=False)
         self.sensitive_unique_last: float | None = None  # of the last sampled window
         self._collector: WorkerCollector | None = None
@@ -195,6 +197,9 @@ class GatewayMetrics:
             name = key.removeprefix(LDIV_PREFIX)
             if key.startswith(LDIV_PREFIX) and name in self._attributes and np.isfinite(value):
                 self.ldiv_last[name] = float(value)
+            name = key.removeprefix(SUPPRESSED_PREFIX)
+            if key.startswith(SUPPRESSED_PREFIX) and name in self._attributes:
+                self.suppressed_cells[name] = self.suppressed_cells.get(name, 0.0) + value
         smallest = measures.get("key_smallest_class")
         if smallest is None or not np.isfinite(smallest):
             return

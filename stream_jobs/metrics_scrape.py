@@ -84,6 +84,7 @@ KEY_MEASURES = {
     ),
 }
 LDIV_PREFIX = "ldiv_min:"  # + sensitive attribute name
+SUPPRESSED_PREFIX = "suppressed_cells:"  # + key (recode_suppress)
 
 
 class WorkerCollector(Collector):
@@ -306,6 +307,17 @@ class WorkerCollector(Collector):
         for name, value in sorted(ldiv.items()):
             ldiv_family.add_metric([name], value)
         yield ldiv_family
+        with m.lock:
+            cells = dict(m.suppressed_cells)
+        if cells:  # recode_suppress: the price of its k claim, per key
+            family = CounterMetricFamily(
+                f"{p}_suppressed_cells",
+                "key cells published suppressed by recode_suppress in sampled windows",
+                labels=["attribute"],
+            )
+            for name, value in sorted(cells.items()):
+                family.add_metric([name], value)
+            yield family
         with m.lock:
             figures = replace(m.republication, last=dict(m.republication.last))
         yield from republication_families(p, self._worker.policy, figures)

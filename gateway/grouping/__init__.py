@@ -4,7 +4,9 @@
   over numeric keys; :mod:`gateway.grouping.mixed_microaggregation` — MDAV over numeric,
   ordinal and nominal keys together (the whole-key k claim);
   :mod:`gateway.grouping.recode_suppress` — global recoding then local suppression, the
-  non-perturbative route to the same claim;
+  non-perturbative route to the same claim; :mod:`gateway.grouping.recode_stream` and
+  :mod:`gateway.grouping.exact_suppression` — the same in the stream, exact-tuple k per wave
+  with sticky suppressed cells;
 * :mod:`gateway.grouping.decision` — a window's decision: each record's tuple and group, held
   or suppressed; :mod:`gateway.grouping.guarantees` — what each republication mode guarantees;
 * :mod:`gateway.grouping.release` — what a release is (a wave, or an output window) and when one

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.policy import GroupingPool, Policy, RepublicationMode
+from gateway.policy import GroupingPool, MicroaggAlgorithm, Policy, RepublicationMode
 
 _MODES = {
     RepublicationMode.REGROUP: (
@@ -40,6 +40,8 @@ def republication_statement(policy: Policy) -> dict[str, Any]:
     wave = rep.wave_attribute
     release = f"a wave (records with the same {wave})" if wave is not None else "an output window"
     deferred = rep.mode is RepublicationMode.DEFERRED
+    if policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
+        return _recoding(policy, release)
     pool = (
         "when its release closes (a later wave, its hold time, or the last flush)"
         if rep.pool is GroupingPool.RELEASE and wave is not None and not deferred
@@ -62,5 +64,31 @@ def republication_statement(policy: Policy) -> dict[str, Any]:
             + f"; new and changed respondents are grouped {pool}"
             + (f", in groups of at least {k + rep.slack} (slack {rep.slack})" if rep.slack else "")
             + "."
+        ),
+    }
+
+
+def _recoding(policy: Policy, release: str) -> dict[str, Any]:
+    """recode_suppress in the stream (gateway/grouping/recode_stream.py): no groups, the
+    exact recoded tuples of each wave."""
+    rep, k = policy.republication, policy.microaggregation.k
+    return {
+        "mode": "recode_suppress",
+        "wave_attribute": rep.wave_attribute,
+        "pool": rep.pool.value,
+        "slack": 0,
+        "release": release,
+        "k_per_release": True,
+        "k_over_history": True,
+        "linked_sets_at_least_k": False,
+        "follows_changes": True,
+        "statement": (
+            "recode_suppress: the keys are recoded (hierarchies, bins), then cells suppressed, "
+            "least important key first, when a wave closes, until every exact published tuple "
+            f"(a suppressed cell a value of its own) is shared by at least {k} respondents "
+            f"within its release and so over the history. A release is {release}. A "
+            "respondent whose recoded tuple is unchanged keeps the cells it had suppressed; "
+            "a record late for its wave joins one of that wave's classes, else is withheld. "
+            "No published value is wrong: each is the recoded truth or missing."
         ),
     }

@@ -7,7 +7,8 @@ holds it (``[25,35)``; ``<25`` and ``>=55`` at the ends). Then cells are suppres
 (:mod:`gateway.mechanisms.local_suppression`) until every record matches at least k records, a
 missing value matching any category (sdcMicro's convention). No published value is wrong: a value is
 its own category or interval, or missing. Pure functions on a window held as columns; the file
-workflow uses them through :func:`protect_keys`, the stream engine does not yet.
+workflow uses them through :func:`protect_keys`; the stream engine recodes with
+:func:`recode` and suppresses to exact-tuple k per wave (:mod:`gateway.grouping.recode_stream`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,14 @@ from numpy.typing import NDArray
 from gateway.errors import PolicyError
 from gateway.grouping.l_diversity import diversify
 from gateway.grouping.mixed_microaggregation import QIColumn, embed
-from gateway.policy import Policy, SmallStrata
+from gateway.policy import (
+    ConsistencyMode,
+    GroupingPool,
+    MicroaggAlgorithm,
+    Policy,
+    RepublicationMode,
+    SmallStrata,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +55,30 @@ def refuse_in_stream(policy: Policy) -> None:
             "small_strata: suppress for the stream engine: a stratum's records wait for k like "
             "any pool, up to window.max_hold_seconds, then follow window.on_hold_timeout"
         )
-    if policy.file_only:
+    if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
+        refuse_recoding(policy)
+
+
+def refuse_recoding(policy: Policy) -> None:
+    """``recode_suppress`` in the stream decides a wave whole, when it closes, against the
+    masks its respondents published before (:mod:`gateway.grouping.recode_stream`)."""
+    rep, algo = policy.republication, "microaggregation.algorithm recode_suppress"
+    if policy.consistency.mode is not ConsistencyMode.STICKY:
         raise PolicyError(
-            f"{', '.join(policy.file_only)}: the file workflow (privgw protect) runs it, the "
-            "stream engine does not yet; remove it from a policy for privgw run"
+            f"{algo} in the stream needs consistency.mode sticky (an unchanged respondent's "
+            "suppressed cells stay suppressed); set consistency.mode: sticky"
+        )
+    if rep.pool is not GroupingPool.RELEASE or rep.wave_attribute is None:
+        raise PolicyError(
+            f"{algo} in the stream needs republication.pool: release with a "
+            "republication.wave_attribute: a wave's exact classes are known only once it "
+            "closes (pool: window, or a window per release, would publish classes before the "
+            "wave's other records are in); set both"
+        )
+    if rep.mode is not RepublicationMode.REGROUP or rep.slack:
+        raise PolicyError(
+            f"republication.mode {rep.mode.value} / slack {rep.slack} do not apply to {algo} "
+            "(its classes are the exact recoded tuples of each wave, not groups); remove them"
         )
 
 

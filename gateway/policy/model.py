@@ -211,20 +211,15 @@ class Policy(StrictModel):
         return [n for n in self.k_claim if self.attributes[n].type is AttrType.NUMERIC]
 
     @property
-    def file_only(self) -> list[str]:
-        """Settings the stream engine does not run (the file workflow does)."""
-        spec = self.microaggregation
-        out = []
-        if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
-            out.append("microaggregation.algorithm recode_suppress")
-        return out
-
-    @property
     def grouped_by_file(self) -> bool:
         """Whether ``privgw protect`` groups the k claim itself (recoding, or strata and
         l-diversity over the whole file) and has the engine publish everything else."""
         spec = self.microaggregation
-        return bool(self.file_only or spec.strata or spec.l_diversity is not None)
+        return bool(
+            spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
+            or spec.strata
+            or spec.l_diversity is not None
+        )
 
     @property
     def weight(self) -> str | None:

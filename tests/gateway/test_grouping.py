@@ -17,7 +17,9 @@ from gateway.files.protect import protect_file
 from gateway.grouping.l_diversity import enforce_l_diversity
 from gateway.grouping.microaggregation import mdav_groups
 from gateway.grouping.strata import stratified_groups
+from gateway.keyed import Keyring
 from gateway.policy import SmallStrata, load_policy, parse_policy
+from state.memory_store import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
@@ -137,8 +139,20 @@ def test_stream_engine_runs_strata_and_l_diversity_but_refuses_merging_small_str
     for name in ("age", "education_num", "hours_per_week"):
         if base["attributes"].get(name, {}).get("role") == "quasi_identifier":
             base["attributes"][name]["bins"] = [20, 40, 60]
-    with pytest.raises(PolicyError, match="recode_suppress: the file workflow"):
-        Engine(parse_policy(base))
+    # the stream runs recoding with suppression per wave, decided whole when it closes
+    base["republication"] = {"pool": "window", "wave_attribute": "wave"}
+    with pytest.raises(PolicyError, match=r"needs republication\.pool: release"):
+        Engine(parse_policy(base), keyring=Keyring(b"s" * 32), store=MemoryStore())
+    base["republication"] = {"pool": "release", "wave_attribute": "wave", "mode": "cohort"}
+    with pytest.raises(PolicyError, match=r"republication\.mode cohort .* do not apply"):
+        Engine(parse_policy(base), keyring=Keyring(b"s" * 32), store=MemoryStore())
+    base["republication"]["mode"] = "regroup"
+    with pytest.raises(PolicyError, match=r"needs a secret .* and a state store"):
+        Engine(parse_policy(base))  # a stateless engine cannot keep suppressed cells
+    Engine(parse_policy(base), keyring=Keyring(b"s" * 32), store=MemoryStore())
+    base["consistency"] = {"mode": "none"}
+    with pytest.raises(PolicyError, match=r"needs consistency\.mode sticky"):
+        Engine(parse_policy(base), consistency_override=True)
     base["microaggregation"]["strata"] = ["respondent_id"]
     with pytest.raises(PolicyError, match=r"microaggregation\.strata"):
         parse_policy(base)

@@ -441,3 +441,25 @@ def test_a_window_out_of_step_with_what_the_child_holds_is_refused() -> None:
     assert joined == records[:5]
     with pytest.raises(ValueError, match="out of step"):
         held.join(2, records[3:5], None, None)
+
+
+def test_recoding_with_suppression_in_the_child_matches_the_engine_in_process(
+    tmp_path: Path,
+) -> None:
+    """recode_suppress (gateway/grouping/recode_stream.py) decides waves in the child exactly
+    as in process: outputs, reports, held records and the state written."""
+    policy = load_policy(ROOT / "deploy" / "policies" / "adult_recode.yaml")
+    child = EngineProcess(EngineSpec(policy, tmp_path / "child.db", SECRET))
+    store = SQLiteStore(tmp_path / "local.db")
+    try:
+        local = Engine(policy, keyring=Keyring(SECRET), store=store)
+        assert child.metadata() == local.metadata()
+        # windows of 40: each wave waits (parked) until a later wave closes it
+        _same_windows(child, local, validated_panel(900), size=40)
+    finally:
+        child.close()
+        store.close()
+    with SQLiteStore(tmp_path / "child.db") as a, SQLiteStore(tmp_path / "local.db") as b:
+        entries = dict(a.items())
+        assert entries == dict(b.items())
+        assert any(k.startswith(b"group:rs.") for k in entries)  # the wave's classes
