@@ -54,18 +54,19 @@ def release_metadata(
         "consistency": p.consistency.mode.value,
         "republication": republication_statement(p),
         "edit_rules": p.microaggregation.edit_rules,
-        "recode_suppress": _recoding(p),
+        # only where the policy recodes: other policies' metadata keeps its bytes
+        **_recoding(p),
         **_sections(protections),
     }
 
 
-def _recoding(p: Policy) -> dict[str, object] | None:
+def _recoding(p: Policy) -> dict[str, dict[str, object]]:
     """recode_suppress: the keys, how each is recoded, the suppression order and the
     invariant (an empty cell is suppressed or missing; analysts treat it as unknown)."""
     if p.microaggregation.algorithm is not MicroaggAlgorithm.RECODE_SUPPRESS:
-        return None
+        return {}
     attrs = p.attributes
-    return {
+    section: dict[str, object] = {
         "keys": p.k_claim,
         "bins": {n: attrs[n].bins for n in p.k_claim if attrs[n].bins is not None},
         "generalized": [n for n in p.k_claim if attrs[n].method is Method.GENERALIZE],
@@ -73,6 +74,7 @@ def _recoding(p: Policy) -> dict[str, object] | None:
         "invariant": "exact tuple: every published key tuple, an empty cell a value of its "
         "own, is shared by at least k respondents within its release",
     }
+    return {"recode_suppress": section}
 
 
 def _sections(protections: Mapping[str, Protection]) -> dict[str, dict[str, object]]:
