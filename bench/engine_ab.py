@@ -96,7 +96,14 @@ def _child_parts(side: str, process: ModuleType) -> tuple[Any, Any]:
         child = importlib.import_module(f"{side}_stream_jobs.engine_child")
     except ModuleNotFoundError:
         return process._encode_window, process._answer
-    return wire.encode_window, child._answer
+    answer = child._answer
+    if hasattr(wire, "HeldInChild"):  # the child keeps what it hands back held
+        answer = functools.partial(_answer_keeping_held, child._answer, wire.HeldInChild())
+    return wire.encode_window, answer
+
+
+def _answer_keeping_held(answer: Any, held: Any, *args: Any) -> Any:
+    return answer(*args, held)
 
 
 def _module_of(side: str, name: str, engine_mod: ModuleType) -> ModuleType:
