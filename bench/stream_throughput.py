@@ -93,16 +93,20 @@ whole_key = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(whole_key)
 
 
-def policy_text(numeric_only: bool, pool: str | None = None) -> str:
+def policy_text(numeric_only: bool, pool: str | None = None, idle_close: bool = True) -> str:
     """deploy/policies/adult.yaml (the k claim over all nine quasi-identifiers), or with
     ``numeric_only`` its categorical quasi-identifiers published unchanged, outside the claim
     (the numeric-only claim of earlier versions, as bench/whole_key.py builds it). ``pool``:
     another ``republication.pool`` than the policy's (``release`` groups a whole wave at once
-    when it closes; ``window`` groups each window as it comes)."""
+    when it closes; ``window`` groups each window as it comes). ``idle_close=False``: without
+    the policy's ``window.max_idle_seconds`` (a drained input's window waits out
+    ``max_seconds``)."""
     text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
-    if not numeric_only and pool is None:
+    if not numeric_only and pool is None and idle_close:
         return text
     data = yaml.safe_load(text)
+    if not idle_close:
+        data["window"].pop("max_idle_seconds", None)
     if pool is not None:
         data["republication"]["pool"] = pool
     if not numeric_only:
@@ -572,6 +576,13 @@ def main() -> None:
         help="the k claim over the numeric quasi-identifiers only (earlier versions' policy)",
     )
     ap.add_argument(
+        "--no-idle-close",
+        dest="idle_close",
+        action="store_false",
+        help="without the policy's window.max_idle_seconds: the last window waits out "
+        "max_seconds (what the idle close saves)",
+    )
+    ap.add_argument(
         "--pool",
         choices=["release", "window"],
         help="republication.pool instead of the policy's (release: a wave grouped when it "
@@ -579,7 +590,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     global POLICY_TEXT  # noqa: PLW0603
-    POLICY_TEXT = policy_text(args.numeric_only, args.pool)
+    POLICY_TEXT = policy_text(args.numeric_only, args.pool, args.idle_close)
     import logging  # noqa: PLC0415
 
     logging.basicConfig(level=logging.WARNING)
