@@ -188,6 +188,14 @@ attributes:
 """
 
 
+def _hold_rows(n: int) -> list[tuple[bytes, bytes]]:
+    """``n`` respondents of HOLD_POLICY's shape, ages 30, 31, …"""
+    return [
+        (f"r{i}".encode(), orjson.dumps({"rid": f"r{i}", "age": 30 + i, "hours": 40, "occ": "a"}))
+        for i in range(n)
+    ]
+
+
 def test_records_short_of_k_wait_then_are_suppressed_never_published_alone(
     broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
@@ -195,10 +203,7 @@ def test_records_short_of_k_wait_then_are_suppressed_never_published_alone(
     settings = settings_for(broker.bootstrap, unique_name, tmp_path, partitions=1)
     topics = settings.topics(policy)
     create_topics(policy, settings)
-    lonely = [
-        (f"r{i}".encode(), orjson.dumps({"rid": f"r{i}", "age": 30 + i, "hours": 40, "occ": "a"}))
-        for i in range(2)
-    ]
+    lonely = _hold_rows(2)
 
     def feed() -> None:
         produce(broker.bootstrap, topics.input, lonely)
@@ -229,10 +234,7 @@ def test_a_drained_input_closes_its_window_after_max_idle_seconds_not_max_second
     settings = settings_for(broker.bootstrap, unique_name, tmp_path, partitions=1)
     topics = settings.topics(policy)
     create_topics(policy, settings)
-    rows = [
-        (f"r{i}".encode(), orjson.dumps({"rid": f"r{i}", "age": 30 + i, "hours": 40, "occ": "a"}))
-        for i in range(6)
-    ]
+    rows = _hold_rows(6)
     worker = make_worker(policy, settings, secret_env)
     t0 = time.monotonic()
     code = asyncio.run(
