@@ -176,6 +176,12 @@ def window_id_from(
     return window_digest(ids)
 
 
+def starts_with(items: Sequence[object], prefix: Sequence[object]) -> bool:
+    """Whether ``items`` begins with the very objects of ``prefix``, in order (records handed
+    back held come back first in the next window, as the same objects)."""
+    return len(items) >= len(prefix) and all(map(operator.is_, items, prefix))
+
+
 def leading_run(positions: Sequence[int]) -> int:
     """The largest m with ``positions[:m] == range(m)``, for increasing distinct positions
     (a binary search: position j is j exactly when every one before it is)."""

@@ -114,9 +114,9 @@ def _answer(
             keys=keys,
             committed=committed,
         )
-        positions = held_positions(records, result)
-        held.keep(records, by_attribute, keys, positions)
-        columns, report = encode_result(records, result, positions)
+        at = held_positions(records, result)
+        held.keep(records, by_attribute, keys, at)
+        columns, report = encode_result(records, result, at)
         return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())

@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import marshal
-import operator
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from gateway.grouping.replay import Committed
 from gateway.keyed_inputs import KeyedInputs, WindowKeys, keys_at
-from gateway.records import PublishedRecord, SourceRef, ValidRecord, WindowResult, encode_rows
+from gateway.records import (
+    PublishedRecord,
+    SourceRef,
+    ValidRecord,
+    WindowResult,
+    encode_rows,
+    starts_with,
+)
 
 _MARSHAL, _PICKLE = b"m", b"p"
 
@@ -128,10 +134,7 @@ def window_request(
 def held_prefix(records: Sequence[ValidRecord], held: Sequence[ValidRecord]) -> int:
     """How many of the records the child handed back held start ``records``, as they came
     back (the same objects, in order): all of them, or 0 (they travel again)."""
-    n = len(held)
-    if n and len(records) >= n and all(map(operator.is_, records, held)):
-        return n
-    return 0
+    return len(held) if starts_with(records, held) else 0
 
 
 class HeldInChild:
@@ -177,11 +180,11 @@ class HeldInChild:
         records: list[ValidRecord],
         columns: dict[str, list[object]] | None,
         keys: WindowKeys | None,
-        held: list[int],
+        at: HeldAt,
     ) -> None:
-        """What the window handed back held (positions in ``records``, in the held order)."""
-        m = len(held)
-        if held == list(range(m)):  # the usual case: the wave set aside comes back first
+        """What the window handed back held (:func:`held_positions`)."""
+        held, m = at.positions, len(at.positions)
+        if at.in_front:  # the usual case: the wave set aside comes back first
             self._records = records[:m]
             self._columns = None if columns is None else {n: c[:m] for n, c in columns.items()}
             self._keys = None if keys is None else _keys_slice(keys, m)
@@ -288,21 +291,28 @@ def _mappings(values: dict[str, list[object]] | list[dict[str, object]]) -> list
     return [dict(zip(values, row, strict=True)) for row in zip(*values.values(), strict=True)]
 
 
-def held_positions(records: Sequence[ValidRecord], result: WindowResult) -> list[int]:
-    """Where the records the window handed back held are in it, in the held order."""
+class HeldAt(NamedTuple):
+    """Where the records a window handed back held are in it, in the held order; ``in_front``:
+    they are its first records, in order (``positions`` is ``range`` of their count)."""
+
+    positions: list[int]
+    in_front: bool
+
+
+def held_positions(records: Sequence[ValidRecord], result: WindowResult) -> HeldAt:
     held = result.held
-    if len(held) <= len(records) and all(map(operator.is_, held, records)):
-        return list(range(len(held)))  # the wave set aside, in front as it came
+    if starts_with(records, held):  # the wave set aside, in front as it came
+        return HeldAt(list(range(len(held))), in_front=True)
     by_record = {id(r): i for i, r in enumerate(records)}
-    return [by_record[id(h)] for h in held]
+    return HeldAt([by_record[id(h)] for h in held], in_front=False)
 
 
 def encode_result(
-    records: Sequence[ValidRecord], result: WindowResult, held: list[int]
+    records: Sequence[ValidRecord], result: WindowResult, held: HeldAt
 ) -> tuple[bytes, bytes]:
     """The result for the worker; ``held``: :func:`held_positions`."""
     # where each published record came from (held records publish nothing: mostly in front)
-    skip = len(held) if held == list(range(len(held))) else 0
+    skip = len(held.positions) if held.in_front else 0
     by_source = {
         id(r.source): i for i, r in enumerate(records[skip:], skip) if r.source is not None
     }
@@ -315,7 +325,7 @@ def encode_result(
         values,
         [by_source[id(p.source)] if p.source is not None else -1 for p in pub],
         [p.suppressed for p in pub],
-        held,
+        held.positions,
     )
     extra = (result.report, result.aggregated)
     return _pack(columns), pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)

@@ -17,12 +17,12 @@ to the same outcome.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.grouping.registry import is_wave
 from gateway.grouping.release import ReleaseClock
+from gateway.records import starts_with
 
 # the release keys of the records at these positions
 ReleasesAt = Callable[[Sequence[int]], list[str]]
@@ -50,7 +50,7 @@ class Parking:
         """The positions of the records whose wave is not due yet (records of a window
         release never wait)."""
         n = len(self.records)
-        if n and len(records) >= n and all(map(operator.is_, records, self.records)):
+        if n and starts_with(records, self.records):
             known = n  # the records parked last time come back first, as they were
         elif n and len(records) >= n and rids_at(range(n)) == self.rids:
             known = n

@@ -34,7 +34,7 @@ from stream_jobs.engine_process import (
     EngineSpec,
     PackedRecords,
 )
-from stream_jobs.engine_wire import HeldInChild, decode_window, encode_window
+from stream_jobs.engine_wire import HeldAt, HeldInChild, decode_window, encode_window
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = ROOT / "deploy" / "policies" / "adult.yaml"
@@ -436,7 +436,7 @@ def test_held_records_stay_in_the_child_and_travel_again_only_when_out_of_step(
 def test_a_window_out_of_step_with_what_the_child_holds_is_refused() -> None:
     held = HeldInChild()
     records = validated_panel(30)
-    held.keep(records, None, None, [0, 1, 2])
+    held.keep(records, None, None, HeldAt([0, 1, 2], in_front=True))
     joined, _, _ = held.join(3, records[3:5], None, None)
     assert joined == records[:5]
     with pytest.raises(ValueError, match="out of step"):
