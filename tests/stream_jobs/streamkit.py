@@ -209,6 +209,26 @@ def accounted(worker: GatewayWorker, total: int) -> bool:
     return st.consumed >= total and st.consumed == st.accounted
 
 
+def produce_waves(
+    bootstrap: str,
+    topic: str,
+    waves: Iterable[Sequence[tuple[bytes | None, bytes | None]]],
+    worker: GatewayWorker,
+    sent: list[Sent],
+    *,
+    seconds: float,
+) -> None:
+    """Produce wave after wave, each only once the worker has accounted for every record sent
+    before it (within ``seconds``), so that no record of a wave arrives after the next one;
+    what was produced is appended to ``sent``."""
+    for wave in waves:
+        sent.extend(produce(bootstrap, topic, wave))
+        deadline = time.monotonic() + seconds
+        while not accounted(worker, len(sent)):
+            assert time.monotonic() < deadline, f"a wave was not accounted for in {seconds:g} s"
+            time.sleep(0.05)
+
+
 def k_claim(policy: Path | None = None) -> tuple[str, ...]:
     """The quasi-identifiers the k claim of ``policy`` covers (default: the Adult policy):
     every published tuple of them must be shared by at least k respondents."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from streamkit import accounted, consume_all, create_topics, make_worker, produce, run_until
+from streamkit import accounted, consume_all, create_topics, make_worker, produce_waves, run_until
 from streamkit import settings_for as base_settings
 
 from gateway.grouping.mixed_microaggregation import claim_inputs
@@ -66,13 +65,8 @@ def test_recoded_waves_keep_exact_k_and_sticky_suppression_through_the_broker(
     metrics = GatewayMetrics.create(registry)
     metrics.attach(worker)
 
-    def feed() -> None:  # wave after wave; a wave is decided once the next one is seen
-        for wave in waves:  # each consumed whole before the next is sent: no record is late
-            sent.extend(produce(broker.bootstrap, topics.input, wave))
-            deadline = time.monotonic() + 20
-            while not accounted(worker, len(sent)):
-                assert time.monotonic() < deadline, "a wave was not consumed in 20 s"
-                time.sleep(0.05)
+    def feed() -> None:  # each wave consumed whole before the next is sent: none is late
+        produce_waves(broker.bootstrap, topics.input, waves, worker, sent, seconds=20)
 
     code = asyncio.run(
         run_until(worker, lambda w: accounted(w, len(panel)), during=feed, timeout=50)

@@ -14,7 +14,6 @@ The worker's metrics watch the same history: no sampled window reported a class 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from streamkit import (
     create_topics,
     k_claim,
     make_worker,
-    produce,
+    produce_waves,
     published_qi_groups,
     run_until,
     settings_for,
@@ -114,13 +113,8 @@ def test_whole_key_is_k_anonymous_over_history_and_raw_values_never_leave(  # no
     metrics = GatewayMetrics.create(CollectorRegistry())
     metrics.attach(worker)
 
-    def feed() -> None:  # wave after wave: each one protected before the next arrives
-        for wave in waves:
-            sent.extend(produce(broker.bootstrap, topics.input, wave))
-            deadline = time.monotonic() + 30
-            while not accounted(worker, len(sent)):
-                assert time.monotonic() < deadline, "a wave was not accounted for in 30 s"
-                time.sleep(0.05)
+    def feed() -> None:  # each wave consumed whole before the next is sent: none is late
+        produce_waves(broker.bootstrap, topics.input, waves, worker, sent, seconds=30)
 
     code = asyncio.run(
         run_until(worker, lambda w: accounted(w, len(panel)), during=feed, timeout=50)
