@@ -174,6 +174,13 @@ class WindowLifecycle:
             or self.protecting is not None
         )
 
+    def hands_over(self, ahead: int) -> bool:
+        """Whether a due window goes to the engine now, waiting for the window in it first:
+        while the engine is busy the worker may go on validating into the buffer, up to
+        ``ahead`` new records, rather than idle (the window then grows past its count)."""
+        p = self.protecting
+        return p is None or p.done() or len(self._buffer.new) >= ahead
+
     def poll_timeout_ms(self) -> int:
         """How long a fetch may wait: until the buffer's window is due, or briefly while a
         window is in the engine."""
@@ -292,8 +299,11 @@ class WindowLifecycle:
 
     def _account(self, report: WindowReport | None, flush: Flush, elapsed: float) -> None:
         st = self._stats
-        in_engine = len(self.protecting.flush.records) if self.protecting is not None else 0
-        st.held = len(self._buffer.held) + in_engine  # in the engine: neither held nor out
+        # held: waiting in the buffer, or handed back to the engine in front of the window it
+        # protects now; that window's new records are not accounted for until it returns
+        inside = self.protecting.flush if self.protecting is not None else None
+        in_engine = len(inside.records) - inside.new if inside is not None else 0
+        st.held = len(self._buffer.held) + in_engine
         st.flush_seconds += elapsed
         if report is None:
             return
