@@ -119,6 +119,7 @@ def policy_text(numeric_only: bool, pool: str | None = None, idle_close: bool = 
 
 
 POLICY_TEXT = policy_text(numeric_only=False)  # --numeric-only replaces it
+BUFFER_AHEAD: int | None = None  # --buffer-ahead: the worker's setting, else its default
 PARTITIONS = 3
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -282,6 +283,7 @@ async def gateway(  # noqa: PLR0917
         flush_held_on_shutdown=True,
         engine=engine,
         engine_shards=shards,
+        **({} if BUFFER_AHEAD is None else {"buffer_ahead_records": BUFFER_AHEAD}),
     )
     worker = build_worker(policy, settings, Keyring(b"bench-secret-0123456789"))
     children = engine_pids(worker.engine)
@@ -588,9 +590,16 @@ def main() -> None:
         help="republication.pool instead of the policy's (release: a wave grouped when it "
         "closes; window: every window grouped as it comes)",
     )
+    ap.add_argument(
+        "--buffer-ahead",
+        type=int,
+        help="the worker's buffer_ahead_records (0: a due window waits for the engine; "
+        "default: the worker's default)",
+    )
     args = ap.parse_args()
-    global POLICY_TEXT  # noqa: PLW0603
+    global POLICY_TEXT, BUFFER_AHEAD  # noqa: PLW0603
     POLICY_TEXT = policy_text(args.numeric_only, args.pool, args.idle_close)
+    BUFFER_AHEAD = args.buffer_ahead
     import logging  # noqa: PLC0415
 
     logging.basicConfig(level=logging.WARNING)

@@ -185,6 +185,13 @@ class WorkerSettings(BaseSettings):
         300_000, ge=1000, description="longest gap between fetches before the group evicts"
     )
     max_poll_records: int = Field(5000, ge=1, description="records per fetch call, at most")
+    buffer_ahead_records: int = Field(
+        100_000,
+        ge=0,
+        description="new records the worker may go on buffering past a due window while the "
+        "engine protects the one before, when the policy groups whole releases "
+        "(republication.pool: release); 0: it waits for the engine",
+    )
     fetch_max_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="bytes per fetch")
     max_partition_fetch_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="bytes per partition and fetch"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import TopicPartition
 
 from gateway.errors import PrivgwError
-from gateway.policy import Policy
+from gateway.policy import GroupingPool, Policy
 from gateway.routing import StatePartitions
 from gateway.state_api import (
     KeyFingerprintCheck,
@@ -94,6 +94,13 @@ class GatewayWorker:
         self._clock = clock
         self._version = engine.version
         self._buffer = WindowBuffer(policy.window)
+        # a due window goes on buffering while the engine is busy only where a window's size
+        # does not shape the groups: with pool: release a wave is grouped whole when it closes
+        self._buffer_ahead = (
+            settings.buffer_ahead_records
+            if policy.republication.pool is GroupingPool.RELEASE
+            else 0
+        )
         self.intake = Intake(
             policy, settings, self.topics, engine.version, self._buffer, self.stats
         )
@@ -252,9 +259,9 @@ class GatewayWorker:
                     elif windows.protecting is None:  # (a window in the engine is not waited for)
                         await self.intake.check_truncated_logs()
                     reason = self._buffer.due(self._clock(), quiet=not batch)
-                    if reason is not None:
+                    if reason is not None and windows.hands_over(self._buffer_ahead):
                         await windows.protected(then=reason)  # one window at a time in the engine
-                    else:
+                    elif reason is None:
                         self._gc.tick(time.monotonic())
                     if not self.ready.is_set() and self._consumer.assignment():
                         self.ready.set()
