@@ -18,7 +18,7 @@ from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.grouping.parking import Parking
 from gateway.grouping.recode_stream import RecodeStream, RecodeWindow, digests_of
 from gateway.grouping.registry import Group
-from gateway.grouping.release import ReleaseClock, release_keys
+from gateway.grouping.release import ReleaseClock, Source, release_keys
 from gateway.grouping.republish import Republisher
 from gateway.grouping.scope import Diversifier, GroupingInputs
 from gateway.grouping.window_work import WindowQI
@@ -52,6 +52,12 @@ class ClaimWindow:
     sampled: bool  # a window whose risk is measured
 
 
+def source_of(record: ValidRecord) -> Source:
+    """The record's input partition, for the release clock (None: not from a stream)."""
+    src = record.source
+    return None if src is None else (src.topic, src.partition)
+
+
 class ClaimStep:
     """The policy's k-claim decision, built once. ``inputs``: keyed digests (None without a
     secret); ``store``: the state, whose group registry the republication modes read;
@@ -78,7 +84,8 @@ class ClaimStep:
         self.diversify = (
             None if ldiv is None else Diversifier(self.claim.columns, spec.standardize, ldiv.l)
         )
-        self.releases = ReleaseClock()
+        # a partition that sent nothing for a window's max_seconds holds no wave back
+        self.releases = ReleaseClock(quiet_after=policy.window.max_seconds)
         pooled = (
             rep.pool is GroupingPool.RELEASE
             and rep.wave_attribute is not None
@@ -158,7 +165,7 @@ class ClaimStep:
 
         return parking.split(
             records,
-            lambda i: records[i].arrived_at,
+            lambda i: (records[i].arrived_at, source_of(records[i])),
             lambda positions: record_ids_at(records, positions),
             releases_at,
             self.releases,
@@ -239,7 +246,7 @@ class ClaimStep:
         )
         releases = self._release_keys(cw)
         max_hold = policy.window.max_hold_seconds
-        closed = {r: self.releases.closed(r) for r in set(releases)}
+        closed = {r: self.releases.closed(r, now) for r in set(releases)}
         window_qi = WindowQI(
             rids=cw.rids,
             keys=cw.rkeys,
@@ -301,7 +308,9 @@ class ClaimStep:
             releases = release_keys(
                 attribute_values(records, cw.by_attribute, [wave])[0], lambda: window_id(records)
             )
-        self.releases.see(releases)
+        self.releases.see(
+            releases, [source_of(r) for r in records], [r.arrived_at for r in records]
+        )
         return releases
 
     def _load_groups(self, group_ids: Sequence[str]) -> dict[str, Group]:

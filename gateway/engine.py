@@ -238,6 +238,8 @@ class Engine:
                 f"keys for {len(keys.respondents)} records given with a window of "
                 f"{len(records)}: they must be the window's own (KeyedInputs.of)"
             )
+        if committed is not None:  # every partition the caller reads, for the release clock
+            self._claims.releases.own(committed, now)
         parked = self._claims.parked(records, by_attribute, now=now, flush_all=flush_all)
         if not parked:
             return self._protect_window(

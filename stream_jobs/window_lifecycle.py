@@ -155,6 +155,7 @@ class WindowLifecycle:
         # published nor held, so nothing after them may be committed (they are read again)
         self.engine_failed = False
         self._ahead: _PackedAhead | None = None
+        self.owned: Callable[[], list[tuple[str, int]]] = list  # the worker's partitions
         self.packs_ahead = isinstance(engine, PackingEngine)  # records packed as they arrive
         if self.packs_ahead:
             intake.on_buffered = self.pack_ahead
@@ -247,8 +248,11 @@ class WindowLifecycle:
         window already packed here (its records packed ahead as they arrived, if ``ahead``
         covers them), else the engine's own call."""
         engine, now = self.engine, self._clock()
-        # what a replay can no longer reach (gateway.grouping.replay)
+        # what a replay can no longer reach (gateway.grouping.replay), for every partition
+        # owned (-1: nothing committed), so the engine's release clock knows all of them
         committed = self._buffer.committed_offsets()
+        for tp in self.owned():
+            committed.setdefault(tp, -1)
         if isinstance(engine, PackingEngine):
             tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
             return engine.prepare(

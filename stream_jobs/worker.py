@@ -132,6 +132,7 @@ class GatewayWorker:
             clock=clock,
             observers=self.observers,
         )
+        self.lifecycle.owned = self.assignment
 
     @property
     def partition_guard(self) -> PartitionStateGuard | None:

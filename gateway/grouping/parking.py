@@ -5,9 +5,10 @@ wave closes, and its returning respondents reach their groups' quorum only once 
 group-mates have arrived, anywhere in the wave. Deciding every record again in each window it
 waits would cost a state read, its keyed digests and its classification per window, for most of
 a wave. So the engine sets a wave's records aside, undecided and unread, until the wave is due:
-closed (a record of a later wave has been seen), one of its records past its hold time, or the
-last flush. The caller keeps handing them back held, first in the window, as with every held
-record; the due wave is then decided in one window, with every record of it in hand.
+closed (a later wave has been seen, and no partition still sending lags behind it), one of its
+records past its hold time, or the last flush. The caller keeps handing them back held, first in
+the window, as with every held record; the due wave is then decided in one window, with every
+record of it in hand.
 
 The engine remembers what it parked — the records themselves, else their ids — so a window
 reads only its new records' waves; an engine without that memory (a restart) reads them all,
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.grouping.registry import is_wave
-from gateway.grouping.release import ReleaseClock
+from gateway.grouping.release import ReleaseClock, Source
 from gateway.records import starts_with
 
 # the release keys of the records at these positions
@@ -39,7 +40,7 @@ class Parking:
     def split(
         self,
         records: Sequence[object],
-        arrived: Callable[[int], float],
+        origin: Callable[[int], tuple[float, Source]],
         rids_at: Callable[[Sequence[int]], list[str]],
         releases_at: ReleasesAt,
         clock: ReleaseClock,
@@ -58,19 +59,20 @@ class Parking:
             known = 0
         fresh = range(known, len(records))
         releases = self.releases[:known] + releases_at(fresh)
-        clock.see(releases[known:])
+        origins = {i: origin(i) for i in fresh}  # arrival time, input partition
+        clock.see(releases[known:], [origins[i][1] for i in fresh], [origins[i][0] for i in fresh])
         oldest = dict(self.oldest) if known else {}
         for i in fresh:
             r = releases[i]
             if is_wave(r):
-                at = arrived(i)
+                at = origins[i][0]
                 if at < oldest.get(r, at + 1):
                     oldest[r] = at
         if flush_all:
             due = set(oldest)
         else:
             hold = self.max_hold_seconds
-            due = {r for r, at in oldest.items() if now - at >= hold or clock.closed(r)}
+            due = {r for r, at in oldest.items() if now - at >= hold or clock.closed(r, now)}
         if known and due.isdisjoint(self.oldest):
             # no wave parked last time is due: those records stay as they are, in front
             new = [i for i in fresh if releases[i] in oldest and releases[i] not in due]

@@ -3,15 +3,16 @@
 With ``republication.wave_attribute`` a release is a wave: the records carrying the same wave
 number, over as many windows as they take to arrive, and per-release k is counted over all of
 them. Without it (or for a record that carries no wave) every output window is a release of its
-own. A wave is *closed* once a record of a later wave has been seen (a watermark on the wave
-number): records still waiting for their group's quorum in it stop waiting.
+own. A wave is *closed* once a record of a later wave has been seen and no input partition
+still sending lags behind it (a watermark on the wave number, per partition: ReleaseClock):
+records still waiting for their group's quorum in it stop waiting.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from gateway.grouping.registry import is_wave
 
@@ -35,21 +36,74 @@ def release_keys(waves: Sequence[object], window: Callable[[], str]) -> list[str
     return out
 
 
+# where a record came from, for the release clock: (topic, partition), or None
+Source = tuple[str, int] | None
+
+
 @dataclass(slots=True)
 class ReleaseClock:
-    """The newest wave an engine has seen (kept in memory: after a restart, hold time bounds the
-    wait until a later wave is seen again)."""
+    """The newest wave an engine has seen, and each input source's (kept in memory: after a
+    restart, hold time bounds the wait until a later wave is seen again).
 
+    A wave is closed once a later wave has been seen and no source that is still sending lags
+    behind it: every source either has shown a later wave too, or has sent nothing for
+    ``quiet_after`` seconds. One watermark over all sources would close a wave as soon as any
+    partition moved on; when partitions advance unevenly (a backfill, a consumer that lags on
+    one partition), the others' records of that wave would all come late."""
+
+    quiet_after: float = 0.0
     newest: int | None = None
+    # source -> (the newest wave it has shown, None: none yet; when its last record arrived,
+    # or when the engine first heard of it)
+    sources: dict[Source, tuple[int | None, float]] = field(default_factory=dict)
 
-    def see(self, keys: Sequence[str]) -> None:
+    def own(self, sources: Iterable[Source], now: float) -> None:
+        """Sources the caller reads (the worker's partitions), also those that sent nothing
+        yet: until they have, or for ``quiet_after`` seconds, they may hold any wave's records."""
+        known = self.sources
+        for source in sources:
+            if source not in known:
+                known[source] = (None, now)
+
+    def see(
+        self,
+        keys: Sequence[str],
+        sources: Sequence[Source] | None = None,
+        arrived: Sequence[float] | None = None,
+    ) -> None:
+        """The release keys of records; with their sources and arrival times, each source's
+        progress too."""
         waves = [int(key) for key in set(keys) if is_wave(key)]
         if waves and (self.newest is None or max(waves) > self.newest):
             self.newest = max(waves)
+        if sources is None or arrived is None:
+            return
+        known = self.sources
+        for key, source, at in zip(keys, sources, arrived, strict=True):
+            if not is_wave(key):
+                continue
+            wave = int(key)
+            seen = known.get(source)
+            if seen is None:
+                known[source] = (wave, at)
+                continue
+            newest, last = seen
+            if newest is None or wave > newest or at > last:
+                known[source] = (wave if newest is None else max(wave, newest), max(at, last))
 
-    def closed(self, key: str) -> bool:
-        """Whether release ``key`` is a wave older than the newest one seen."""
-        return self.newest is not None and key.lstrip("-").isdigit() and int(key) < self.newest
+    def closed(self, key: str, now: float | None = None) -> bool:
+        """Whether release ``key`` is a wave older than the newest one seen, that no source
+        still sending (its last record less than ``quiet_after`` before ``now``) lags behind.
+        ``now`` None: the newest wave alone decides."""
+        if self.newest is None or not key.lstrip("-").isdigit() or int(key) >= self.newest:
+            return False
+        if now is None:
+            return True
+        wave, quiet = int(key), self.quiet_after
+        return all(
+            (newest is not None and newest > wave) or now - last >= quiet
+            for newest, last in self.sources.values()
+        )
 
 
 def release_order(release: str) -> tuple[int, int]:

@@ -1,0 +1,123 @@
+"""A wave closes once a later wave is seen and no partition still sending lags behind it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.engine import Engine
+from gateway.grouping.release import ReleaseClock
+from gateway.keyed import Keyring
+from gateway.policy import load_policy
+from gateway.records import SourceRef, ValidRecord
+from gateway.validation import Validator
+from state.sqlite_store import SQLiteStore
+from stream_jobs.simulator import PanelSurvey, encode, load_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+P0, P1 = ("in", 0), ("in", 1)
+
+
+def test_without_sources_the_newest_wave_alone_closes_the_older_ones() -> None:
+    clock = ReleaseClock(quiet_after=2.0)
+    clock.see(["1", "1", "2"])
+    assert clock.closed("1") and clock.closed("1", now=0.0)
+    assert not clock.closed("2") and not clock.closed("w-window")
+
+
+def test_a_partition_still_sending_a_wave_keeps_it_open_until_it_moves_on_or_goes_quiet() -> None:
+    clock = ReleaseClock(quiet_after=2.0)
+    clock.see(["1", "1"], [P0, P1], [0.0, 0.0])
+    clock.see(["2", "1"], [P0, P1], [0.5, 0.5])
+    assert not clock.closed("1", now=0.6)  # partition 1 is still on wave 1
+    assert clock.closed("1")  # (the one watermark of before)
+    assert clock.closed("1", now=2.5)  # partition 1 quiet for 2 s: it holds nothing back
+    clock.see(["2"], [P1], [0.7])
+    assert clock.closed("1", now=0.8)
+    assert not clock.closed("2", now=10.0)
+
+
+def _panel() -> tuple[list[tuple[str | None, dict[str, object]]], list[int]]:
+    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    validator = Validator(policy)
+    rows = list(PanelSurvey(respondents=60, waves=2, seed=2, rows=load_rows()).records())
+    answers = [validator.decode_and_validate(*reversed(encode(row))) for row in rows]
+    return answers, [int(row["wave"]) for row in rows]
+
+
+def _window(
+    engine: Engine, held: list[ValidRecord], new: list[ValidRecord], now: float
+) -> tuple[set[tuple[int, int]], list[ValidRecord]]:
+    result = engine.protect_window([*held, *new], now=now)
+    out = {(p.source.partition, p.source.offset) for p in result.published if p.source}
+    return out, list(result.held)
+
+
+def _engine(tmp_path: Path) -> Engine:
+    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")  # window.max_seconds 2
+    store = SQLiteStore(tmp_path / "state.db")
+    return Engine(policy, keyring=Keyring(b"release-clock-secret-0123"), store=store)
+
+
+def test_a_wave_is_decided_with_the_records_a_lagging_partition_still_sends(
+    tmp_path: Path,
+) -> None:
+    answers, waves = _panel()
+    first = [a for a, w in zip(answers, waves, strict=True) if w == 1]
+    second = [a for a, w in zip(answers, waves, strict=True) if w == 2]
+    offsets = {0: 0, 1: 0}
+
+    def on(
+        partition: int, batch: list[tuple[str | None, dict[str, object]]], at: float
+    ) -> list[ValidRecord]:
+        out = []
+        for rid, values in batch:
+            out.append(ValidRecord(rid, values, SourceRef("in", partition, offsets[partition]), at))
+            offsets[partition] += 1
+        return out
+
+    engine = _engine(tmp_path)
+    half = len(first) // 2
+    # partition 0 sends its part of wave 1, then wave 2; partition 1 is slower
+    w1 = on(0, first[:half], 0.0) + on(1, first[half : half + 5], 0.0)
+    published, held = _window(engine, [], w1, now=0.0)
+    assert not published
+    late = on(1, first[half + 5 :], 0.5)
+    published, held = _window(engine, held, on(0, second[:10], 0.5) + late, now=0.5)
+    # one watermark would have decided wave 1 here, without the records partition 1 still sends
+    assert not published
+    assert {(r.source.partition, r.source.offset) for r in w1 + late if r.source} <= {
+        (r.source.partition, r.source.offset) for r in held if r.source
+    }
+    published, held = _window(engine, held, on(1, second[10:], 1.0), now=1.0)
+    wave1 = {(r.source.partition, r.source.offset) for r in w1 + late if r.source}
+    assert wave1 <= published
+
+
+def test_a_quiet_partition_holds_no_wave_back(tmp_path: Path) -> None:
+    answers, waves = _panel()
+    first = [a for a, w in zip(answers, waves, strict=True) if w == 1]
+    second = [a for a, w in zip(answers, waves, strict=True) if w == 2]
+    engine = _engine(tmp_path)
+    half = len(first) // 2
+    w1 = [
+        ValidRecord(rid, values, SourceRef("in", 0 if i < half else 1, i), 0.0)
+        for i, (rid, values) in enumerate(first)
+    ]
+    published, held = _window(engine, [], w1, now=0.0)
+    assert not published
+    w2 = [
+        ValidRecord(rid, values, SourceRef("in", 0, len(first) + i), 5.0)
+        for i, (rid, values) in enumerate(second[:10])
+    ]
+    published, _ = _window(engine, held, w2, now=5.0)  # partition 1 sent nothing since 0.0
+    assert {(r.source.partition, r.source.offset) for r in w1 if r.source} <= published
+
+
+def test_a_partition_owned_but_not_heard_from_holds_waves_back_until_quiet() -> None:
+    clock = ReleaseClock(quiet_after=2.0)
+    clock.own([P0, P1], now=0.0)
+    clock.see(["1", "2"], [P0, P0], [0.1, 0.2])
+    assert not clock.closed("1", now=0.3)  # partition 1 may still send wave 1
+    assert clock.closed("1", now=2.0)  # nothing from it for 2 s
+    clock.own([P0, P1], now=5.0)  # known already: its clock does not restart
+    assert clock.closed("1", now=5.0)
