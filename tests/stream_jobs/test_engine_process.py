@@ -219,8 +219,9 @@ def test_the_child_runs_this_copy_of_privgw_whatever_the_working_directory(
 def test_an_engine_failure_is_reported_without_the_value(
     engine_process: EngineProcess,
 ) -> None:
-    bad = validated_panel(6)
-    bad[2] = bad[2]._replace(values={**bad[2].values, "age": "forty-two-years"})
+    bad = validated_panel(6)  # waves 1, 1, 2, 2, 3, 3 over partitions 0, 1, 2, 0, 1, 2
+    # in wave 1, which every partition has moved past: decided in this window
+    bad[1] = bad[1]._replace(values={**bad[1].values, "age": "forty-two-years"})
     with pytest.raises(EngineProcessError) as err:
         engine_process.protect_window(bad, now=0.0)
     assert "forty-two" not in str(err.value)
