@@ -308,9 +308,10 @@ class ClaimStep:
             releases = release_keys(
                 attribute_values(records, cw.by_attribute, [wave])[0], lambda: window_id(records)
             )
-        self.releases.see(
-            releases, [source_of(r) for r in records], [r.arrived_at for r in records]
-        )
+        if self._parking is None:  # else parking showed the clock these records as they came
+            self.releases.see(
+                releases, [source_of(r) for r in records], [r.arrived_at for r in records]
+            )
         return releases
 
     def _load_groups(self, group_ids: Sequence[str]) -> dict[str, Group]:

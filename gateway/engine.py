@@ -238,12 +238,8 @@ class Engine:
                 f"keys for {len(keys.respondents)} records given with a window of "
                 f"{len(records)}: they must be the window's own (KeyedInputs.of)"
             )
-        if committed is not None:
-            # every partition the caller reads of the topics this window comes from (a worker
-            # that re-keys also reads an input topic whose records never come here), so that
-            # the release clock knows those it has not heard from yet
-            topics = {r.source.topic for r in records if r.source is not None}
-            self._claims.releases.own((tp for tp in committed if tp[0] in topics), now)
+        if committed is not None:  # every partition the caller reads: the release clock
+            self._claims.releases.own(committed, now)  # waits for those not heard from yet
         parked = self._claims.parked(records, by_attribute, now=now, flush_all=flush_all)
         if not parked:
             return self._protect_window(

@@ -140,7 +140,10 @@ class WindowLifecycle:
         *,
         clock: Callable[[], float],
         observers: list[WindowObserver],
+        owned: Callable[[], list[tuple[str, int]]] = list,
     ) -> None:
+        """``owned``: the worker's partitions now (the engine's release clock waits for those
+        not heard from yet)."""
         self.engine = engine
         self.observers = observers
         self._buffer = buffer
@@ -155,7 +158,7 @@ class WindowLifecycle:
         # published nor held, so nothing after them may be committed (they are read again)
         self.engine_failed = False
         self._ahead: _PackedAhead | None = None
-        self.owned: Callable[[], list[tuple[str, int]]] = list  # the worker's partitions
+        self._owned = owned
         self.packs_ahead = isinstance(engine, PackingEngine)  # records packed as they arrive
         if self.packs_ahead:
             intake.on_buffered = self.pack_ahead
@@ -251,7 +254,7 @@ class WindowLifecycle:
         # what a replay can no longer reach (gateway.grouping.replay), for every partition
         # owned (-1: nothing committed), so the engine's release clock knows all of them
         committed = self._buffer.committed_offsets()
-        for tp in self.owned():
+        for tp in self._owned():
             committed.setdefault(tp, -1)
         if isinstance(engine, PackingEngine):
             tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None

@@ -131,8 +131,8 @@ class GatewayWorker:
             self._gc,
             clock=clock,
             observers=self.observers,
+            owned=self.assignment,
         )
-        self.lifecycle.owned = self.assignment
 
     @property
     def partition_guard(self) -> PartitionStateGuard | None:

@@ -53,17 +53,21 @@ class ReleaseClock:
 
     quiet_after: float = 0.0
     newest: int | None = None
-    # source -> (the newest wave it has shown, None: none yet; when its last record arrived,
-    # or when the engine first heard of it)
-    sources: dict[Source, tuple[int | None, float]] = field(default_factory=dict)
+    # source -> (the newest wave it has shown, when its last record arrived)
+    sources: dict[Source, tuple[int, float]] = field(default_factory=dict)
+    # source -> when the caller first said it reads it (see ``own``)
+    owned: dict[Source, float] = field(default_factory=dict)
+    topics: set[str] = field(default_factory=set)  # the topics records came from
 
     def own(self, sources: Iterable[Source], now: float) -> None:
         """Sources the caller reads (the worker's partitions), also those that sent nothing
-        yet: until they have, or for ``quiet_after`` seconds, they may hold any wave's records."""
-        known = self.sources
+        yet: until they have, or for ``quiet_after`` seconds, a silent one may hold any wave's
+        records. Only sources of a topic records came from count (a worker that re-keys also
+        reads an input topic whose records never reach the engine)."""
+        owned = self.owned
         for source in sources:
-            if source not in known:
-                known[source] = (None, now)
+            if source not in owned:
+                owned[source] = now
 
     def see(
         self,
@@ -86,10 +90,12 @@ class ReleaseClock:
             seen = known.get(source)
             if seen is None:
                 known[source] = (wave, at)
+                if source is not None:
+                    self.topics.add(source[0])
                 continue
             newest, last = seen
-            if newest is None or wave > newest or at > last:
-                known[source] = (wave if newest is None else max(wave, newest), max(at, last))
+            if wave > newest or at > last:
+                known[source] = (max(wave, newest), max(at, last))
 
     def closed(self, key: str, now: float | None = None) -> bool:
         """Whether release ``key`` is a wave older than the newest one seen, that no source
@@ -100,10 +106,15 @@ class ReleaseClock:
         if now is None:
             return True
         wave, quiet = int(key), self.quiet_after
-        return all(
-            (newest is not None and newest > wave) or now - last >= quiet
-            for newest, last in self.sources.values()
+        known, topics = self.sources, self.topics
+        silent = (  # owned, not heard from so far: its first record may still be this wave
+            now - since < quiet
+            for source, since in self.owned.items()
+            if source not in known and source is not None and source[0] in topics
         )
+        if any(silent):
+            return False
+        return all(newest > wave or now - last >= quiet for newest, last in known.values())
 
 
 def release_order(release: str) -> tuple[int, int]:

@@ -121,3 +121,14 @@ def test_a_partition_owned_but_not_heard_from_holds_waves_back_until_quiet() -> 
     assert clock.closed("1", now=2.0)  # nothing from it for 2 s
     clock.own([P0, P1], now=5.0)  # known already: its clock does not restart
     assert clock.closed("1", now=5.0)
+
+
+def test_an_owned_partition_of_a_topic_no_record_came_from_holds_nothing_back() -> None:
+    # a worker that re-keys also reads its input topic, whose records never reach the engine
+    clock = ReleaseClock(quiet_after=2.0)
+    clock.own([P0, ("raw", 0)], now=0.0)
+    clock.see(["1", "2"], [P0, P0], [0.1, 0.2])
+    assert clock.closed("1", now=0.3)
+    clock.own([P1], now=0.4)  # a partition of a topic heard from: it may still send wave 1
+    assert not clock.closed("1", now=0.5)
+    assert clock.closed("1", now=2.4)

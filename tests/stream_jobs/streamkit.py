@@ -20,9 +20,10 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy
-from gateway.records import SourceRef, ValidRecord
+from gateway.records import SourceRef, ValidRecord, WindowResult
 from gateway.validation import Validator
 from stream_jobs.app import serve
 from stream_jobs.kafka import ensure_topics
@@ -402,3 +403,22 @@ def validated_panel(n: int, *, seed: int = 5) -> list[ValidRecord]:
         rid, values = validator.decode_and_validate(value, key)  # type: ignore[misc]
         out.append(ValidRecord(rid, values, SourceRef("in", offset % 3, offset, 1000), 0.5))
     return out
+
+
+class EngineHook:
+    """The engine, with ``before`` run on each window ahead of it (a test engine that waits,
+    counts or fails); everything else forwards."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.version = engine.version
+
+    def metadata(self) -> dict[str, object]:
+        return self._engine.metadata()
+
+    def before(self, records: Sequence[ValidRecord]) -> None:
+        """What happens before the engine protects ``records`` (nothing here)."""
+
+    def protect_window(self, records: Sequence[ValidRecord], **options: Any) -> WindowResult:
+        self.before(records)
+        return self._engine.protect_window(records, **options)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from streamkit import (
+    EngineHook,
     accounted,
     create_topics,
     produce,
@@ -20,10 +21,9 @@ from streamkit import (
 )
 
 from gateway.engine import Engine
-from gateway.grouping.replay import Committed
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.records import ValidRecord, WindowResult
+from gateway.records import ValidRecord
 from state.sqlite_store import SQLiteStore
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
@@ -34,34 +34,21 @@ pytestmark = pytest.mark.broker
 WINDOW, FETCH, AHEAD, RECORDS = 40, 10, 150, 300
 
 
-class SlowEngine:
+class SlowEngine(EngineHook):
     """The engine, a while longer on every window (so the worker has records to fetch while it
     waits); counts the records each window brings that no earlier window did."""
 
     def __init__(self, engine: Engine, seconds: float) -> None:
-        self._engine, self._seconds = engine, seconds
-        self.version = engine.version
+        super().__init__(engine)
+        self._seconds = seconds
         self.new_per_window: list[int] = []
         self._seen: set[tuple[int, int]] = set()
 
-    def metadata(self) -> dict[str, object]:
-        return self._engine.metadata()
-
-    def protect_window(
-        self,
-        records: Sequence[ValidRecord],
-        *,
-        now: float,
-        flush_all: bool = False,
-        committed: Committed | None = None,
-    ) -> WindowResult:
+    def before(self, records: Sequence[ValidRecord]) -> None:
         at = [(r.source.partition, r.source.offset) for r in records if r.source is not None]
         self.new_per_window.append(len(set(at) - self._seen))
         self._seen.update(at)
         time.sleep(self._seconds)
-        return self._engine.protect_window(
-            records, now=now, flush_all=flush_all, committed=committed
-        )
 
 
 @pytest.mark.parametrize("pool", ["release", "window"])

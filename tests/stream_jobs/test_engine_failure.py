@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from streamkit import (
+    EngineHook,
     consume_all,
     create_topics,
     make_worker,
@@ -42,32 +43,19 @@ pytestmark = pytest.mark.broker
 CHUNKS, CHUNK = 6, 40
 
 
-class FailsOnWindow:
+class FailsOnWindow(EngineHook):
     """The engine, failing on its ``n``-th window after taking a while (so the worker has
     fetched and buffered the next records by then)."""
 
     def __init__(self, engine: Engine, n: int) -> None:
-        self._engine, self._n, self.calls = engine, n, 0
-        self.version = engine.version
+        super().__init__(engine)
+        self._n, self.calls = n, 0
 
-    def metadata(self) -> dict[str, object]:
-        return self._engine.metadata()
-
-    def protect_window(
-        self,
-        records: Sequence[ValidRecord],
-        *,
-        now: float,
-        flush_all: bool = False,
-        committed: Committed | None = None,
-    ) -> WindowResult:
+    def before(self, records: Sequence[ValidRecord]) -> None:
         self.calls += 1
         if self.calls == self._n:
             time.sleep(2.0)
             raise RuntimeError("injected engine failure")
-        return self._engine.protect_window(
-            records, now=now, flush_all=flush_all, committed=committed
-        )
 
 
 def test_records_of_a_failed_window_are_read_again_not_skipped(
