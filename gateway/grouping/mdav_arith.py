@@ -18,21 +18,30 @@ SEQ_ROWS = 256  # rows per block of sdcMicro's sequential column sum (seq_colsum
 
 
 def seq_colsum(rows: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Column sums added strictly in row order (accumulate is sequential by definition)."""
-    out: NDArray[np.float64] = np.add.accumulate(rows, axis=0)[-1]
-    return out
+    """Column sums added strictly in row order."""
+    if rows.ndim == 2 and rows.shape[0] and rows.shape[1] >= 2 and rows.flags.c_contiguous:
+        out: NDArray[np.float64] = np.add.reduce(rows, axis=0)
+        return out
+    # one column, or another layout: accumulate, sequential by definition (and a copy)
+    acc: NDArray[np.float64] = np.add.accumulate(rows, axis=0)[-1]
+    return acc
 
 
 def seq_colsum_of(x: NDArray[np.float64], idx: NDArray[np.intp]) -> NDArray[np.float64]:
     """``seq_colsum(x[idx])``, the same additions, a few hundred rows at a time: the running
-    sum is added to a block's first row (the very addition accumulate makes there) before
-    the block is accumulated, so no temporary of len(idx) rows is formed."""
+    sum is added to a block's first row (the very addition a sequential sum makes there) before
+    the block is summed, so no temporary of len(idx) rows is formed.
+
+    A C-ordered block of two or more columns is reduced over its rows with the columns as the
+    inner loop: numpy adds row after row (pairwise summation applies only along the axis
+    contiguous in memory), three times faster than accumulate, which also writes every partial
+    sum. ``tests/gateway/test_microaggregation.py`` checks it against a loop of additions."""
     acc: NDArray[np.float64] | None = None
     for start in range(0, idx.size, SEQ_ROWS):
-        block = x[idx[start : start + SEQ_ROWS]]
+        block = x[idx[start : start + SEQ_ROWS]]  # a gather: a new C-ordered array
         if acc is not None:
             block[0] += acc
-        acc = np.add.accumulate(block, axis=0)[-1]
+        acc = seq_colsum(block)
     assert acc is not None
     return acc
 

@@ -217,6 +217,29 @@ def test_reference_distances_equal_the_scalar_loop() -> None:
         assert all(vec[i] == ref_distance_scalar(x[i], q, w) for i in range(40))
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 700),
+    st.integers(1, 6),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["C", "F"]),
+)
+def test_sequential_column_sums_add_row_after_row(n: int, p: int, seed: int, order: str) -> None:
+    # magnitudes 1e-8..1e8 with cancellation: any other order of the additions would differ
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, p)) * 10.0 ** rng.integers(-8, 9, size=(n, p))
+    x = np.asarray(x, order=order)
+    idx = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
+    loop = np.zeros(p)
+    for i in idx.tolist():
+        loop = loop + x[i]  # one addition per column per row, in row order
+    assert mdav_arith.seq_colsum_of(x, idx).tolist() == loop.tolist()
+    whole = np.zeros(p)
+    for i in range(n):
+        whole = whole + x[i]
+    assert mdav_arith.seq_colsum(x).tolist() == whole.tolist()
+
+
 @pytest.mark.parametrize("name", SETS)
 def test_weights_match_sequential_population_variance(name: str) -> None:
     x = load(name)
