@@ -394,16 +394,21 @@ class EngineShards(ShardDraws):
     ) -> WindowResult:
         return self.prepare(records, now=now, flush_all=flush_all, committed=committed)()
 
+    def pack(self, records: Sequence[ValidRecord]) -> None:
+        """Nothing is packed ahead: a window is routed to the shards when it is handed over."""
+        return None
+
     def prepare(
         self,
         records: Sequence[ValidRecord],
         *,
         now: float,
         flush_all: bool = False,
+        tail: PackedRecords | None = None,
         committed: Committed | None = None,
     ) -> Callable[[], WindowResult]:
         """As :meth:`EngineProcess.prepare`: the shards' windows packed here, handed over and
-        waited for by the call returned."""
+        waited for by the call returned (``tail`` is always None: see :meth:`pack`)."""
         parts = route(records, len(self.shards))
         windows = [[records[i] for i in idx] for idx in parts]
         # every shard gets every window, an empty one too: their risk sampling stays in step

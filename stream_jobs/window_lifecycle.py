@@ -11,9 +11,11 @@ window through the engine:
 - :meth:`WindowLifecycle.protected` finishes it: keeps what the engine holds, hands the next
   window over first when it is due already (the engine does not wait for the producer), then
   releases the outputs to ``stream_jobs.delivery`` and accounts for the window once they settle.
-- An engine in other processes has its windows packed on the loop's thread; a
-  :class:`PackingEngine` has each batch packed as it is buffered (:meth:`pack_ahead`), while it
-  protects the window before.
+- Every engine is reached the same way (:class:`WindowEngine`): each batch is offered to its
+  ``pack`` as it is buffered (:meth:`pack_ahead`), while the engine protects the window before,
+  and the window is prepared on the loop's thread and run on the engine's. An engine in a
+  process of its own packs its records there; one in the worker's process packs nothing
+  (:class:`InThread`).
 
 A window the engine fails on leaves ``engine_failed`` set: its records are out of the buffer but
 neither published nor held, so nothing after them may be committed (they are read again).
@@ -49,10 +51,38 @@ _ENGINE_POLL_MS = 5  # the same while a window is in the engine
 WindowObserver = Callable[[WindowReport, Flush, float], None]
 
 
+@runtime_checkable
 class WindowEngine(Protocol):
-    """What the worker needs of an engine: ``gateway.engine.Engine`` in the worker's process,
-    ``stream_jobs.engine_process.EngineProcess`` in a child of its own, or engine shards
-    (``gateway.shards.ShardedEngine`` in-process, ``EngineShards`` in children)."""
+    """What the worker's windows need of an engine, whichever process it runs in:
+    ``stream_jobs.engine_process.EngineProcess`` (a child of its own), ``EngineShards``
+    (children), or an engine of the worker's process behind :class:`InThread`."""
+
+    version: str
+
+    def metadata(self) -> dict[str, object]: ...
+
+    def pack(self, records: Sequence[ValidRecord]) -> bytes | None:
+        """Records packed ahead of their window, for :meth:`prepare`'s ``tail`` (None: this
+        engine packs nothing ahead)."""
+        ...
+
+    def prepare(
+        self,
+        records: Sequence[ValidRecord],
+        *,
+        now: float,
+        flush_all: bool = False,
+        tail: PackedRecords | None = None,
+        committed: Committed | None = None,
+    ) -> Callable[[], WindowResult]:
+        """The window made ready on the event loop's thread; the call returned protects it on
+        the engine's thread. ``tail``: its last records, as :meth:`pack` packed them."""
+        ...
+
+
+class ProtectsWindows(Protocol):
+    """An engine called in the worker's process: ``gateway.engine.Engine``,
+    ``gateway.shards.ShardedEngine``, or a test's wrapper of one."""
 
     version: str
 
@@ -68,27 +98,19 @@ class WindowEngine(Protocol):
     ) -> WindowResult: ...
 
 
-@runtime_checkable
-class PreparingEngine(WindowEngine, Protocol):
-    """An engine in other processes, whose window is packed before it is handed over: on the
-    event loop's thread, where packing does not contend for the GIL with the loop."""
+class InThread:
+    """An engine of the worker's process as a :class:`WindowEngine`: nothing to pack, and the
+    window's call is the engine's own."""
 
-    def prepare(
-        self,
-        records: Sequence[ValidRecord],
-        *,
-        now: float,
-        flush_all: bool = False,
-        committed: Committed | None = None,
-    ) -> Callable[[], WindowResult]: ...
+    def __init__(self, engine: ProtectsWindows) -> None:
+        self.engine = engine
+        self.version = engine.version
 
+    def metadata(self) -> dict[str, object]:
+        return self.engine.metadata()
 
-@runtime_checkable
-class PackingEngine(PreparingEngine, Protocol):
-    """A :class:`PreparingEngine` whose records can be packed as they arrive, while it
-    protects the window before: the window's hand-over then packs only the records it held."""
-
-    def pack(self, records: Sequence[ValidRecord]) -> bytes: ...
+    def pack(self, records: Sequence[ValidRecord]) -> None:
+        return None
 
     def prepare(
         self,
@@ -98,7 +120,15 @@ class PackingEngine(PreparingEngine, Protocol):
         flush_all: bool = False,
         tail: PackedRecords | None = None,
         committed: Committed | None = None,
-    ) -> Callable[[], WindowResult]: ...
+    ) -> Callable[[], WindowResult]:
+        return functools.partial(
+            self.engine.protect_window, records, now=now, flush_all=flush_all, committed=committed
+        )
+
+
+def window_engine(engine: WindowEngine | ProtectsWindows) -> WindowEngine:
+    """``engine`` as the worker's windows reach it (told apart once, when the worker is built)."""
+    return engine if isinstance(engine, WindowEngine) else InThread(engine)
 
 
 @dataclass(slots=True)
@@ -131,7 +161,7 @@ class WindowLifecycle:
 
     def __init__(  # noqa: PLR0917
         self,
-        engine: WindowEngine,
+        engine: WindowEngine | ProtectsWindows,
         buffer: WindowBuffer,
         intake: Intake,
         delivery: Delivery,
@@ -144,7 +174,7 @@ class WindowLifecycle:
     ) -> None:
         """``owned``: the worker's partitions now (the engine's release clock waits for those
         not heard from yet)."""
-        self.engine = engine
+        self.engine = window_engine(engine)
         self.observers = observers
         self._buffer = buffer
         self._intake = intake
@@ -159,9 +189,7 @@ class WindowLifecycle:
         self.engine_failed = False
         self._ahead: _PackedAhead | None = None
         self._owned = owned
-        self.packs_ahead = isinstance(engine, PackingEngine)  # records packed as they arrive
-        if self.packs_ahead:
-            intake.on_buffered = self.pack_ahead
+        intake.on_buffered = self.pack_ahead
 
     def close(self) -> None:
         """Wait for the engine's thread to finish (the worker's shutdown)."""
@@ -204,12 +232,15 @@ class WindowLifecycle:
             ahead = self._ahead = _PackedAhead(new, [])
         if ahead.count + len(valid) != len(new):
             return  # not contiguous with what was packed: the hand-over packs these
-        assert isinstance(self.engine, PackingEngine)
         try:
-            ahead.segments.append(self.engine.pack(valid))
+            segment = self.engine.pack(valid)
         except Exception:  # the hand-over packs the window whole, and fails as the engine
             ahead.count = -1  # covers nothing from now on
             return
+        if segment is None:  # an engine that packs nothing ahead
+            ahead.count = -1
+            return
+        ahead.segments.append(segment)
         ahead.count = len(new)
 
     async def flush(self, reason: FlushReason, *, flush_all: bool = False) -> None:
@@ -247,25 +278,16 @@ class WindowLifecycle:
     def _engine_call(
         self, records: list[ValidRecord], flush_all: bool, ahead: _PackedAhead | None
     ) -> Callable[[], WindowResult]:
-        """What the engine's thread runs for a window: for an engine in other processes, the
-        window already packed here (its records packed ahead as they arrived, if ``ahead``
-        covers them), else the engine's own call."""
+        """What the engine's thread runs for a window, prepared here (with the records packed
+        ahead as they arrived, if ``ahead`` covers them)."""
         engine, now = self.engine, self._clock()
         # what a replay can no longer reach (gateway.grouping.replay), for every partition
         # owned (-1: nothing committed), so the engine's release clock knows all of them
         committed = self._buffer.committed_offsets()
         for tp in self._owned():
             committed.setdefault(tp, -1)
-        if isinstance(engine, PackingEngine):
-            tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
-            return engine.prepare(
-                records, now=now, flush_all=flush_all, tail=tail, committed=committed
-            )
-        if isinstance(engine, PreparingEngine):
-            return engine.prepare(records, now=now, flush_all=flush_all, committed=committed)
-        return functools.partial(
-            engine.protect_window, records, now=now, flush_all=flush_all, committed=committed
-        )
+        tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
+        return engine.prepare(records, now=now, flush_all=flush_all, tail=tail, committed=committed)
 
     async def protected(self, then: FlushReason | None = None) -> None:
         """Finish the window in the engine, if any: keep what it holds, then hand its outputs

@@ -50,7 +50,12 @@ from stream_jobs.secret_announce import announce_fingerprint, read_announced
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
 from stream_jobs.state_routing import PartitionCountError, wire_routing
-from stream_jobs.window_lifecycle import WindowEngine, WindowLifecycle, WindowObserver
+from stream_jobs.window_lifecycle import (
+    ProtectsWindows,
+    WindowEngine,
+    WindowLifecycle,
+    WindowObserver,
+)
 from stream_jobs.windows import TP, FlushReason, WindowBuffer
 from stream_jobs.worker_stats import WorkerStats
 
@@ -67,7 +72,7 @@ class GatewayWorker:
         self,
         policy: Policy,
         settings: WorkerSettings,
-        engine: WindowEngine,
+        engine: WindowEngine | ProtectsWindows,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -20,7 +20,6 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import Policy, load_policy
 from gateway.records import SourceRef, ValidRecord, WindowResult
@@ -29,6 +28,7 @@ from stream_jobs.app import serve
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.window_lifecycle import InThread
 from stream_jobs.worker import GatewayWorker
 from stream_jobs.worker_build import build_worker
 
@@ -405,20 +405,18 @@ def validated_panel(n: int, *, seed: int = 5) -> list[ValidRecord]:
     return out
 
 
-class EngineHook:
-    """The engine, with ``before`` run on each window ahead of it (a test engine that waits,
-    counts or fails); everything else forwards."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self.version = engine.version
-
-    def metadata(self) -> dict[str, object]:
-        return self._engine.metadata()
+class EngineHook(InThread):
+    """The engine in the worker's process, with ``before`` run on each window ahead of it, on
+    the engine's thread (a test engine that waits, counts or fails)."""
 
     def before(self, records: Sequence[ValidRecord]) -> None:
         """What happens before the engine protects ``records`` (nothing here)."""
 
-    def protect_window(self, records: Sequence[ValidRecord], **options: Any) -> WindowResult:
-        self.before(records)
-        return self._engine.protect_window(records, **options)
+    def prepare(self, records: Sequence[ValidRecord], **options: Any) -> Callable[[], WindowResult]:
+        protect = super().prepare(records, **options)
+
+        def call() -> WindowResult:
+            self.before(records)
+            return protect()
+
+        return call
