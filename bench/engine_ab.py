@@ -6,7 +6,13 @@
 
 What is timed is the engine process's work on a window (``stream_jobs.engine_process``: the
 packed window decoded, ``Engine.protect_window`` with SQLite state and keyed randomness, the
-result packed), on the simulated Adult panel of bench/stream_throughput.py in windows of 5,000.
+result packed), on the simulated Adult panel of bench/stream_throughput.py in windows of 5,000
+fed as the worker feeds them: the records the engine held come back first in the next window
+(they stay in the engine process: only their count travels), the clock advances 0.1 s a window,
+and only the last window flushes. So with ``republication.pool: release`` a wave is decided when
+it closes, in one pool, as in the stream. (A flush every window would close every release at
+once: returning respondents, short of a quorum within 5,000 records, would nearly all be
+grouped afresh, a path the stream seldom takes.)
 
 Why one process: on this shared two-core machine the speed of the same code drifts by 10-20 %
 between runs a minute apart, more than most changes to the engine. Each version is exported
@@ -23,6 +29,7 @@ import argparse
 import functools
 import gc
 import importlib
+import pickle
 import re
 import shutil
 import subprocess
@@ -88,22 +95,31 @@ def load(side: str) -> tuple[ModuleType, ModuleType]:
     return engine, process
 
 
-def _child_parts(side: str, process: ModuleType) -> tuple[Any, Any]:
-    """The side's window packing and the child's answer to a request: in engine_wire and
-    engine_child since those were split out of engine_process, in engine_process before."""
+def _child_parts(side: str) -> tuple[Any, Any]:
+    """The side's window packing and the child's answer to a request, from a version whose
+    engine process keeps the records it hands back held (2026-11-25 on)."""
     try:
         wire = importlib.import_module(f"{side}_stream_jobs.engine_wire")
         child = importlib.import_module(f"{side}_stream_jobs.engine_child")
-    except ModuleNotFoundError:
-        return process._encode_window, process._answer
-    answer = child._answer
-    if hasattr(wire, "HeldInChild"):  # the child keeps what it hands back held
-        answer = functools.partial(_answer_keeping_held, child._answer, wire.HeldInChild())
+        wire.HeldInChild  # noqa: B018 (a version without it fails here)
+    except (ModuleNotFoundError, AttributeError):
+        raise SystemExit(
+            f"--{side}: this version's engine process does not keep its held records; "
+            "compare versions from 2026-11-25 on"
+        ) from None
+    # the child keeps what it hands back held
+    answer = functools.partial(_answer_keeping_held, child._answer, wire.HeldInChild())
     return wire.encode_window, answer
 
 
 def _answer_keeping_held(answer: Any, held: Any, *args: Any) -> Any:
     return answer(*args, held)
+
+
+def held_after(reply: tuple[Any, ...]) -> int:
+    """How many records the engine handed back held: they start the next window."""
+    report, _ = pickle.loads(reply[2])
+    return int(report.held)
 
 
 def _module_of(side: str, name: str, engine_mod: ModuleType) -> ModuleType:
@@ -127,7 +143,7 @@ def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any,
     ]
     # packed as the worker packs them: with their keyed digests where the version computes
     # them in the worker (untimed, as the worker's time is)
-    pack, answer = _child_parts(side, process)
+    pack, answer = _child_parts(side)
     if hasattr(keyed_inputs, "KeyedInputs"):
         keyring = importlib.import_module(f"{side}_gateway.keyed").Keyring(SECRET)
         pack = functools.partial(pack, inputs=keyed_inputs.KeyedInputs(policy, keyring))
@@ -157,25 +173,32 @@ def main() -> None:
             sys.path.insert(0, str(root))
             texts[side] = text if args.numeric_only else (root / "adult.yaml").read_text()
         spent = {side: [0.0, 0.0] for side in sides}  # wave 1, waves 2-3
-        # a window is wave 1's when it starts among wave 1's records (the first third)
+        # a window is wave 1's when it starts among wave 1's records (the first third), or is
+        # the one holding wave 2's first record: that window closes wave 1 and decides it
         starts = range(0, len(answers), WINDOW)
-        phase = [0 if start < len(answers) // 3 else 1 for start in starts]
+        phase = [0 if start <= len(answers) // 3 else 1 for start in starts]
         counted = [0, 0]  # records timed in each phase, per side
         for start, p in zip(starts, phase, strict=True):
             counted[p] += min(WINDOW, len(answers) - start) * args.rounds
         for rnd in range(args.rounds):
             runs = {s: prepare(s, texts[s], answers, Path(tmp) / f"{s}{rnd}.db") for s in sides}
             windows = len(runs["base"][3])
+            kept = dict.fromkeys(sides, 0)  # records held in each side's engine
             gc.disable()  # collected between windows, as the engine process does
             try:
                 for w in range(windows):
                     order = sides if (w + rnd) % 2 == 0 else sides[::-1]
+                    request = ("protect", None, w * 0.1, w == windows - 1, None)
                     for side in order:
                         answer, engine, store, blobs = runs[side]
+                        ask = (*request[:1], [blobs[w]], *request[2:], kept[side])
                         t0 = time.perf_counter()
-                        answer(("protect", [blobs[w]], 0.0, True), engine, store, False)
+                        reply = answer(ask, engine, store, False)
                         spent[side][phase[w]] += time.perf_counter() - t0
+                        kept[side] = held_after(reply)
                         gc.collect(0)
+                if any(kept.values()):
+                    raise SystemExit(f"records still held after the last flush: {kept}")
             finally:
                 gc.enable()
                 for _, _, store, _ in runs.values():

@@ -37,8 +37,9 @@ for). The passthrough, one engine process and the shards run live; the producer'
 printed too, because a passthrough that keeps up with its producer measures the producer.
 
 Each run also times the engine alone (``Engine.protect_window`` on the same records, validated
-beforehand, windows of the policy's size, SQLite state, garbage collection between windows as
-the worker does it): the gateway's ceiling if the event loop cost nothing, which shows how its
+beforehand, windows of the policy's size fed as the worker feeds them, held records first and
+only the last window flushed, SQLite state, garbage collection between windows as the worker
+does it): the gateway's ceiling if the event loop cost nothing, which shows how its
 time splits between the engine and the loop. The engine alone computes the window's keyed
 digests itself, which the worker computes for its engine process as it packs the records, so
 one engine process can run a little faster than the engine alone.
