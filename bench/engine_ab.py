@@ -3,6 +3,7 @@
     .venv/bin/python bench/engine_ab.py --base HEAD~3              # that commit against the tree
     .venv/bin/python bench/engine_ab.py --base v1 --head v2 --records 60000 --rounds 3
     .venv/bin/python bench/engine_ab.py --base HEAD~3 --numeric-only
+    .venv/bin/python bench/engine_ab.py --base 3539dcf --feed flush --base-policy
 
 What is timed is the engine process's work on a window (``stream_jobs.engine_process``: the
 packed window decoded, ``Engine.protect_window`` with SQLite state and keyed randomness, the
@@ -12,7 +13,8 @@ fed as the worker feeds them: the records the engine held come back first in the
 and only the last window flushes. So with ``republication.pool: release`` a wave is decided when
 it closes, in one pool, as in the stream. (A flush every window would close every release at
 once: returning respondents, short of a quorum within 5,000 records, would nearly all be
-grouped afresh, a path the stream seldom takes.)
+grouped afresh, a path the stream seldom takes. ``--feed flush`` does that, for versions
+before 2026-11-26, whose engine process does not keep the records it holds.)
 
 Why one process: on this shared two-core machine the speed of the same code drifts by 10-20 %
 between runs a minute apart, more than most changes to the engine. Each version is exported
@@ -95,18 +97,23 @@ def load(side: str) -> tuple[ModuleType, ModuleType]:
     return engine, process
 
 
-def _child_parts(side: str) -> tuple[Any, Any]:
-    """The side's window packing and the child's answer to a request, from a version whose
-    engine process keeps the records it hands back held (2026-11-25 on)."""
+def _child_parts(side: str, process: ModuleType, feed: str) -> tuple[Any, Any]:
+    """The side's window packing and the child's answer to a request: in engine_wire and
+    engine_child since those were split out of engine_process, in engine_process before. The
+    worker's feed needs a version whose engine process keeps the records it hands back held
+    (2026-11-26 on)."""
     try:
         wire = importlib.import_module(f"{side}_stream_jobs.engine_wire")
         child = importlib.import_module(f"{side}_stream_jobs.engine_child")
-        wire.HeldInChild  # noqa: B018 (a version without it fails here)
-    except (ModuleNotFoundError, AttributeError):
-        raise SystemExit(
-            f"--{side}: this version's engine process does not keep its held records; "
-            "compare versions from 2026-11-25 on"
-        ) from None
+    except ModuleNotFoundError:
+        wire = child = process
+    if not hasattr(wire, "HeldInChild"):
+        if feed == "worker":
+            raise SystemExit(
+                f"the {side} version's engine process does not keep the records it holds, so "
+                "it cannot be fed the worker's way: compare with --feed flush"
+            )
+        return getattr(wire, "encode_window", None) or process._encode_window, child._answer
     # the child keeps what it hands back held
     answer = functools.partial(_answer_keeping_held, child._answer, wire.HeldInChild())
     return wire.encode_window, answer
@@ -131,7 +138,7 @@ def _module_of(side: str, name: str, engine_mod: ModuleType) -> ModuleType:
         return engine_mod
 
 
-def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any, ...]:
+def prepare(side: str, text: str, answers: list[Any], state: Path, feed: str) -> tuple[Any, ...]:
     """The side's engine process work: its windows packed, its engine and store built."""
     engine_mod, process = load(side)
     records = _module_of(side, "records", engine_mod)
@@ -143,7 +150,7 @@ def prepare(side: str, text: str, answers: list[Any], state: Path) -> tuple[Any,
     ]
     # packed as the worker packs them: with their keyed digests where the version computes
     # them in the worker (untimed, as the worker's time is)
-    pack, answer = _child_parts(side)
+    pack, answer = _child_parts(side, process, feed)
     if hasattr(keyed_inputs, "KeyedInputs"):
         keyring = importlib.import_module(f"{side}_gateway.keyed").Keyring(SECRET)
         pack = functools.partial(pack, inputs=keyed_inputs.KeyedInputs(policy, keyring))
@@ -159,6 +166,18 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=90_000)
     ap.add_argument("--rounds", type=int, default=2, help="fresh state each round")
     ap.add_argument("--numeric-only", action="store_true")
+    ap.add_argument(
+        "--base-policy",
+        action="store_true",
+        help="both sides run the base version's Adult policy (by default each runs its own)",
+    )
+    ap.add_argument(
+        "--feed",
+        choices=("worker", "flush"),
+        default="worker",
+        help="worker: held records back first, only the last window flushed (the stream's "
+        "path); flush: every window flushed (versions before 2026-11-26 know only this)",
+    )
     args = ap.parse_args()
     text = stream_throughput.policy_text(args.numeric_only)
     survey = PanelSurvey(respondents=args.records // 3, waves=3, seed=1, rows=load_rows())
@@ -172,6 +191,11 @@ def main() -> None:
             root = export(revision, side, Path(tmp))
             sys.path.insert(0, str(root))
             texts[side] = text if args.numeric_only else (root / "adult.yaml").read_text()
+        if args.base_policy:  # the same work on both sides: the code compared, not the policies
+            texts["head"] = texts["base"]
+            if not re.search(r"^republication:", texts["base"], re.MULTILINE):
+                # a version before republication modes knew only the deferred one
+                texts["head"] += "republication: {mode: deferred}\n"
         spent = {side: [0.0, 0.0] for side in sides}  # wave 1, waves 2-3
         # a window is wave 1's when it starts among wave 1's records (the first third), or is
         # the one holding wave 2's first record: that window closes wave 1 and decides it
@@ -181,21 +205,28 @@ def main() -> None:
         for start, p in zip(starts, phase, strict=True):
             counted[p] += min(WINDOW, len(answers) - start) * args.rounds
         for rnd in range(args.rounds):
-            runs = {s: prepare(s, texts[s], answers, Path(tmp) / f"{s}{rnd}.db") for s in sides}
+            runs = {
+                s: prepare(s, texts[s], answers, Path(tmp) / f"{s}{rnd}.db", args.feed)
+                for s in sides
+            }
             windows = len(runs["base"][3])
             kept = dict.fromkeys(sides, 0)  # records held in each side's engine
             gc.disable()  # collected between windows, as the engine process does
             try:
                 for w in range(windows):
                     order = sides if (w + rnd) % 2 == 0 else sides[::-1]
-                    request = ("protect", None, w * 0.1, w == windows - 1, None)
+                    last = w == windows - 1
                     for side in order:
                         answer, engine, store, blobs = runs[side]
-                        ask = (*request[:1], [blobs[w]], *request[2:], kept[side])
+                        if args.feed == "flush":
+                            ask: tuple[Any, ...] = ("protect", [blobs[w]], 0.0, True)
+                        else:
+                            ask = ("protect", [blobs[w]], w * 0.1, last, None, kept[side])
                         t0 = time.perf_counter()
                         reply = answer(ask, engine, store, False)
                         spent[side][phase[w]] += time.perf_counter() - t0
-                        kept[side] = held_after(reply)
+                        if args.feed == "worker":
+                            kept[side] = held_after(reply)
                         gc.collect(0)
                 if any(kept.values()):
                     raise SystemExit(f"records still held after the last flush: {kept}")
