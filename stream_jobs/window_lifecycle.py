@@ -235,10 +235,9 @@ class WindowLifecycle:
         try:
             segment = self.engine.pack(valid)
         except Exception:  # the hand-over packs the window whole, and fails as the engine
+            segment = None
+        if segment is None:  # failed, or an engine that packs nothing ahead
             ahead.count = -1  # covers nothing from now on
-            return
-        if segment is None:  # an engine that packs nothing ahead
-            ahead.count = -1
             return
         ahead.segments.append(segment)
         ahead.count = len(new)

@@ -59,15 +59,14 @@ class Parking:
             known = 0
         fresh = range(known, len(records))
         releases = self.releases[:known] + releases_at(fresh)
-        origins = {i: origin(i) for i in fresh}  # arrival time, input partition
-        clock.see(releases[known:], [origins[i][1] for i in fresh], [origins[i][0] for i in fresh])
+        origins = [origin(i) for i in fresh]  # arrival time, input partition
+        arrived = [at for at, _ in origins]
+        clock.see(releases[known:], [source for _, source in origins], arrived)
         oldest = dict(self.oldest) if known else {}
-        for i in fresh:
+        for i, at in zip(fresh, arrived, strict=True):
             r = releases[i]
-            if is_wave(r):
-                at = origins[i][0]
-                if at < oldest.get(r, at + 1):
-                    oldest[r] = at
+            if is_wave(r) and at < oldest.get(r, at + 1):
+                oldest[r] = at
         if flush_all:
             due = set(oldest)
         else:

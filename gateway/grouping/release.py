@@ -57,7 +57,6 @@ class ReleaseClock:
     sources: dict[Source, tuple[int, float]] = field(default_factory=dict)
     # source -> when the caller first said it reads it (see ``own``)
     owned: dict[Source, float] = field(default_factory=dict)
-    topics: set[str] = field(default_factory=set)  # the topics records came from
 
     def own(self, sources: Iterable[Source], now: float) -> None:
         """Sources the caller reads (the worker's partitions), also those that sent nothing
@@ -77,21 +76,19 @@ class ReleaseClock:
     ) -> None:
         """The release keys of records; with their sources and arrival times, each source's
         progress too."""
-        waves = [int(key) for key in set(keys) if is_wave(key)]
-        if waves and (self.newest is None or max(waves) > self.newest):
-            self.newest = max(waves)
+        wave_of = {key: int(key) for key in set(keys) if is_wave(key)}  # a few distinct keys
+        if wave_of and (self.newest is None or max(wave_of.values()) > self.newest):
+            self.newest = max(wave_of.values())
         if sources is None or arrived is None:
             return
         known = self.sources
         for key, source, at in zip(keys, sources, arrived, strict=True):
-            if not is_wave(key):
+            wave = wave_of.get(key)
+            if wave is None:
                 continue
-            wave = int(key)
             seen = known.get(source)
             if seen is None:
                 known[source] = (wave, at)
-                if source is not None:
-                    self.topics.add(source[0])
                 continue
             newest, last = seen
             if wave > newest or at > last:
@@ -106,7 +103,8 @@ class ReleaseClock:
         if now is None:
             return True
         wave, quiet = int(key), self.quiet_after
-        known, topics = self.sources, self.topics
+        known = self.sources
+        topics = {source[0] for source in known if source is not None}  # records came from
         silent = (  # owned, not heard from so far: its first record may still be this wave
             now - since < quiet
             for source, since in self.owned.items()
