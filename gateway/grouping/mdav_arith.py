@@ -5,6 +5,10 @@ weights, float32 squared distances accumulated column by column, and its tie rul
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -100,3 +104,70 @@ def k_smallest(f: NDArray[np.float32], idx: NDArray[np.intp], k: int) -> NDArray
     order = np.lexsort((-idx[cand], f[cand]))
     out: NDArray[np.intp] = cand[order[:k]]
     return out
+
+
+class CountedColumns:
+    """sdcMicro's sequential column sums of one-hot columns, by counting.
+
+    A column whose values are 0 and one value c (a nominal attribute's one-hot column scaled
+    by c) has, over any rows in any order, the sequential sum of as many c's as rows hold c:
+    adding 0 leaves a float sum unchanged. That sum is ``steps[c][count - 1]`` (the running
+    sum of c's, computed once), so the exact centroid needs only a count per category, not a
+    pass over every column of every remaining row. ``columns`` holds the columns it counts;
+    the others are summed in order as before."""
+
+    def __init__(self, x: NDArray[np.float64], blocks: Sequence[tuple[Any, Any]]) -> None:
+        n = x.shape[0]
+        counted: list[NDArray[np.intp]] = []
+        self._parts: list[tuple[NDArray[np.intp], NDArray[np.intp], int, NDArray[np.float64]]] = []
+        steps: dict[float, NDArray[np.float64]] = {}
+        for bcols, bcodes in blocks:
+            part = _one_hot(x, np.asarray(bcols, dtype=np.intp), np.asarray(bcodes))
+            if part is None:
+                continue
+            cols, codes, c = part
+            if c not in steps:
+                steps[c] = np.add.accumulate(np.full(n, c))
+            self._parts.append((cols, codes, cols.size, steps[c]))
+            counted.append(cols)
+        self.columns = np.concatenate(counted) if counted else np.empty(0, dtype=np.intp)
+        self.rest = np.setdiff1d(np.arange(x.shape[1]), self.columns)
+        # the columns summed in order, each contiguous: a gather and a running sum per column
+        # is faster than row-wise sums over a few columns (3x for 3 columns)
+        self._rest = [np.ascontiguousarray(x[:, j]) for j in self.rest.tolist()]
+
+    def sums(self, idx: NDArray[np.intp], p: int) -> NDArray[np.float64]:
+        """``seq_colsum_of(x, idx)``, every value the same."""
+        out = np.zeros(p)
+        if not idx.size:
+            return out
+        for j, column in zip(self.rest.tolist(), self._rest, strict=True):
+            out[j] = np.add.accumulate(column[idx])[-1]
+        for cols, codes, ncodes, steps in self._parts:
+            count = np.bincount(codes[idx], minlength=ncodes)
+            has = count > 0
+            out[cols[has]] = steps[count[has] - 1]
+        return out
+
+
+def _one_hot(
+    x: NDArray[np.float64], bcols: NDArray[np.intp], bcodes: NDArray[Any]
+) -> tuple[NDArray[np.intp], NDArray[np.intp], float] | None:
+    """(column of each code, codes, c) when the block's columns are one-hot, code q putting
+    c in the q-th column and 0 elsewhere (checked on every row); else None."""
+    n, width = x.shape[0], bcols.size
+    if width == 0 or bcodes.shape != (n,) or n == 0 or bcodes.dtype.kind not in "iu":
+        return None
+    codes = bcodes.astype(np.intp)
+    if int(codes.min()) < 0 or int(codes.max()) >= width:
+        return None
+    c = float(x[0, bcols[codes[0]]])
+    if not (math.isfinite(c) and c > 0.0):
+        return None
+    table = np.zeros((width, width))
+    np.fill_diagonal(table, c)
+    for start in range(0, n, SEQ_ROWS):  # a few hundred rows at a time: no n-row temporary
+        block = x[start : start + SEQ_ROWS][:, bcols]
+        if not np.array_equal(block, table[codes[start : start + SEQ_ROWS]]):
+            return None
+    return bcols, codes, c

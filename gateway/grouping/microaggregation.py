@@ -64,6 +64,7 @@ from numpy.typing import NDArray
 
 from gateway.errors import MechanismError
 from gateway.grouping.mdav_arith import (
+    CountedColumns,
     exact_dist,
     k_smallest,
     sdc_weights,
@@ -149,6 +150,7 @@ class Mdav:
         self.m = self.n
         self.labels = np.full(self.n, -1, dtype=np.int64)
         self.next_label = 0
+        self._counted: CountedColumns | None = None  # built when an exact centroid is needed
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -192,6 +194,10 @@ class Mdav:
 
     def exact_centre(self) -> NDArray[np.float64]:
         idx = np.flatnonzero(self.alive)
+        if self.blocks and self._counted is None:  # one-hot columns summed by counting
+            self._counted = CountedColumns(self.x, self.blocks)
+        if self._counted is not None:
+            return self._counted.sums(idx, self.p) / idx.size
         out: NDArray[np.float64] = seq_colsum_of(self.x, idx) / idx.size
         return out
 

@@ -240,6 +240,43 @@ def test_sequential_column_sums_add_row_after_row(n: int, p: int, seed: int, ord
     assert mdav_arith.seq_colsum(x).tolist() == whole.tolist()
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 600),
+    st.integers(0, 3),
+    st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    st.integers(0, 2**32 - 1),
+    st.booleans(),
+)
+def test_counted_one_hot_columns_give_the_sequential_sums(
+    n: int, dense: int, widths: list[int], seed: int, spoil: bool
+) -> None:
+    # x laid out as the mixed embedding does: dense columns, then one-hot blocks scaled by c
+    rng = np.random.default_rng(seed)
+    blocks: list[tuple[NDArray[np.intp], NDArray[np.int64]]] = []
+    parts = [rng.standard_normal((n, dense)) * 10.0 ** rng.integers(-8, 9, size=(n, dense))]
+    at = dense
+    for width in widths:
+        codes = rng.integers(0, width, size=n)
+        c = float(rng.uniform(0.01, 10.0))  # 1/sqrt(variance): an arbitrary double
+        block = np.zeros((n, width))
+        block[np.arange(n), codes] = c
+        parts.append(block)
+        blocks.append((np.arange(at, at + width), codes))
+        at += width
+    x = np.hstack(parts)
+    spoil = spoil and widths[0] > 1
+    if spoil:  # a row with two categories: that block is not one-hot, summed in order instead
+        r = int(rng.integers(n))
+        x[r, dense + (int(blocks[0][1][r]) + 1) % widths[0]] = x[r, dense + int(blocks[0][1][r])]
+    idx = np.sort(rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False))
+    counted = mdav_arith.CountedColumns(x, blocks)
+    assert counted.sums(idx, x.shape[1]).tolist() == mdav_arith.seq_colsum_of(x, idx).tolist()
+    assert counted.columns.size + counted.rest.size == x.shape[1]
+    if spoil:
+        assert not np.isin(blocks[0][0], counted.columns).any()
+
+
 @pytest.mark.parametrize("name", SETS)
 def test_weights_match_sequential_population_variance(name: str) -> None:
     x = load(name)
