@@ -55,7 +55,7 @@ class ClaimWindow:
 def source_of(record: ValidRecord) -> Source:
     """The record's input partition, for the release clock (None: not from a stream)."""
     src = record.source
-    return None if src is None else (src.topic, src.partition)
+    return None if src is None else src.topic_partition
 
 
 class ClaimStep:

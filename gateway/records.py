@@ -32,6 +32,11 @@ class SourceRef(NamedTuple):
     def record_id(self) -> str:
         return f"{self.topic}/{self.partition}/{self.offset}"
 
+    @property
+    def topic_partition(self) -> tuple[str, int]:
+        """The input partition it came from: what offsets are committed for."""
+        return (self.topic, self.partition)
+
 
 class ValidRecord(NamedTuple):
     """A decoded, validated input record (values typed per the policy; missing = None)."""

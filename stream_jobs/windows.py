@@ -83,7 +83,7 @@ class WindowBuffer:
         self.new.extend(records)
         last, first = records[-1].source, records[0].source
         if first is not None:
-            self._first.setdefault((first.topic, first.partition), first.offset)
+            self._first.setdefault(first.topic_partition, first.offset)
         if last is not None:
             self.consumed(last.topic, last.partition, last.offset, records[0].arrived_at)
         elif self.opened_at is None:
@@ -148,7 +148,7 @@ class WindowBuffer:
         for r in self.held:
             src = r.source
             if src is not None:
-                tp = (src.topic, src.partition)
+                tp = src.topic_partition
                 if src.offset < lowest.get(tp, src.offset + 1):
                     lowest[tp] = src.offset
         commits: dict[TP, int] = {}
@@ -191,7 +191,7 @@ class WindowBuffer:
         gone = set(partitions)
 
         def keep(r: ValidRecord) -> bool:
-            return r.source is None or (r.source.topic, r.source.partition) not in gone
+            return r.source is None or r.source.topic_partition not in gone
 
         before = len(self.held) + len(self.new)
         self.held = [r for r in self.held if keep(r)]
