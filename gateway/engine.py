@@ -277,7 +277,9 @@ class Engine:
             records_in=len(records),
             held=res.report.held + len(parked),
         )
-        return replace(res, held=[*(records[i] for i in parked), *res.held], report=report)
+        # the parked run in front is sliced, not looked up one by one (most of an open wave)
+        held = [*records[:lead], *(records[i] for i in parked[lead:]), *res.held]
+        return replace(res, held=held, report=report)
 
     def _protect_window(
         self,
