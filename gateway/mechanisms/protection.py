@@ -75,17 +75,11 @@ class Draws:
         left to draw: a fresh draw is keyed by its draw key and the value's digest."""
         maps = self.stored.maps(kind, name)
         # one pass per step over the window rather than one loop with branches
-        if all(drawn):  # mostly: every value is drawn
-            found = [m.get(hexed) for m, (_, hexed) in zip(maps, digests, strict=True)]
-            fresh = [i for i, f in enumerate(found) if f is None]
-        else:
-            found = [
-                m.get(hexed) if d else None
-                for m, (_, hexed), d in zip(maps, digests, drawn, strict=True)
-            ]
-            fresh = [
-                i for i, (f, d) in enumerate(zip(found, drawn, strict=True)) if f is None and d
-            ]
+        found = [
+            m.get(hexed) if d else None
+            for m, (_, hexed), d in zip(maps, digests, drawn, strict=True)
+        ]
+        fresh = [i for i, (f, d) in enumerate(zip(found, drawn, strict=True)) if f is None and d]
         keys = self.keys
         fresh_keys = [(keys[i] or b"") + digests[i][0] for i in fresh]
         return Recalled(found, fresh, len(found) - found.count(None), fresh_keys)
