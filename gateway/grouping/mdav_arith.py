@@ -19,6 +19,8 @@ U32 = 2.0**-24  # unit roundoff of float32
 TINY32 = 2.0**-149  # smallest float32 subnormal: absolute rounding error below the normal range
 SAFE = 1e-9  # extra relative widening of every pruning bound (bounds are never tight)
 SEQ_ROWS = 256  # rows per block of sdcMicro's sequential column sum (seq_colsum_of)
+# rows per chunk when a block's promise is checked against the data (rows_match)
+CHECK_ROWS = 256
 
 
 def seq_colsum(rows: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -86,6 +88,21 @@ def exact_dist(
     for j in range(1, t.shape[0]):
         acc += t[j]
     return acc
+
+
+def rows_match(
+    x: NDArray[np.float64],
+    cols: slice | NDArray[np.intp],
+    table: NDArray[np.float64],
+    codes: NDArray[np.intp],
+) -> bool:
+    """Whether each row of x, in columns ``cols``, is ``table``'s row of its code: checked a
+    few hundred rows at a time (small, cache-resident temporaries instead of two of n rows)."""
+    for start in range(0, x.shape[0], CHECK_ROWS):
+        stop = start + CHECK_ROWS
+        if not np.array_equal(x[start:stop, cols], table[codes[start:stop]]):
+            return False
+    return True
 
 
 def first_max(f: NDArray[np.float32], idx: NDArray[np.intp]) -> int:
@@ -166,8 +183,4 @@ def _one_hot(
         return None
     table = np.zeros((width, width))
     np.fill_diagonal(table, c)
-    for start in range(0, n, SEQ_ROWS):  # a few hundred rows at a time: no n-row temporary
-        block = x[start : start + SEQ_ROWS][:, bcols]
-        if not np.array_equal(block, table[codes[start : start + SEQ_ROWS]]):
-            return None
-    return bcols, codes, c
+    return (bcols, codes, c) if rows_match(x, bcols, table, codes) else None

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.grouping.mdav_arith import SAFE, TINY32, U32, U64, exact_dist, first_max, k_smallest
+from gateway.grouping.mdav_arith import (
+    SAFE,
+    TINY32,
+    U32,
+    U64,
+    exact_dist,
+    first_max,
+    k_smallest,
+    rows_match,
+)
 
 if TYPE_CHECKING:
     from gateway.grouping.microaggregation import Mdav
@@ -24,10 +33,6 @@ Block = tuple[NDArray[np.intp], NDArray[np.int64]]
 
 # Columns of a matrix: a slice when they are consecutive (a view, no gather), else positions.
 Index = slice | NDArray[np.intp]
-
-# Rows per chunk when Lookup checks its blocks against the data (small, cache-resident
-# temporaries instead of two of n rows).
-CHECK_ROWS = 256
 
 
 class Pruned:
@@ -406,12 +411,9 @@ class Lookup:
         lsl = span(lpos)
         inv = inv.astype(np.intp).reshape(n)
         xu = np.ascontiguousarray(xs[first][:, lsl])
-        # equal codes with different values: not a block. Checked on x (equal x, equal z) a
-        # few hundred rows at a time, without temporaries of n rows.
-        for start in range(0, n, CHECK_ROWS):
-            stop = start + CHECK_ROWS
-            if not np.array_equal(xs[start:stop, lsl], xu[inv[start:stop]]):
-                return None
+        # equal codes with different values: not a block (checked on x: equal x, equal z)
+        if not rows_match(xs, lsl, xu, inv):
+            return None
         zu = xu - mu[lsl]
         zu *= scale[lsl]
         dense = np.setdiff1d(np.arange(cols.size), lpos)
