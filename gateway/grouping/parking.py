@@ -63,9 +63,10 @@ class Parking:
         arrived = [at for at, _ in origins]
         clock.see(releases[known:], [source for _, source in origins], arrived)
         oldest = dict(self.oldest) if known else {}
+        waves = {r for r in set(releases[known:]) if is_wave(r)}  # a few distinct keys
         for i, at in zip(fresh, arrived, strict=True):
             r = releases[i]
-            if is_wave(r) and at < oldest.get(r, at + 1):
+            if r in waves and at < oldest.get(r, at + 1):
                 oldest[r] = at
         if flush_all:
             due = set(oldest)
