@@ -239,6 +239,20 @@ def upgrade_for(
     return diff(known[0].facets, policy_facets(policy)) if known else None
 
 
+def _upgrade_event(upgrade: Upgrade, report: MigrationReport) -> dict[str, Any]:
+    """The record's entry for a completed migration."""
+    return {
+        "from": upgrade.old.version,
+        "to": upgrade.new.version,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "actions": sorted({c.action.value for c in upgrade.changes}),
+        "changes": [c.text() for c in upgrade.changes],
+        "fresh_draws": upgrade.fresh_draws,
+        "groups_reformed": report.groups_reformed,
+        "respondents_regrouped": report.memberships_dropped,
+    }
+
+
 def check_policy(
     state_dir: Path,
     backend: str,
@@ -307,17 +321,7 @@ def check_policy(
         return PolicyCheck(Outcome.UPGRADED, rec, upgrade, report, rec.facets.version)
     parts.write(replace(rec, migrating_to=new.version))
     report = parts.migrate(plan, dry_run=False)
-    event = {
-        "from": rec.facets.version,
-        "to": new.version,
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "actions": sorted({c.action.value for c in upgrade.changes}),
-        "changes": [c.text() for c in upgrade.changes],
-        "fresh_draws": upgrade.fresh_draws,
-        "groups_reformed": report.groups_reformed,
-        "respondents_regrouped": report.memberships_dropped,
-    }
-    record = PolicyRecord(new, (*rec.events, event))
+    record = PolicyRecord(new, (*rec.events, _upgrade_event(upgrade, report)))
     parts.write(record)
     return PolicyCheck(Outcome.UPGRADED, record, upgrade, report, rec.facets.version)
 
