@@ -23,6 +23,11 @@ its packages renamed (``gateway`` -> ``base_gateway``, ...), both are imported s
 and their windows alternate (the order swapped every window and round), so a drift of the
 machine falls on both. Each version has its own state file. The figure that matters is the
 ratio head / base, printed for wave 1 (every respondent new) and waves 2-3 (returning).
+
+It then says whether the two versions gave the same bytes: the published columns and the
+window reports of every window (digested outside the timed part), and the rows of each state
+file at the end of every round. A change meant to keep the output must print "identical" for
+all three under ``--base-policy``; with each version's own policy a difference may be meant.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import hashlib
 import importlib
 import pickle
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -123,6 +130,26 @@ def _answer_keeping_held(answer: Any, held: Any, *args: Any) -> Any:
     return answer(*args, held)
 
 
+PARTS = ("published columns", "window reports", "state")
+
+
+def digest_reply(hashes: dict[str, Any], reply: tuple[Any, ...], side: str) -> None:
+    """Fold a window's reply into the side's digests. The report travels pickled, naming its
+    classes' modules: the side's prefix is made the same for both (same length, same bytes)."""
+    hashes[PARTS[0]].update(bytes(reply[1]))
+    hashes[PARTS[1]].update(reply[2].replace(f"{side}_".encode(), b"side_"))
+
+
+def digest_state(h: Any, path: Path) -> None:
+    """Fold a state file's rows (key, value), in key order, into ``h``."""
+    con = sqlite3.connect(path)
+    try:
+        for key, value in con.execute("SELECT key, value FROM state ORDER BY key"):
+            h.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
+    finally:
+        con.close()
+
+
 def held_after(reply: tuple[Any, ...]) -> int:
     """How many records the engine handed back held: they start the next window."""
     report, _ = pickle.loads(reply[2])
@@ -197,6 +224,7 @@ def main() -> None:
                 # a version before republication modes knew only the deferred one
                 texts["head"] += "republication: {mode: deferred}\n"
         spent = {side: [0.0, 0.0] for side in sides}  # wave 1, waves 2-3
+        hashes = {side: {part: hashlib.sha256() for part in PARTS} for side in sides}
         # a window is wave 1's when it starts among wave 1's records (the first third), or is
         # the one holding wave 2's first record: that window closes wave 1 and decides it
         starts = range(0, len(answers), WINDOW)
@@ -225,6 +253,7 @@ def main() -> None:
                         t0 = time.perf_counter()
                         reply = answer(ask, engine, store, False)
                         spent[side][phase[w]] += time.perf_counter() - t0
+                        digest_reply(hashes[side], reply, side)
                         if args.feed == "worker":
                             kept[side] = held_after(reply)
                         gc.collect(0)
@@ -234,6 +263,8 @@ def main() -> None:
                 gc.enable()
                 for _, _, store, _ in runs.values():
                     store.close()
+            for side in sides:
+                digest_state(hashes[side][PARTS[2]], Path(tmp) / f"{side}{rnd}.db")
     n1, n23 = counted
     for side in sides:
         w1, w23 = spent[side]
@@ -245,6 +276,14 @@ def main() -> None:
     print(
         f"head / base: wave 1 {h1 / b1:.3f}, waves 2-3 {h23 / b23:.3f}, "
         f"all {(h1 + h23) / (b1 + b23):.3f}"
+    )
+    same = [p for p in PARTS if hashes["base"][p].digest() == hashes["head"][p].digest()]
+    print(
+        "output: "
+        + ", ".join(
+            f"{p} {'identical' if p in same else 'differ'} ({hashes['head'][p].hexdigest()[:12]})"
+            for p in PARTS
+        )
     )
 
 
