@@ -40,7 +40,6 @@ import importlib
 import pickle
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -135,19 +134,19 @@ PARTS = ("published columns", "window reports", "state")
 
 def digest_reply(hashes: dict[str, Any], reply: tuple[Any, ...], side: str) -> None:
     """Fold a window's reply into the side's digests. The report travels pickled, naming its
-    classes' modules: the side's prefix is made the same for both (same length, same bytes)."""
+    classes' modules (``base_gateway...``): those are renamed alike for both sides (the same
+    length, so the same bytes when the reports are equal)."""
     hashes[PARTS[0]].update(bytes(reply[1]))
-    hashes[PARTS[1]].update(reply[2].replace(f"{side}_".encode(), b"side_"))
+    report = reply[2]
+    for pkg in PACKAGES:
+        report = report.replace(f"{side}_{pkg}".encode(), f"side_{pkg}".encode())
+    hashes[PARTS[1]].update(report)
 
 
-def digest_state(h: Any, path: Path) -> None:
-    """Fold a state file's rows (key, value), in key order, into ``h``."""
-    con = sqlite3.connect(path)
-    try:
-        for key, value in con.execute("SELECT key, value FROM state ORDER BY key"):
-            h.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
-    finally:
-        con.close()
+def digest_state(h: Any, store: Any) -> None:
+    """Fold a state store's entries (its ``items()``, in key order) into ``h``."""
+    for key, value in store.items():
+        h.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
 
 
 def held_after(reply: tuple[Any, ...]) -> int:
@@ -261,10 +260,9 @@ def main() -> None:
                     raise SystemExit(f"records still held after the last flush: {kept}")
             finally:
                 gc.enable()
-                for _, _, store, _ in runs.values():
+                for side, (_, _, store, _) in runs.items():
+                    digest_state(hashes[side][PARTS[2]], store)
                     store.close()
-            for side in sides:
-                digest_state(hashes[side][PARTS[2]], Path(tmp) / f"{side}{rnd}.db")
     n1, n23 = counted
     for side in sides:
         w1, w23 = spent[side]
@@ -277,14 +275,13 @@ def main() -> None:
         f"head / base: wave 1 {h1 / b1:.3f}, waves 2-3 {h23 / b23:.3f}, "
         f"all {(h1 + h23) / (b1 + b23):.3f}"
     )
-    same = [p for p in PARTS if hashes["base"][p].digest() == hashes["head"][p].digest()]
-    print(
-        "output: "
-        + ", ".join(
-            f"{p} {'identical' if p in same else 'differ'} ({hashes['head'][p].hexdigest()[:12]})"
-            for p in PARTS
-        )
+    base, head = hashes["base"], hashes["head"]
+    verdicts = (
+        f"{p} {'identical' if base[p].digest() == head[p].digest() else 'differ'} "
+        f"({head[p].hexdigest()[:12]})"
+        for p in PARTS
     )
+    print("output: " + ", ".join(verdicts))
 
 
 if __name__ == "__main__":
