@@ -60,3 +60,30 @@ def test_importing_the_engine_loads_no_io_framework() -> None:
         cwd=ROOT,
     )
     assert out.stdout.strip() == ""
+
+
+# issue 33's layout: a module is read whole, a function on one screen
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def _sources() -> list[Path]:
+    return sorted(p for d in ("gateway", "stream_jobs") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_no_module_of_the_engine_or_the_worker_is_over_500_lines() -> None:
+    lines = {p: p.read_text(encoding="utf-8").count("\n") for p in _sources()}
+    too_long = {str(p.relative_to(ROOT)): n for p, n in lines.items() if n > MAX_MODULE_LINES}
+    assert lines, "no sources found"
+    assert too_long == {}
+
+
+def test_no_function_of_the_engine_or_the_worker_is_over_80_lines() -> None:
+    too_long = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long[f"{path.relative_to(ROOT)}:{node.name}"] = length
+    assert too_long == {}
