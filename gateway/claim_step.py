@@ -5,7 +5,7 @@ republication mode's decision over them — ``regroup`` and ``cohort`` by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from gateway.policy import (
     Policy,
     RepublicationMode,
 )
-from gateway.records import ValidRecord, attribute_values, record_ids_at, window_id
+from gateway.records import Columns, ValidRecord, attribute_values, record_ids_at, window_id
 from gateway.state_api import StateStore
 from gateway.state_codec import decode_state
 from gateway.state_keys import group_id, group_key
@@ -44,7 +44,7 @@ class ClaimWindow:
     records: Sequence[ValidRecord]
     rids: Sequence[str]
     rkeys: Sequence[bytes | None]  # respondent state keys
-    by_attribute: Mapping[str, Sequence[Any]] | None
+    columns: Columns  # the records' values (gateway.records.window_columns)
     view: StateView
     grouping: GroupingInputs
     qi_digests: list[str] | None  # the claim digests the caller brought (None: taken here)
@@ -145,7 +145,7 @@ class ClaimStep:
     def parked(
         self,
         records: Sequence[ValidRecord],
-        by_attribute: Mapping[str, Sequence[Any]] | None,
+        columns: Columns,
         *,
         now: float,
         flush_all: bool,
@@ -154,13 +154,10 @@ class ClaimStep:
         parking, wave = self._parking, self.policy.republication.wave_attribute
         if parking is None or wave is None or not records:
             return []
-        column = by_attribute.get(wave) if by_attribute is not None else None
+        column = columns.get(wave)
 
         def releases_at(positions: Sequence[int]) -> list[str]:
-            if by_attribute is None:
-                values = [records[i].values.get(wave) for i in positions]
-            else:
-                values = [None if column is None else column[i] for i in positions]
+            values = [None if column is None else column[i] for i in positions]
             return release_keys(values, str)  # no wave: a window release (never parked)
 
         return parking.split(
@@ -185,7 +182,7 @@ class ClaimStep:
         # None where a value is missing and not a category of its own
         names = self.names
         attributes = self.policy.attributes
-        values = attribute_values(cw.records, cw.by_attribute, names)
+        values = attribute_values(cw.columns, len(cw.records), names)
         cols = [claim_inputs(attributes[n], c) for n, c in zip(names, values, strict=True)]
         complete: list[bool] = [None not in row for row in zip(*cols, strict=True)]
         if self._recode is not None and cw.view.sticky:
@@ -306,7 +303,7 @@ class ClaimStep:
             releases = ["w" + window_id(records)] * len(records)
         else:
             releases = release_keys(
-                attribute_values(records, cw.by_attribute, [wave])[0], lambda: window_id(records)
+                attribute_values(cw.columns, len(records), [wave])[0], lambda: window_id(records)
             )
         if self._parking is None:  # else parking showed the clock these records as they came
             self.releases.see(

@@ -17,7 +17,7 @@ from gateway.mechanisms.stamp import stamp_column
 from gateway.mechanisms.sticky import StoredLookup, stored_map
 from gateway.policy import Method, Policy, Role
 from gateway.randomness import UniformSource
-from gateway.records import ValidRecord, attribute_values
+from gateway.records import Columns, ValidRecord, attribute_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class WindowInputs:
 
     records: Sequence[ValidRecord]
     rids: list[str]
-    by_attribute: Mapping[str, Sequence[Any]] | None
+    columns: Columns  # the records' values (gateway.records.window_columns)
     rkeys: list[bytes | None]  # respondent state keys
     dkeys: Sequence[bytes | None]  # what keyed draws are bound to
     view: StateView
@@ -116,7 +116,7 @@ class PublishedColumns:
         suppressed = set(qi.suppressed)
         for name, values in zip(
             self._published,
-            attribute_values(records, win.by_attribute, self._published, pub_idx),
+            attribute_values(win.columns, len(records), self._published, pub_idx),
             strict=True,
         ):
             ret: tuple[float, int] | None = None
@@ -157,7 +157,7 @@ class PublishedColumns:
     def early(
         self,
         records: Sequence[ValidRecord],
-        by_attribute: Mapping[str, Sequence[Any]] | None,
+        columns: Columns,
         *,
         rkeys: Sequence[bytes | None],
         dkeys: Sequence[bytes | None],
@@ -173,7 +173,7 @@ class PublishedColumns:
         name = self._ldiv
         protection = self.protections[name]
         everyone = range(len(records))
-        values = attribute_values(records, by_attribute, [name])[0]
+        values = attribute_values(columns, len(records), [name])[0]
         stored = StoredLookup(view.states, rkeys)
         kind, vds = protection.kind, value_digests.get(name)
         if view.sticky and vds is not None and kind is not None:

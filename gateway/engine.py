@@ -44,6 +44,7 @@ from gateway.policy import (
 )
 from gateway.randomness import SeededSource, UniformSource
 from gateway.records import (
+    Columns,
     PublishedRecord,
     ValidRecord,
     WindowReport,
@@ -54,6 +55,7 @@ from gateway.records import (
     output_rows,
     record_ids,
     record_ids_at,
+    window_columns,
     window_digest,
     window_id_from,
 )
@@ -224,7 +226,8 @@ class Engine:
     ) -> WindowResult:
         """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
         ``records``, from a caller that holds the window as columns (the engine process); they
-        are read instead of each record's ``values``, which must then agree with them.
+        are read instead of each record's ``values``, which must then agree with them. Without
+        them they are built once here: past this point the engine reads values only by column.
         ``encode=False``: the published values come back as columns (``WindowResult.output``)
         for the caller to encode with :func:`encode_rows` (the engine process hands that work
         to the worker, whose core has time to spare).
@@ -240,14 +243,15 @@ class Engine:
             )
         if committed is not None:  # every partition the caller reads: the release clock
             self._claims.releases.own(committed, now)  # waits for those not heard from yet
-        parked = self._claims.parked(records, by_attribute, now=now, flush_all=flush_all)
+        columns = window_columns(records) if by_attribute is None else by_attribute
+        parked = self._claims.parked(records, columns, now=now, flush_all=flush_all)
         if not parked:
             return self._protect_window(
                 records,
                 record_ids(records),
                 now=now,
                 flush_all=flush_all,
-                by_attribute=by_attribute,
+                columns=columns,
                 encode=encode,
                 keys=keys,
                 committed=committed,
@@ -262,9 +266,7 @@ class Engine:
             active_ids,
             now=now,
             flush_all=flush_all,
-            by_attribute=None
-            if by_attribute is None
-            else {n: [c[i] for i in active] for n, c in by_attribute.items()},
+            columns={n: [c[i] for i in active] for n, c in columns.items()},
             encode=encode,
             keys=None if keys is None else keys_at(keys, active),
             committed=committed,
@@ -288,7 +290,7 @@ class Engine:
         *,
         now: float,
         flush_all: bool,
-        by_attribute: Mapping[str, Sequence[Any]] | None,
+        columns: Columns,
         encode: bool,
         keys: WindowKeys | None,
         committed: Committed | None,
@@ -301,15 +303,15 @@ class Engine:
         # the k-claim digests given with the keys; else taken from the claim inputs the
         # quasi-identifier step computes anyway (None)
         given_qi = keys.quasi_identifiers if keys is not None and sticky else None
-        rkeys, dkeys, keys = self._keys(records, rids, by_attribute, keys)
+        rkeys, dkeys, keys = self._keys(records, rids, columns, keys)
         view = self._read_states(rkeys, sticky)
-        win = WindowInputs(records, rids, by_attribute, rkeys, dkeys, view)
+        win = WindowInputs(records, rids, columns, rkeys, dkeys, view)
         # -- quasi-identifiers: sticky centroids, new groups, holds -----------------------
         value_digests = keys.values if keys is not None and sticky else {}
         # within strata; l-diverse on the published values of one attribute, taken first
-        strata = strata_of(self._strata, records, by_attribute)
+        strata = strata_of(self._strata, columns, len(records))
         early = self._columns.early(
-            records, by_attribute, rkeys=rkeys, dkeys=dkeys, view=view, value_digests=value_digests
+            records, columns, rkeys=rkeys, dkeys=dkeys, view=view, value_digests=value_digests
         )
         grouping = GroupingInputs(
             strata,
@@ -323,7 +325,7 @@ class Engine:
             records,
             rids,
             rkeys,
-            by_attribute,
+            columns,
             view,
             grouping,
             given_qi,
@@ -344,7 +346,7 @@ class Engine:
                 published=pub_idx,
                 rkeys=rkeys,
                 rids=rids,
-                waves=attribute_values(records, by_attribute, ["wave"])[0],
+                waves=attribute_values(columns, len(records), ["wave"])[0],
                 republish=republish,
                 stratum_digests=grouping.stratum_digests,
                 committed=committed,
@@ -355,7 +357,7 @@ class Engine:
         self,
         records: Sequence[ValidRecord],
         rids: list[str],
-        by_attribute: Mapping[str, Sequence[Any]] | None,
+        columns: Columns,
         keys: WindowKeys | None,
     ) -> tuple[list[bytes | None], Sequence[bytes | None], WindowKeys | None]:
         """The window's respondent keys (state: scoped to the state partition with partitioned
@@ -367,7 +369,7 @@ class Engine:
             none: list[bytes | None] = [None] * len(records)
             return none, none, keys
         if keys is None:
-            keys = self._inputs.of(records, rids=rids, by_attribute=by_attribute, claim=False)
+            keys = self._inputs.of(records, rids=rids, by_attribute=columns, claim=False)
         rkeys = list(keys.respondents)
         if self._partition_scope:  # draws stay bound to the respondent alone
             for i, r in enumerate(records):

@@ -13,7 +13,7 @@ from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.grouping.strata import stratum_texts
 from gateway.keyed import Keyring
 from gateway.policy import MISSING_LABEL, ConsistencyMode, Method, Policy
-from gateway.records import ValidRecord, attribute_values, record_ids
+from gateway.records import Columns, ValidRecord, attribute_values, record_ids, window_columns
 
 _QI_DIGEST_ATTR = "\x00quasi-identifiers"
 CATEGORIES_DIGEST_ATTR = "\x00categorical-quasi-identifiers"  # a tuple's categories alone
@@ -121,7 +121,8 @@ class KeyedInputs:
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
         claim: bool = True,
     ) -> WindowKeys:
-        """The records' keys (``rids``: their :func:`record_ids`, when the caller has them).
+        """The records' keys (``rids``: their :func:`record_ids`, when the caller has them;
+        ``by_attribute``: their values as columns, when the caller holds them so).
         ``claim=False``: without the k-claim tuple digests, for a caller that computes the claim
         inputs anyway and digests them with :meth:`claim_digests` (the engine)."""
         kr = self._keyring
@@ -143,12 +144,13 @@ class KeyedInputs:
             anon = kr.respondent_keys(["\x00record:" + rids[i] for i in without])
             for i, key in zip(without, anon, strict=True):
                 draws[i] = key
+        columns = window_columns(records) if by_attribute is None else by_attribute
         digests = self._digests
         values = {
             name: digests.many(name, column)
             for name, column in zip(
                 self._sticky_values,
-                attribute_values(records, by_attribute, self._sticky_values),
+                attribute_values(columns, len(records), self._sticky_values),
                 strict=True,
             )
         }
@@ -158,14 +160,14 @@ class KeyedInputs:
                 claim_inputs(attr, column)
                 for (_, attr), column in zip(
                     self._claim,
-                    attribute_values(records, by_attribute, [n for n, _ in self._claim]),
+                    attribute_values(columns, len(records), [n for n, _ in self._claim]),
                     strict=True,
                 )
             ]
             qi = self.claim_digests(
                 cols,
                 [None not in row for row in zip(*cols, strict=True)],
-                strata=strata_of(self._strata, records, by_attribute),
+                strata=strata_of(self._strata, columns, len(records)),
             )
         return WindowKeys(respondents, draws, values, qi)
 
@@ -205,16 +207,12 @@ class KeyedInputs:
         return [d[:_PUBLISHED_DIGEST_BYTES] for d, _ in found]
 
 
-def strata_of(
-    names: Sequence[str],
-    records: Sequence[ValidRecord],
-    by_attribute: Mapping[str, Sequence[Any]] | None,
-) -> list[str] | None:
-    """Each record's stratum as text (:func:`gateway.grouping.strata.stratum_texts`); None
-    when the policy names no strata."""
+def strata_of(names: Sequence[str], columns: Columns, size: int) -> list[str] | None:
+    """Each of the window's ``size`` records' stratum as text
+    (:func:`gateway.grouping.strata.stratum_texts`); None when the policy names no strata."""
     if not names:
         return None
-    return stratum_texts(attribute_values(records, by_attribute, names), len(records))
+    return stratum_texts(attribute_values(columns, size, names), size)
 
 
 def keys_at(keys: WindowKeys, positions: Sequence[int]) -> WindowKeys:

@@ -102,34 +102,42 @@ def record_ids(records: Sequence[ValidRecord]) -> list[str]:
     return [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
 
 
-def _columns(maps: Sequence[Mapping[str, object]], names: Sequence[str]) -> list[list[Any]]:
-    """The values of ``names`` in every map, as one list per name (missing: None)."""
-    try:  # validated records carry every policy attribute: plain indexing is cheapest
-        return [[m[n] for m in maps] for n in names]
-    except KeyError:  # some maps lack some names (file rows, optional fields)
-        return [[m.get(n) for m in maps] for n in names]
+Columns = Mapping[str, Sequence[Any]]
+"""A window's values, one sequence per attribute name, aligned with its records: the one shape
+in which the engine reads them."""
+
+
+def window_columns(records: Sequence[ValidRecord]) -> dict[str, list[Any]]:
+    """The records' values as :data:`Columns`: one list per name any record carries, None
+    where a record lacks it (built once a window for a caller that holds only records)."""
+    maps = [r.values for r in records]
+    if not maps:
+        return {}
+    names = list(maps[0])
+    if all(len(m) == len(names) for m in maps):
+        try:  # validated records carry every policy attribute: plain indexing is cheapest
+            return {n: [m[n] for m in maps] for n in names}
+        except KeyError:
+            pass
+    names = list(dict.fromkeys(n for m in maps for n in m))  # file rows, optional fields
+    return {n: [m.get(n) for m in maps] for n in names}
 
 
 def attribute_values(
-    records: Sequence[ValidRecord],
-    columns: Mapping[str, Sequence[Any]] | None,
+    columns: Columns,
+    size: int,
     names: Sequence[str],
     positions: Sequence[int] | None = None,
 ) -> list[list[Any]]:
-    """The values of ``names`` for the records at ``positions`` (default: all, in order), one
-    list per name: from ``columns`` when the caller gave them, else from each record."""
-    n = len(records)
-    if columns is None:
-        if positions is None:
-            return _columns([r.values for r in records], names)
-        return _columns([records[i].values for i in positions], names)
+    """The values of ``names`` for the window's records at ``positions`` (default: all
+    ``size`` of them, in order), one list per name (a name without a column: None)."""
     # positions are increasing and distinct, so as many as records means all of them
-    every = positions is None or len(positions) == n
+    every = positions is None or len(positions) == size
     out: list[list[Any]] = []
     for name in names:
         col = columns.get(name)
         if col is None:
-            out.append([None] * (n if positions is None else len(positions)))
+            out.append([None] * (size if positions is None else len(positions)))
         elif every:
             out.append(list(col))
         else:
