@@ -5,7 +5,7 @@ republication mode's decision over them — ``regroup`` and ``cohort`` by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,20 +145,19 @@ class ClaimStep:
     def parked(
         self,
         records: Sequence[ValidRecord],
-        columns: Columns,
+        waves: Callable[[Sequence[int]], list[Any]],
         *,
         now: float,
         flush_all: bool,
     ) -> list[int]:
-        """The records set aside unread in this window (:mod:`gateway.grouping.parking`)."""
+        """The records set aside unread in this window (:mod:`gateway.grouping.parking`);
+        ``waves``: the wave attribute's values of the records at the positions asked."""
         parking, wave = self._parking, self.policy.republication.wave_attribute
         if parking is None or wave is None or not records:
             return []
-        column = columns.get(wave)
 
         def releases_at(positions: Sequence[int]) -> list[str]:
-            values = [None if column is None else column[i] for i in positions]
-            return release_keys(values, str)  # no wave: a window release (never parked)
+            return release_keys(waves(positions), str)  # no wave: a window release (never parked)
 
         return parking.split(
             records,

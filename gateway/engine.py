@@ -55,6 +55,7 @@ from gateway.records import (
     output_rows,
     record_ids,
     record_ids_at,
+    values_at,
     window_columns,
     window_digest,
     window_id_from,
@@ -227,7 +228,8 @@ class Engine:
         """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
         ``records``, from a caller that holds the window as columns (the engine process); they
         are read instead of each record's ``values``, which must then agree with them. Without
-        them they are built once here: past this point the engine reads values only by column.
+        them they are built once here, for the records decided (a held wave's records are not
+        read): past this point the engine reads values only by column.
         ``encode=False``: the published values come back as columns (``WindowResult.output``)
         for the caller to encode with :func:`encode_rows` (the engine process hands that work
         to the worker, whose core has time to spare).
@@ -243,9 +245,11 @@ class Engine:
             )
         if committed is not None:  # every partition the caller reads: the release clock
             self._claims.releases.own(committed, now)  # waits for those not heard from yet
-        columns = window_columns(records) if by_attribute is None else by_attribute
-        parked = self._claims.parked(records, columns, now=now, flush_all=flush_all)
+        wave = self.policy.republication.wave_attribute
+        waves = values_at(records, by_attribute, wave)  # parking reads only a few of them
+        parked = self._claims.parked(records, waves, now=now, flush_all=flush_all)
         if not parked:
+            columns = window_columns(records) if by_attribute is None else by_attribute
             return self._protect_window(
                 records,
                 record_ids(records),
@@ -261,12 +265,15 @@ class Engine:
         aside = set(parked[lead:])
         active = [i for i in range(lead, len(records)) if i not in aside]
         active_ids = record_ids_at(records, active)
+        deciding = [records[i] for i in active]
         res = self._protect_window(
-            [records[i] for i in active],
+            deciding,
             active_ids,
             now=now,
             flush_all=flush_all,
-            columns={n: [c[i] for i in active] for n, c in columns.items()},
+            columns=window_columns(deciding)
+            if by_attribute is None
+            else {n: [c[i] for i in active] for n, c in by_attribute.items()},
             encode=encode,
             keys=None if keys is None else keys_at(keys, active),
             committed=committed,

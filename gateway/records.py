@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -121,6 +121,22 @@ def window_columns(records: Sequence[ValidRecord]) -> dict[str, list[Any]]:
             pass
     names = list(dict.fromkeys(n for m in maps for n in m))  # file rows, optional fields
     return {n: [m.get(n) for m in maps] for n in names}
+
+
+def values_at(
+    records: Sequence[ValidRecord], columns: Columns | None, name: str | None
+) -> Callable[[Sequence[int]], list[Any]]:
+    """The values of ``name`` at the positions asked, from ``columns`` if the caller gave
+    them, else from each record asked: for a step that reads a few records of a window before
+    its columns are built (parking an open wave's records, most of them held again)."""
+    if name is None:
+        return lambda positions: [None] * len(positions)
+    if columns is None:
+        return lambda positions: [records[i].values.get(name) for i in positions]
+    column = columns.get(name)
+    if column is None:
+        return lambda positions: [None] * len(positions)
+    return lambda positions: [column[i] for i in positions]
 
 
 def attribute_values(
