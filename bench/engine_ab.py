@@ -4,6 +4,7 @@
     .venv/bin/python bench/engine_ab.py --base v1 --head v2 --records 60000 --rounds 3
     .venv/bin/python bench/engine_ab.py --base HEAD~3 --numeric-only
     .venv/bin/python bench/engine_ab.py --base 3539dcf --feed flush --base-policy
+    .venv/bin/python bench/engine_ab.py --base HEAD~1 --feed records   # the in-thread path
 
 What is timed is the engine process's work on a window (``stream_jobs.engine_process``: the
 packed window decoded, ``Engine.protect_window`` with SQLite state and keyed randomness, the
@@ -15,6 +16,9 @@ it closes, in one pool, as in the stream. (A flush every window would close ever
 once: returning respondents, short of a quorum within 5,000 records, would nearly all be
 grouped afresh, a path the stream seldom takes. ``--feed flush`` does that, for versions
 before 2026-11-26, whose engine process does not keep the records it holds.)
+``--feed records`` times ``Engine.protect_window`` on the windows as records instead, the held
+ones handed back first in the next window: the in-thread engine's path (``--engine thread``,
+the partitioned backend) and the file workflow's, which build the window's columns themselves.
 
 Why one process: on this shared two-core machine the speed of the same code drifts by 10-20 %
 between runs a minute apart, more than most changes to the engine. Each version is exported
@@ -143,6 +147,18 @@ def digest_reply(hashes: dict[str, Any], reply: tuple[Any, ...], side: str) -> N
     hashes[PARTS[1]].update(report)
 
 
+def digest_result(hashes: dict[str, Any], res: Any) -> None:
+    """Fold a window's result (``--feed records``) into the side's digests: each published
+    record's id and bytes, and the report's fields."""
+    for rec in res.published:
+        hashes[PARTS[0]].update(rec.record_id.encode() + b"\0" + rec.value + b"\0")
+    hashes[PARTS[1]].update(repr(sorted(vars_of(res.report).items())).encode())
+
+
+def vars_of(report: Any) -> dict[str, Any]:
+    return {name: getattr(report, name) for name in report.__dataclass_fields__}
+
+
 def digest_state(h: Any, store: Any) -> None:
     """Fold a state store's entries (its ``items()``, in key order) into ``h``."""
     for key, value in store.items():
@@ -174,6 +190,9 @@ def prepare(side: str, text: str, answers: list[Any], state: Path, feed: str) ->
         records.ValidRecord(rid, values, records.SourceRef("in", i % 3, i, 0), 0.0)
         for i, (rid, values) in enumerate(answers)
     ]
+    engine, store = process.EngineSpec(policy, state, SECRET).build()
+    if feed == "records":  # handed over as they are: the in-thread engine's and files' path
+        return None, engine, store, [valid[s : s + WINDOW] for s in range(0, len(valid), WINDOW)]
     # packed as the worker packs them: with their keyed digests where the version computes
     # them in the worker (untimed, as the worker's time is)
     pack, answer = _child_parts(side, process, feed)
@@ -181,7 +200,6 @@ def prepare(side: str, text: str, answers: list[Any], state: Path, feed: str) ->
         keyring = importlib.import_module(f"{side}_gateway.keyed").Keyring(SECRET)
         pack = functools.partial(pack, inputs=keyed_inputs.KeyedInputs(policy, keyring))
     blobs = [pack(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
-    engine, store = process.EngineSpec(policy, state, SECRET).build()
     return answer, engine, store, blobs
 
 
@@ -199,10 +217,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--feed",
-        choices=("worker", "flush"),
+        choices=("worker", "flush", "records"),
         default="worker",
         help="worker: held records back first, only the last window flushed (the stream's "
-        "path); flush: every window flushed (versions before 2026-11-26 know only this)",
+        "path); flush: every window flushed (versions before 2026-11-26 know only this); "
+        "records: fed as the worker feeds it, but as records to Engine.protect_window (the "
+        "in-thread engine's path, and the file workflow's), the held ones back in each window",
     )
     args = ap.parse_args()
     text = stream_throughput.policy_text(args.numeric_only)
@@ -238,6 +258,7 @@ def main() -> None:
             }
             windows = len(runs["base"][3])
             kept = dict.fromkeys(sides, 0)  # records held in each side's engine
+            held: dict[str, list[Any]] = {side: [] for side in sides}  # --feed records
             gc.disable()  # collected between windows, as the engine process does
             try:
                 for w in range(windows):
@@ -245,6 +266,17 @@ def main() -> None:
                     last = w == windows - 1
                     for side in order:
                         answer, engine, store, blobs = runs[side]
+                        if args.feed == "records":
+                            t0 = time.perf_counter()
+                            res = engine.protect_window(
+                                [*held[side], *blobs[w]], now=w * 0.1, flush_all=last
+                            )
+                            spent[side][phase[w]] += time.perf_counter() - t0
+                            digest_result(hashes[side], res)
+                            held[side] = list(res.held)
+                            kept[side] = len(held[side])
+                            gc.collect(0)
+                            continue
                         if args.feed == "flush":
                             ask: tuple[Any, ...] = ("protect", [blobs[w]], 0.0, True)
                         else:
