@@ -4,7 +4,7 @@ of the k-claim tuple — computed by :class:`KeyedInputs` with the value digests
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple, cast
 
 import orjson
@@ -118,7 +118,7 @@ class KeyedInputs:
         records: Sequence[ValidRecord],
         *,
         rids: Sequence[str] | None = None,
-        by_attribute: Mapping[str, Sequence[Any]] | None = None,
+        by_attribute: Columns | None = None,
         claim: bool = True,
     ) -> WindowKeys:
         """The records' keys (``rids``: their :func:`record_ids`, when the caller has them;

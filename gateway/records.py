@@ -107,18 +107,29 @@ Columns = Mapping[str, Sequence[Any]]
 in which the engine reads them."""
 
 
+def uniform_columns(records: Sequence[ValidRecord]) -> dict[str, list[Any]] | None:
+    """The records' values as :data:`Columns` if every record has the same attributes (the
+    validated records of a stream), else None."""
+    if not records:
+        return {}
+    names = list(records[0].values)
+    width = len(names)
+    maps = [r.values for r in records]
+    if any(len(m) != width for m in maps):
+        return None
+    try:  # plain indexing is cheapest
+        return {n: [m[n] for m in maps] for n in names}
+    except KeyError:
+        return None
+
+
 def window_columns(records: Sequence[ValidRecord]) -> dict[str, list[Any]]:
     """The records' values as :data:`Columns`: one list per name any record carries, None
     where a record lacks it (built once a window for a caller that holds only records)."""
+    columns = uniform_columns(records)
+    if columns is not None:
+        return columns
     maps = [r.values for r in records]
-    if not maps:
-        return {}
-    names = list(maps[0])
-    if all(len(m) == len(names) for m in maps):
-        try:  # validated records carry every policy attribute: plain indexing is cheapest
-            return {n: [m[n] for m in maps] for n in names}
-        except KeyError:
-            pass
     names = list(dict.fromkeys(n for m in maps for n in m))  # file rows, optional fields
     return {n: [m.get(n) for m in maps] for n in names}
 
