@@ -53,6 +53,9 @@ class PublishedRecord(NamedTuple):
     value: bytes  # orjson JSON; deterministic for a given input, state and policy
     source: SourceRef | None
     suppressed: bool
+    # the respondent's state key the record stands for (imputed records included): for tests
+    # and attack simulation only, kept in memory, never encoded, produced or logged
+    respondent: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,7 +237,7 @@ class WorkerCollector(Collector):
         )
         threshold.add_metric(["dld"], policy.risk.max_dld)
         threshold.add_metric(["interval_disclosure"], policy.risk.max_interval_disclosure)
-        threshold.add_metric(["linked_below_k"], policy.risk.max_linked_below_k)
+        threshold.add_metric(["linked_below_k"], policy.risk.linked_below_k_threshold)
         yield threshold
         with m.lock:
             last, average = dict(m.last), dict(m.average)
