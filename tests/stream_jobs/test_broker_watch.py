@@ -26,7 +26,13 @@ from pathlib import Path
 
 import pytest
 from streamkit import create_input_topic, produce, small_window_policy, start_worker
-from test_metrics_prometheus import health_colours, needs_prometheus, start_prometheus
+from test_metrics_prometheus import (
+    dashboard_exprs,
+    health_colours,
+    needs_prometheus,
+    query,
+    start_prometheus,
+)
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker, free_port
@@ -163,7 +169,7 @@ def test_a_broker_outage_turns_the_dashboards_health_row_red(
     """A real Prometheus scrapes `privgw run` and evaluates the dashboard's Health row: green
     with the broker, "Stream health", "Ready" and "Broker reachable" red within the stall
     timeout of losing it (the exporter still answers, so "Workers up" alone stays green), green
-    again once it is back."""
+    again once it is back. The lag panel says the lag is unknown rather than go blank."""
     _env(monkeypatch, PRIVGW_STALL_TIMEOUT_SECONDS=str(STALL_S), PRIVGW_LAG_INTERVAL_SECONDS="1")
     policy = small_window_policy(tmp_path, 500)
     broker = EmbeddedBroker(log_dir=tmp_path / "broker").start()
@@ -188,6 +194,11 @@ def test_a_broker_outage_turns_the_dashboards_health_row_red(
         turned = time.monotonic() - t_down
         assert {"Stream health", "Ready (/readyz)", "Broker reachable"} <= red(), red()
         assert "Workers up" not in red()  # the exporter answers: up alone says nothing
+        # the lag panel is not blank: it counts the partitions whose lag is unknown
+        (unknown,) = [e for e in dashboard_exprs() if "lag_records != " in e]
+        _wait(
+            "the lag unknown", lambda: query(base, unknown)[0]["value"][1] == "3", 10, worker, log
+        )
         broker.start()
         settings = WorkerSettings(
             bootstrap=broker.bootstrap,
