@@ -169,7 +169,8 @@ def test_a_broker_outage_turns_the_dashboards_health_row_red(
     """A real Prometheus scrapes `privgw run` and evaluates the dashboard's Health row: green
     with the broker, "Stream health", "Ready" and "Broker reachable" red within the stall
     timeout of losing it (the exporter still answers, so "Workers up" alone stays green), green
-    again once it is back. The lag panel says the lag is unknown rather than go blank."""
+    again once it is back, red again once the worker is gone. The lag panel says the lag is
+    unknown rather than go blank."""
     _env(monkeypatch, PRIVGW_STALL_TIMEOUT_SECONDS=str(STALL_S), PRIVGW_LAG_INTERVAL_SECONDS="1")
     policy = small_window_policy(tmp_path, 500)
     broker = EmbeddedBroker(log_dir=tmp_path / "broker").start()
@@ -211,6 +212,10 @@ def test_a_broker_outage_turns_the_dashboards_health_row_red(
         _wait("the Health row green again", lambda: not red(), 60, worker, log)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
+        deadline = time.monotonic() + 10  # a worker that cannot be scraped is red too
+        while "Stream health" not in red():
+            assert time.monotonic() < deadline, health_colours(base)
+            time.sleep(0.2)
     finally:
         prom.terminate()
         prom.wait(10)
