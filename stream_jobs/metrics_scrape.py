@@ -2,10 +2,12 @@
 
 ``WorkerCollector`` is registered by ``GatewayMetrics.attach`` (``stream_jobs.metrics``) and
 reads, whenever Prometheus scrapes: ``WorkerStats`` (flow counters, held records, consumer lag
-per partition), the monitor's health figures, the state store's size, the policy's k, ε and
-expected retention, and the utility and risk measures the per-window observer kept (last
-sampled window and moving averages), the whole-key figures and the republication's. A scrape
-never waits for the engine and never fails because the store is busy.
+per partition, behind and held on purpose), the windows' waiting records (the delay of the
+oldest undecided one, until when records are held), the monitor's health figures, the state
+store's size, the policy's k, ε and expected retention, and the utility and risk measures the
+per-window observer kept (last sampled window and moving averages), the whole-key figures and
+the republication's. A scrape never waits for the engine and never fails because the store is
+busy.
 """
 
 from __future__ import annotations
