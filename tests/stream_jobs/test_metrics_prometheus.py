@@ -263,6 +263,10 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
     assert metric_sum(text, "privgw_oldest_undecided_age_seconds") == 0
     until = metric_sum(text, "privgw_hold_deadline_timestamp_seconds")
     assert time.time() < until < time.time() + policy.window.max_hold_seconds
+    print(
+        f"idle with a wave open: consumer lag {lag:.0f} = {lag:.0f} held on purpose + 0 behind "
+        f"({held:.0f} records held, released at the latest {until - time.time():.0f} s later)"
+    )
 
 
 def metric_sum(text: str, name: str) -> float:
