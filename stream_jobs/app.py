@@ -25,6 +25,7 @@ import faust
 import mode
 from faust.app.base import BootStrategy
 
+from gateway.cli import EXIT_FAILED, EXIT_OK
 from gateway.errors import PrivgwError
 from gateway.launch import sigterm_received
 from stream_jobs.settings import WorkerSettings
@@ -168,8 +169,8 @@ async def serve(
             await asyncio.wait_for(app.stop(), _CANCEL_WAIT_S * 2)
         _close_idle_consumer_loop(app)
     if service.error is not None:
-        return 1
-    return EXIT_BROKER_AWAY if worker.left_uncommitted else 0
+        return EXIT_FAILED
+    return EXIT_BROKER_AWAY if worker.left_uncommitted else EXIT_OK
 
 
 def _close_idle_consumer_loop(app: GatewayApp) -> None:
