@@ -90,13 +90,17 @@ def cmd_kanon(args: argparse.Namespace) -> int:
                 f"--importance must rank the {len(keys)} keys 1..{len(keys)} in --keys order, "
                 f"got {args.importance}"
             )
+    strata = _names(args.strata, "--strata") if args.strata else None
     check_output(args.output, inputs=(args.input,))
-    s = kanon_file(args.input, keys, k=_check_k(args.k), out=args.output, importance=importance)
+    s = kanon_file(
+        args.input, keys, k=_check_k(args.k), out=args.output, importance=importance, strata=strata
+    )
     if args.json:
         print_json(s)
         return 0
+    within = f" within {s['strata_count']} strata of ({', '.join(strata)})" if strata else ""
     print(
-        f"{s['k']}-anonymity on ({', '.join(s['keys'])}), a missing value matching any: "
+        f"{s['k']}-anonymity on ({', '.join(s['keys'])}){within}, a missing value matching any: "
         f"{s['violations_before']} -> {s['violations_after']} records violating; "
         f"{s['suppressed_cells']} cells suppressed in {s['suppressed_records']} records "
         f"({s['seconds']:.3f} s) -> {args.output}"
@@ -145,7 +149,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--importance",
         help="rank of each key in --keys order, 1 = most important (suppressed last); default: "
-        "fewer categories = more important, as sdcMicro",
+        "fewer categories = more important, as sdcMicro. A key is suppressed only where no "
+        "combination of less important keys brings the record to k",
+    )
+    p.add_argument(
+        "--strata",
+        help="comma-separated strata columns: k-anonymity within each stratum (sdcMicro's "
+        "strataVars); every stratum needs k records",
     )
     p.add_argument("-o", "--output", required=True, help="output file, suppressed cells empty")
     p.add_argument("--json", action="store_true", help="one JSON object")

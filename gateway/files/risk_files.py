@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import NDArray
 
+from gateway.errors import InputDataError
 from gateway.files.fileio import read_table, write_table
 from gateway.measures.frequency_risk import FrequencyRisk, Int, key_codes, measure_risk
 from gateway.measures.suda import Suda, suda2
@@ -93,20 +95,30 @@ def kanon_file(
     k: int,
     out: str | Path,
     importance: Sequence[int] | None = None,
+    strata: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """``privgw kanon``: local suppression of ``keys`` to k (missing matches anything); the
-    file is written with the suppressed cells empty, every other cell as read."""
+    """``privgw kanon``: local suppression of ``keys`` to k (missing matches anything), within
+    each stratum of ``strata`` (sdcMicro's ``strataVars``); the file is written with the
+    suppressed cells empty, every other cell as read."""
     import time  # noqa: PLC0415
 
-    from gateway.measures.frequency_risk import sample_frequencies  # noqa: PLC0415
+    from gateway.grouping.strata import stratum_ids  # noqa: PLC0415
     from gateway.mechanisms.local_suppression import default_importance, suppress_to_k  # noqa: PLC0415
 
     frame = read_table(src, as_text=True)
     frame = frame.where(frame != "", None)
     codes = key_codes(frame, keys)
-    fk_before, _ = sample_frequencies(codes)
+    ids = None
+    for name in strata or ():
+        if name not in frame.columns:
+            raise InputDataError(f"--strata: no column {name!r} in the file; fix the name")
+        if name in keys:
+            raise InputDataError(f"--strata {name!r} is also a key; a stratum is never a key")
+    if strata:
+        ids = stratum_ids([frame[name].tolist() for name in strata], len(frame))
+    fk_before = _matches_within(codes, ids)
     start = time.perf_counter()
-    result = suppress_to_k(codes, k, importance)
+    result = suppress_to_k(codes, k, importance, strata=ids)
     seconds = time.perf_counter() - start
     published = frame.copy()
     for j, name in enumerate(keys):
@@ -119,6 +131,8 @@ def kanon_file(
         "keys": list(keys),
         "k": k,
         "importance": list(importance) if importance is not None else default_importance(codes),
+        "strata": list(strata or []),
+        "strata_count": int(ids.max()) + 1 if ids is not None and ids.size else 1,
         "violations_before": int((fk_before < k).sum()),
         "violations_after": int((result.fk < k).sum()),
         "suppressed_cells": result.cells,
@@ -126,3 +140,16 @@ def kanon_file(
         "suppressed_per_key": result.per_key(keys),
         "seconds": seconds,
     }
+
+
+def _matches_within(codes: Int, strata: Int | None) -> NDArray[np.float64]:
+    """fk of every record, counted within its stratum."""
+    from gateway.measures.frequency_risk import sample_frequencies  # noqa: PLC0415
+
+    if strata is None:
+        return sample_frequencies(codes)[0]
+    fk = np.zeros(len(codes))
+    for s in np.unique(strata):
+        rows = np.flatnonzero(strata == s)
+        fk[rows] = sample_frequencies(codes[rows])[0]
+    return fk
