@@ -96,6 +96,7 @@ def protect_file(
     protected = protected[[c for c in columns if c in df.columns]]
     meta = engine.metadata()
     whole_key: dict[str, Any] = {}
+    file_groups: dict[str, Any] | None = None  # the groups formed here, not by the engine
     if recoding:  # the keys: recoded and suppressed here, the engine published the rest
         release = recode_suppress.protect_keys(claim_frame(df, policy, published=False), policy)
         for name in release.keys:
@@ -118,7 +119,7 @@ def protect_file(
         )
         for name in grouped.published.columns:
             protected[name] = grouped.published[name].to_numpy()
-        meta["k_claim"] = grouped.report
+        meta["k_claim"] = file_groups = grouped.report
         whole_key = whole_key_evaluation(df, protected, policy, src, out)
         whole_key["grouping"] = grouped.report
     elif policy.k_claim:
@@ -126,14 +127,21 @@ def protect_file(
     write_table(protected, out)
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     rep = result.report
+    groups: int | None = rep.groups
+    smallest, suppressed = rep.min_group_size, rep.suppressed
+    if recoding:  # no groups: cells are suppressed one by one
+        groups = smallest = None
+    elif file_groups is not None:  # the engine grouped nothing: the file's groups are these
+        groups, smallest = file_groups["groups"], file_groups["smallest_group"] or None
+        suppressed += file_groups["suppressed_records"]
     return {
         "whole_key": whole_key,
         "frequency_risk": release_risk.release_risk(df, protected, policy),
         "records": rep.records_in,
         "published": rep.published,
-        "suppressed": rep.suppressed,
-        "groups": rep.groups,
-        "min_group_size": rep.min_group_size,
+        "suppressed": suppressed,
+        "groups": groups,
+        "min_group_size": smallest,
         "measures": dict(rep.measures),
         "retention": dict(rep.retention),
         "policy_version": engine.version,
