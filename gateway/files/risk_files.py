@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,50 @@ def per_record(freq: FrequencyRisk, suda: Suda) -> pd.DataFrame:
     )
 
 
+@dataclass(frozen=True)
+class KeySet:
+    """A subset of the keys whose risk is reported beside the full key's."""
+
+    keys: tuple[str, ...]
+    left_out: str | None = None  # --by-variable: the key left out
+
+    @property
+    def label(self) -> str:
+        return f"without {self.left_out}" if self.left_out else "+".join(self.keys)
+
+
+def key_sets(
+    keys: Sequence[str], *, by_variable: bool, combinations: Sequence[Sequence[str]]
+) -> list[KeySet]:
+    """Each key left out in turn (``by_variable``), then the chosen ``combinations``."""
+    sets: list[KeySet] = []
+    if by_variable:
+        if len(keys) < 2:
+            raise InputDataError("--by-variable needs at least 2 --keys: one is left out at a time")
+        sets += [KeySet(tuple(c for c in keys if c != name), name) for name in keys]
+    for combo in combinations:
+        if not set(combo) <= set(keys):
+            raise InputDataError(
+                f"--combinations: {'+'.join(combo)} names a column not in --keys; each "
+                "combination is a subset of --keys, joined by + (e.g. roof+sex)"
+            )
+        sets.append(KeySet(tuple(combo)))
+    return sets
+
+
+_CHANGED = ("sample_uniques", "expected_reidentifications", "global_risk_pct")
+
+
+def change(reduced: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
+    """Figures of a reduced key minus those of the full key (negative: less risk)."""
+    out: dict[str, Any] = {name: reduced[name] - full[name] for name in _CHANGED}
+    out["k_anonymity_violations"] = {
+        kk: v - full["k_anonymity_violations"][kk]
+        for kk, v in reduced["k_anonymity_violations"].items()
+    }
+    return out
+
+
 def risk_file(
     src: str | Path,
     keys: Sequence[str],
@@ -77,14 +122,34 @@ def risk_file(
     k: int = 3,
     max_msu: int | None = None,
     dis_fraction: float = 0.01,
+    sets: Sequence[KeySet] = (),
 ) -> dict[str, Any]:
-    """``privgw risk``: the global figures, and with ``out`` the per-record table."""
+    """``privgw risk``: the global figures, and with ``out`` the per-record table. With
+    ``sets``: ``{"full": …, "by_variable": […], "combinations": […]}``, each entry the figures
+    of its key set as without them (a left-out key's with ``left_out`` and its ``change``),
+    and the per-record table gains each set's columns, suffixed ``[label]``."""
     frame = read_table(src)
-    freq, suda, summary = file_risk(
-        frame, keys, weight=weight, k=k, max_msu=max_msu, dis_fraction=dis_fraction
-    )
+
+    def run(names: Sequence[str], msu: int | None) -> tuple[pd.DataFrame, dict[str, Any]]:
+        freq, suda, summary = file_risk(
+            frame, names, weight=weight, k=k, max_msu=msu, dis_fraction=dis_fraction
+        )
+        return per_record(freq, suda), summary
+
+    table, summary = run(keys, max_msu)  # a --max-msu beyond the keys is refused here
+    if sets:
+        result: dict[str, Any] = {"full": summary, "by_variable": [], "combinations": []}
+        for ks in sets:
+            part, figures = run(ks.keys, None if max_msu is None else min(max_msu, len(ks.keys)))
+            table = table.join(part.add_suffix(f"[{ks.label}]"))
+            if ks.left_out is not None:
+                figures = {"left_out": ks.left_out, **figures, "change": change(figures, summary)}
+                result["by_variable"].append(figures)
+            else:
+                result["combinations"].append(figures)
+        summary = result
     if out is not None:
-        write_table(per_record(freq, suda), out)
+        write_table(table, out)
     return summary
 
 
