@@ -21,6 +21,18 @@ def _names(text: str, setting: str) -> list[str]:
     return names
 
 
+def _tokens(text: str | None) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else []
+
+
+def _add_missing(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--missing",
+        help="comma-separated values that mean missing in the key columns (e.g. '?' in Adult); "
+        "an empty cell always does",
+    )
+
+
 def _check_k(k: int, setting: str = "--k") -> int:
     if k < 2:
         raise PrivgwError(f"{setting} must be ≥ 2, got {k}; a class of one record discloses it")
@@ -89,6 +101,7 @@ def cmd_risk(args: argparse.Namespace) -> int:
         max_msu=args.max_msu,
         dis_fraction=args.dis_fraction,
         sets=sets,
+        missing=_tokens(args.missing),
     )
     if args.json:
         print_json(summary)
@@ -129,7 +142,13 @@ def cmd_kanon(args: argparse.Namespace) -> int:
     strata = _names(args.strata, "--strata") if args.strata else None
     check_output(args.output, inputs=(args.input,))
     s = kanon_file(
-        args.input, keys, k=_check_k(args.k), out=args.output, importance=importance, strata=strata
+        args.input,
+        keys,
+        k=_check_k(args.k),
+        out=args.output,
+        importance=importance,
+        strata=strata,
+        missing=_tokens(args.missing),
     )
     if args.json:
         print_json(s)
@@ -183,6 +202,7 @@ def register(sub: Any) -> None:
         help="per-record table (.csv or .jsonl), input order; with --by-variable or "
         "--combinations each key set's columns follow, suffixed [without KEY] or [A+B]",
     )
+    _add_missing(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_risk)
 
@@ -209,5 +229,6 @@ def register(sub: Any) -> None:
         "strataVars); every stratum needs k records",
     )
     p.add_argument("-o", "--output", required=True, help="output file, suppressed cells empty")
+    _add_missing(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_kanon)

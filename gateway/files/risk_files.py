@@ -69,6 +69,22 @@ def per_record(freq: FrequencyRisk, suda: Suda) -> pd.DataFrame:
     )
 
 
+def as_missing(frame: pd.DataFrame, keys: Sequence[str], tokens: Sequence[str]) -> pd.DataFrame:
+    """``frame`` with the key cells that read one of ``tokens`` (e.g. Adult's "?") missing; a
+    key column numeric but for them becomes numeric."""
+    if not tokens:
+        return frame
+    frame = frame.copy()
+    for name in (c for c in keys if c in frame.columns):
+        column = frame[name].astype(object)
+        column = column.where(~column.astype(str).isin(list(tokens)), None)
+        try:
+            frame[name] = pd.to_numeric(column)
+        except (ValueError, TypeError):
+            frame[name] = column
+    return frame
+
+
 @dataclass(frozen=True)
 class KeySet:
     """A subset of the keys whose risk is reported beside the full key's."""
@@ -123,12 +139,13 @@ def risk_file(
     max_msu: int | None = None,
     dis_fraction: float = 0.01,
     sets: Sequence[KeySet] = (),
+    missing: Sequence[str] = (),
 ) -> dict[str, Any]:
     """``privgw risk``: the global figures, and with ``out`` the per-record table. With
     ``sets``: ``{"full": …, "by_variable": […], "combinations": […]}``, each entry the figures
     of its key set as without them (a left-out key's with ``left_out`` and its ``change``),
     and the per-record table gains each set's columns, suffixed ``[label]``."""
-    frame = read_table(src)
+    frame = as_missing(read_table(src), keys, missing)
 
     def run(names: Sequence[str], msu: int | None) -> tuple[pd.DataFrame, dict[str, Any]]:
         freq, suda, summary = file_risk(
@@ -161,10 +178,12 @@ def kanon_file(
     out: str | Path,
     importance: Sequence[int] | None = None,
     strata: Sequence[str] | None = None,
+    missing: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """``privgw kanon``: local suppression of ``keys`` to k (missing matches anything), within
-    each stratum of ``strata`` (sdcMicro's ``strataVars``); the file is written with the
-    suppressed cells empty, every other cell as read."""
+    """``privgw kanon``: local suppression of ``keys`` to k (missing matches anything, and so
+    does a key cell reading one of ``missing``), within each stratum of ``strata`` (sdcMicro's
+    ``strataVars``); the file is written with the suppressed cells empty, every other cell as
+    read."""
     import time  # noqa: PLC0415
 
     from gateway.grouping.strata import stratum_ids  # noqa: PLC0415
@@ -172,7 +191,7 @@ def kanon_file(
 
     frame = read_table(src, as_text=True)
     frame = frame.where(frame != "", None)
-    codes = key_codes(frame, keys)
+    codes = key_codes(as_missing(frame, keys, missing), keys)
     ids = None
     for name in strata or ():
         if name not in frame.columns:

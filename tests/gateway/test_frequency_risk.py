@@ -336,3 +336,12 @@ def test_risk_by_variable_refuses_bad_settings(argv, message, tmp_path, capsys) 
     pd.DataFrame({"urbrur": [1, 2, 1], "sex": [1, 1, 2], "income": [1, 2, 3]}).to_csv(src)
     assert main(["risk", str(src), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_missing_tokens_match_any_category(tmp_path) -> None:
+    src, out = tmp_path / "in.csv", tmp_path / "r.csv"
+    pd.DataFrame({"a": ["x", "x", "?"], "b": [1, 2, 1]}).to_csv(src, index=False)
+    assert main(["risk", str(src), "--keys", "a,b", "-o", str(out)]) == 0
+    assert pd.read_csv(out)["fk"].tolist() == [1, 1, 1]  # "?" a category of its own
+    assert main(["risk", str(src), "--keys", "a,b", "--missing", "?", "-o", str(out)]) == 0
+    assert pd.read_csv(out)["fk"].tolist() == [2, 1, 2]  # "?" matches x
