@@ -34,7 +34,7 @@ from gateway.policy import (
     RRMode,
 )
 from gateway.randomness import SeededSource
-from gateway.records import ValidRecord
+from gateway.records import ValidRecord, WindowReport
 
 
 def meta_path(out: str | Path) -> Path:
@@ -127,25 +127,35 @@ def protect_file(
     write_table(protected, out)
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     rep = result.report
-    groups: int | None = rep.groups
-    smallest, suppressed = rep.min_group_size, rep.suppressed
-    if recoding:  # no groups: cells are suppressed one by one
-        groups = smallest = None
-    elif file_groups is not None:  # the engine grouped nothing: the file's groups are these
-        groups, smallest = file_groups["groups"], file_groups["smallest_group"] or None
-        suppressed += file_groups["suppressed_records"]
     return {
         "whole_key": whole_key,
         "frequency_risk": release_risk.release_risk(df, protected, policy),
         "records": rep.records_in,
         "published": rep.published,
-        "suppressed": suppressed,
-        "groups": groups,
-        "min_group_size": smallest,
+        **_groups(rep, recoding=recoding, file_groups=file_groups),
         "measures": dict(rep.measures),
         "retention": dict(rep.retention),
         "policy_version": engine.version,
         "meta": str(meta_path(out)),
+    }
+
+
+def _groups(
+    rep: WindowReport, *, recoding: bool, file_groups: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The groups a protected file publishes, its smallest, and the records suppressed."""
+    if recoding:  # no groups: cells are suppressed one by one
+        return {"groups": None, "min_group_size": None, "suppressed": rep.suppressed}
+    if file_groups is not None:  # the engine grouped nothing: the file's groups are these
+        return {
+            "groups": file_groups["groups"],
+            "min_group_size": file_groups["smallest_group"] or None,
+            "suppressed": rep.suppressed + file_groups["suppressed_records"],
+        }
+    return {
+        "groups": rep.groups,
+        "min_group_size": rep.min_group_size,
+        "suppressed": rep.suppressed,
     }
 
 
