@@ -132,11 +132,10 @@ class _Classes:
 
     def final(self) -> Int:
         """Each record's class after every move."""
-        end = np.arange(len(self.tuples))
-        for i in range(len(self.tuples) - 1, -1, -1):  # a class only moves to a later one
-            if self.moved_to[i] >= 0:
-                end[i] = end[self.moved_to[i]]
-        return end[self.of_record]
+        # a class moves once, into one that then has k matches and so never moves
+        end = np.where(self.moved_to >= 0, self.moved_to, np.arange(len(self.tuples)))
+        moved: Int = end[self.of_record]
+        return moved
 
 
 def _suppress_stratum(codes: Int, k: int, bit: Int) -> tuple[Int, Int]:
