@@ -38,10 +38,14 @@ def cmd_protect(args: argparse.Namespace) -> int:
     meta = meta_path(args.output)
     check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
     summary = protect_file(args.input, policy, args.output, seed=args.seed)
+    grouping = (
+        "keys recoded, cells suppressed one by one"
+        if summary["groups"] is None
+        else f"{summary['groups']} groups, smallest {summary['min_group_size']}"
+    )
     print(
         f"protected {summary['published']} of {summary['records']} records -> {args.output} "
-        f"(policy {summary['policy_version']}; {summary['groups']} groups, smallest "
-        f"{summary['min_group_size']}; {summary['suppressed']} suppressed)"
+        f"(policy {summary['policy_version']}; {grouping}; {summary['suppressed']} suppressed)"
     )
     numeric_only = {"sse_sst_pct", "il1s", "dld", "interval_disclosure"}
     for name, value in summary["measures"].items():
