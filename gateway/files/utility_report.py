@@ -108,10 +108,21 @@ def _em_values(rec: Renormalised | None, cats: Sequence[str]) -> list[list[float
     ]
 
 
+def _categories(raw: pd.Series, pub: pd.Series, mech: RRMechanism | None) -> list[str]:
+    """The original's categories, most frequent first, then any only published or only in
+    the mechanism (the missing category aside: the shares are among the answers given)."""
+    cats = [str(c) for c in raw.value_counts().index]
+    more = [str(c) for c in pub.value_counts().index] + list(mech.categories if mech else [])
+    for c in more:
+        if c not in cats and c != MISSING_LABEL:
+            cats.append(c)
+    return cats
+
+
 def _marginal_section(
     page: _Page, name: str, raw: pd.Series, pub: pd.Series, mech: RRMechanism | None
 ) -> str:
-    all_cats = [str(c) for c in raw.value_counts().index]
+    all_cats = _categories(raw, pub, mech)
     rec = _em(name, mech, pub) if mech is not None else None
     r, p = _shares(raw, all_cats), _shares(pub, all_cats)
     em = _em_values(rec, all_cats)
@@ -142,7 +153,7 @@ def _two_way(
     """Shares of ``col_name`` within each category of ``row_name`` (raw row categories, as
     the analyst holds them when the row attribute is published unchanged)."""
     row_cats = [str(c) for c in raw[row_name].value_counts().index]
-    col_cats = [str(c) for c in raw[col_name].value_counts().index]
+    col_cats = _categories(raw[col_name], pub[col_name], mech)
     rows: list[list[object]] = []
     shown: list[list[object]] = []
     for i, rc in enumerate(row_cats):

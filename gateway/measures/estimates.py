@@ -58,7 +58,7 @@ def wls(
     p = design.shape[1]
     wt = np.ones(n) if w is None else w
     xtwx = design.T @ (wt[:, None] * design)
-    beta: NDArray[np.float64] = np.linalg.solve(xtwx, design.T @ (wt * y))
+    beta = np.asarray(np.linalg.solve(xtwx, design.T @ (wt * y)), dtype=np.float64)
     resid = y - design @ beta
     score = design * (wt * resid)[:, None]
     bread = np.linalg.inv(xtwx)
