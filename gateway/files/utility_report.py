@@ -45,9 +45,15 @@ def _cell(v: object) -> str:
     return html.escape(str(v))
 
 
+def _td(v: object) -> str:
+    """A cell: text left-aligned, numbers right-aligned."""
+    text = isinstance(v, str)
+    return f"<td class='t'>{_cell(v)}</td>" if text else f"<td>{_cell(v)}</td>"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]], cls: str = "") -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(_td(v) for v in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -352,7 +358,7 @@ def _summary_table(result: Mapping[str, Any], policy: Policy, records: int) -> s
         )
     body = "".join(
         f"<tr data-figure='{key}' data-columns='{html.escape(','.join(cols))}'>"
-        f"<td>{html.escape(label)}</td><td>{html.escape(', '.join(cols))}</td>"
+        f"<td>{html.escape(label)}</td><td class='t'>{html.escape(', '.join(cols))}</td>"
         f"<td>{_cell(value)}</td></tr>"
         for key, label, cols, value in rows
     )
@@ -490,6 +496,7 @@ th{background:#eef;max-width:14em}td:first-child,th:first-child{text-align:left}
 img{display:block;max-width:100%;margin:.3em 0 1em}
 code{background:#f4f4f4;padding:1px 3px}
 p.cut{font-size:13px;color:#555;margin:.2em 0}
+td.t{text-align:left}
 </style></head>
 <body>
 BODY

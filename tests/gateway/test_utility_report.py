@@ -176,7 +176,7 @@ def test_summary_labels_name_the_columns_their_figures_cover(run: Run, dom: str)
     policy = load_policy(POLICY)
     orig, prot = pd.read_csv(run.src), pd.read_csv(run.out)
     rows = re.findall(
-        r'<tr data-figure="([^"]*)" data-columns="([^"]*)"><td>([^<]*)</td><td>([^<]*)</td>'
+        r'<tr data-figure="([^"]*)" data-columns="([^"]*)"><td>([^<]*)</td><td[^>]*>([^<]*)</td>'
         r"<td>([^<]*)</td></tr>",
         dom,
     )
