@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pandas as pd
 
 from gateway.files.fileio import read_table
 from gateway.files.report_changes import data_changes, text_column
+from gateway.files.report_html import PAGE, Page, cell, html_table
 from gateway.files.report_plots import Bars, correlation_plot, marginal_plot
 from gateway.measures.estimates import wls
 from gateway.measures.frequency_risk import weights_of
@@ -35,52 +35,6 @@ from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, Role
 MAX_CATEGORIES = 12  # categories shown per marginal (the most frequent in the original)
 MAX_TWO_WAY = 6  # categories shown per margin of the two-way table
 FLAG_SES = 2.0  # a published estimate further than this many SEs from the original is flagged
-
-
-def _cell(v: object) -> str:
-    if isinstance(v, float):
-        if not np.isfinite(v):
-            return "—"
-        return f"{v:,.0f}" if abs(v) >= 1e5 else f"{v:.4f}"
-    return html.escape(str(v))
-
-
-def _td(v: object) -> str:
-    """A cell: text left-aligned, numbers right-aligned."""
-    text = isinstance(v, str)
-    return f"<td class='t'>{_cell(v)}</td>" if text else f"<td>{_cell(v)}</td>"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[object]], cls: str = "") -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(_td(v) for v in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _anchor(name: str) -> str:
-    return "full-" + "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
-
-
-@dataclass
-class _Page:
-    """The page's parts, and the full tables of the cut ones (shown at the end)."""
-
-    parts: list[str] = field(default_factory=list)
-    full: list[str] = field(default_factory=list)
-
-    def cut_table(
-        self, name: str, shown: int, total: int, what: str, table: str, *, detail: str = ""
-    ) -> str:
-        """A note that says how much of ``table`` is shown, with a link to it in full."""
-        if shown >= total:
-            return ""
-        anchor = _anchor(name)
-        self.full.append(f"<h3 id='{anchor}'>{html.escape(name)}: all {total} {what}</h3>{table}")
-        return (
-            f"<p class='cut'>{shown} of {total} {what}{html.escape(detail)} shown (the most "
-            f"frequent in the original); <a href='#{anchor}'>all {total} in the full table</a> "
-            "below.</p>"
-        )
 
 
 def _shares(values: pd.Series, cats: Sequence[str]) -> np.ndarray:
@@ -126,7 +80,7 @@ def _categories(raw: pd.Series, pub: pd.Series, mech: RRMechanism | None) -> lis
 
 
 def _marginal_section(
-    page: _Page, name: str, raw: pd.Series, pub: pd.Series, mech: RRMechanism | None
+    page: Page, name: str, raw: pd.Series, pub: pd.Series, mech: RRMechanism | None
 ) -> str:
     all_cats = _categories(raw, pub, mech)
     rec = _em(name, mech, pub) if mech is not None else None
@@ -134,7 +88,9 @@ def _marginal_section(
     em = _em_values(rec, all_cats)
     rows = [[c, r[i], p[i], *(em[i] if mech is not None else [])] for i, c in enumerate(all_cats)]
     header = ["category", "raw", "published", *_em_header(mech)]
-    cut = page.cut_table(name, MAX_CATEGORIES, len(all_cats), "categories", _table(header, rows))
+    cut = page.cut_table(
+        name, MAX_CATEGORIES, len(all_cats), "categories", html_table(header, rows)
+    )
     shown = all_cats[:MAX_CATEGORIES]
     series = [Bars("raw", r[: len(shown)]), Bars("published", p[: len(shown)])]
     if mech is not None:
@@ -142,13 +98,13 @@ def _marginal_section(
         series.append(Bars("reconstructed", est[:, 0], est[:, 1]))
     img = marginal_plot(name, shown, series)
     return (
-        f"<h3>{html.escape(name)}</h3>{cut}{_table(header, rows[: len(shown)])}"
+        f"<h3>{html.escape(name)}</h3>{cut}{html_table(header, rows[: len(shown)])}"
         f"<img alt='{html.escape(name)}' src='{img}'>"
     )
 
 
 def _two_way(
-    page: _Page,
+    page: Page,
     raw: pd.DataFrame,
     pub: pd.DataFrame,
     mech: RRMechanism,
@@ -177,8 +133,10 @@ def _two_way(
         f"{min(len(col_cats), MAX_TWO_WAY)} of {len(col_cats)} {col_name} categories)"
     )
     name = f"{col_name} within {row_name}"
-    cut = page.cut_table(name, len(shown), len(rows), "cells", _table(header, rows), detail=detail)
-    return cut + _table(header, shown)
+    cut = page.cut_table(
+        name, len(shown), len(rows), "cells", html_table(header, rows), detail=detail
+    )
+    return cut + html_table(header, shown)
 
 
 def _correlations(x: pd.DataFrame, xm: pd.DataFrame) -> tuple[str, str]:
@@ -189,7 +147,7 @@ def _correlations(x: pd.DataFrame, xm: pd.DataFrame) -> tuple[str, str]:
         for i in range(len(names))
         for j in range(i + 1, len(names))
     ]
-    table = _table(["a", "b", "original", "published", "difference"], rows)
+    table = html_table(["a", "b", "original", "published", "difference"], rows)
     return table, correlation_plot(names, c0, c1)
 
 
@@ -220,7 +178,7 @@ def _regression(x: pd.DataFrame, xm: pd.DataFrame, w: np.ndarray | None) -> tupl
         "difference / SE(original)",
         "flag",
     ]
-    return model, _table(header, rows, "regression")
+    return model, html_table(header, rows, "regression")
 
 
 def build_report(
@@ -243,23 +201,25 @@ def build_report(
     w = weights_of(orig, weight) if weight else None
     raw_t, pub_t = _categorical_frames(policy, orig, prot)
     changes = data_changes(policy, orig, prot, raw_t, pub_t, weights=w)
-    page = _Page()
-    page.parts = [
-        *_heading(original, protected, policy, orig, weight, policy_path=policy_path, out=out),
-        _summary_table(result, policy, len(orig)),
-        "<h2 id='changes'>What changed in the data</h2>",
-        _table(
-            ["attribute", "what was done", "records", "of", "share"],
-            [[c.attribute, c.what, c.records, c.of, c.share] for c in changes],
-            "changes",
-        ),
-        *_marginal_parts(page, raw_t, pub_t, mechanisms),
-        *_numeric_parts(policy, orig, prot, w),
-        *_weighted_parts(result),
-    ]
+    page = Page()
+    page.parts.extend(
+        [
+            *_heading(original, protected, policy, orig, weight, policy_path=policy_path, out=out),
+            _summary_table(result, policy, len(orig)),
+            "<h2 id='changes'>What changed in the data</h2>",
+            html_table(
+                ["attribute", "what was done", "records", "of", "share"],
+                [[c.attribute, c.what, c.records, c.of, c.share] for c in changes],
+                "changes",
+            ),
+            *_marginal_parts(page, raw_t, pub_t, mechanisms),
+            *_numeric_parts(policy, orig, prot, w),
+            *_weighted_parts(result),
+        ]
+    )
     if page.full:
-        page.parts += ["<h2 id='full-tables'>Full tables</h2>", *page.full]
-    return _PAGE.replace("BODY", "\n".join(page.parts))
+        page.parts.extend(["<h2 id='full-tables'>Full tables</h2>", *page.full])
+    return PAGE.replace("BODY", "\n".join(page.parts))
 
 
 def _heading(
@@ -359,7 +319,7 @@ def _summary_table(result: Mapping[str, Any], policy: Policy, records: int) -> s
     body = "".join(
         f"<tr data-figure='{key}' data-columns='{html.escape(','.join(cols))}'>"
         f"<td>{html.escape(label)}</td><td class='t'>{html.escape(', '.join(cols))}</td>"
-        f"<td>{_cell(value)}</td></tr>"
+        f"<td>{cell(value)}</td></tr>"
         for key, label, cols, value in rows
     )
     return (
@@ -393,7 +353,7 @@ def _categorical_frames(
 
 
 def _marginal_parts(
-    page: _Page, raw_t: pd.DataFrame, pub_t: pd.DataFrame, mechanisms: Mapping[str, RRMechanism]
+    page: Page, raw_t: pd.DataFrame, pub_t: pd.DataFrame, mechanisms: Mapping[str, RRMechanism]
 ) -> list[str]:
     """Each categorical attribute's marginal (raw, published, reconstructed) and one two-way
     table of a randomized attribute within a plain one."""
@@ -480,34 +440,7 @@ def _weighted_parts(result: Mapping[str, Any]) -> list[str]:
     ]
     return [
         "<h2>Weighted estimates</h2>",
-        _table(header, rows, "weighted"),
+        html_table(header, rows, "weighted"),
         "<p>See <a href='#changes'>what changed in the data</a> for the top/bottom "
         "coding behind a flagged mean.</p>",
     ]
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>privgw utility report</title>
-<style>
-body{font-family:sans-serif;margin:1.5em;max-width:1100px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
-th,td{border:1px solid #bbb;padding:2px 8px;text-align:right}
-th{background:#eef;max-width:14em}td:first-child,th:first-child{text-align:left}
-img{display:block;max-width:100%;margin:.3em 0 1em}
-code{background:#f4f4f4;padding:1px 3px}
-p.cut{font-size:13px;color:#555;margin:.2em 0}
-td.t{text-align:left}
-</style></head>
-<body>
-BODY
-<script>
-window.addEventListener("load", function () {
-  var imgs = document.querySelectorAll("img"), ok = 0;
-  imgs.forEach(function (i) { if (i.complete && i.naturalWidth > 0) ok += 1; });
-  document.body.setAttribute("data-images", String(imgs.length));
-  document.body.setAttribute("data-images-loaded", String(ok));
-  document.body.setAttribute("data-tables", String(document.querySelectorAll("table").length));
-});
-</script>
-</body></html>
-"""
