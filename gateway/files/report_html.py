@@ -11,10 +11,14 @@ import numpy as np
 
 
 def cell(v: object) -> str:
+    """A value as shown: large numbers with thousands separators, 4 decimals, or 4
+    significant digits below 0.01 (a small coefficient and its SE keep their digits)."""
     if isinstance(v, float):
         if not np.isfinite(v):
             return "—"
-        return f"{v:,.0f}" if abs(v) >= 1e5 else f"{v:.4f}"
+        if abs(v) >= 1e5:
+            return f"{v:,.0f}"
+        return f"{v:.4f}" if v == 0 or abs(v) >= 0.01 else f"{v:.4g}"  # small: 4 digits
     return html.escape(str(v))
 
 
@@ -59,7 +63,7 @@ class Page:
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>privgw utility report</title>
 <style>
-body{font-family:sans-serif;margin:1.5em;max-width:1100px;color:#222}
+body{font-family:sans-serif;margin:1.5em;max-width:1250px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
 th,td{border:1px solid #bbb;padding:2px 8px;text-align:right}
 th{background:#eef;max-width:14em}td:first-child,th:first-child{text-align:left}
@@ -67,6 +71,8 @@ img{display:block;max-width:100%;margin:.3em 0 1em}
 code{background:#f4f4f4;padding:1px 3px}
 p.cut{font-size:13px;color:#555;margin:.2em 0}
 td.t{text-align:left}
+.pair{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}
+.pair img{max-width:620px}
 </style></head>
 <body>
 BODY

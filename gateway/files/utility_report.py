@@ -98,8 +98,8 @@ def _marginal_section(
         series.append(Bars("reconstructed", est[:, 0], est[:, 1]))
     img = marginal_plot(name, shown, series)
     return (
-        f"<h3>{html.escape(name)}</h3>{cut}{html_table(header, rows[: len(shown)])}"
-        f"<img alt='{html.escape(name)}' src='{img}'>"
+        f"<h3>{html.escape(name)}</h3>{cut}<div class='pair'>"
+        f"{html_table(header, rows[: len(shown)])}<img alt='{html.escape(name)}' src='{img}'></div>"
     )
 
 
