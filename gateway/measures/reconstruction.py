@@ -223,7 +223,7 @@ def renormalise(est: DistributionEstimate, left_out: str) -> Renormalised:
         return Renormalised(keep, np.asarray(est.em), np.asarray(est.em_se))
     o = est.categories.index(left_out)
     idx = [i for i in range(len(est.categories)) if i != o]
-    rest = 1.0 - float(est.em[o])
+    rest = float(est.em[idx].sum())  # 1 − π_o, without the cancellation when π_o ≈ 1
     shares = est.em[idx] / rest if rest > 0.0 else np.full(len(idx), np.nan)
     jac = np.zeros((len(idx), len(est.categories)))
     jac[np.arange(len(idx)), idx] = 1.0 / rest
