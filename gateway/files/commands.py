@@ -49,7 +49,11 @@ def cmd_protect(args: argparse.Namespace) -> int:
     )
     numeric_only = {"sse_sst_pct", "il1s", "dld", "interval_disclosure"}
     for name, value in summary["measures"].items():
-        label = f"{name} (numeric quasi-identifiers)" if name in numeric_only else name
+        label = (
+            f"{name} (numeric quasi-identifiers: {', '.join(policy.numeric_claim)})"
+            if name in numeric_only
+            else name
+        )
         print(f"  {label}: {fmt(value)}")
     for name, value in summary["retention"].items():
         print(f"  retention {name}: {fmt(value)}")

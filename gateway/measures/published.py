@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import InputDataError
-from gateway.measures.reconstruction import reconstruct
+from gateway.measures.reconstruction import DistributionEstimate, reconstruct
 from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.policy import MISSING_LABEL
 
@@ -42,23 +42,31 @@ def reconstruct_rows(
     """Estimated true distributions of the randomized attributes from published rows."""
     out: dict[str, Any] = {}
     for name, mech in mechanisms.items():
-        index = {c: i for i, c in enumerate(mech.categories)}
-        codes = []
-        for r in rows:
-            if name not in r:
-                continue
-            code = published_code(r[name], index)
-            if code == -1:
-                raise InputDataError(
-                    f"published column '{name}' has values outside the published categories"
-                )
-            if code is not None:
-                codes.append(code)
-        if not codes:
-            continue
-        est = reconstruct(mech, np.array(codes, dtype=np.int64))
-        out[name] = est.to_dict() if hasattr(est, "to_dict") else _estimate_dict(est)
+        est = reconstruct_column(name, [r[name] for r in rows if name in r], mech)
+        if est is not None:
+            out[name] = est.to_dict() if hasattr(est, "to_dict") else _estimate_dict(est)
     return out
+
+
+def reconstruct_column(
+    name: str, values: Sequence[object], mech: RRMechanism
+) -> DistributionEstimate | None:
+    """Both estimates of one randomized column's true distribution from its published values
+    (a missing value counts as the missing category where the mechanism has one); None when
+    no value counts. ``privgw reconstruct`` and the utility report both take this."""
+    index = {c: i for i, c in enumerate(mech.categories)}
+    codes = []
+    for v in values:
+        code = published_code(v, index)
+        if code == -1:
+            raise InputDataError(
+                f"published column '{name}' has values outside the published categories"
+            )
+        if code is not None:
+            codes.append(code)
+    if not codes:
+        return None
+    return reconstruct(mech, np.array(codes, dtype=np.int64))
 
 
 def _estimate_dict(est: Any) -> dict[str, Any]:
