@@ -24,6 +24,7 @@ from gateway.measures.published import (
 from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import (
     Policy,
+    RepublicationMode,
     RRMode,
 )
 
@@ -58,7 +59,9 @@ def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
                     "matrix is only in that file"
                 )
             mechanisms[name] = from_spec(attr)
-    return reconstruct_rows(frame_rows(df), mechanisms)
+    rep = policy.republication
+    weight = rep.weight_name if rep.mode is RepublicationMode.PANEL else None
+    return reconstruct_rows(frame_rows(df), mechanisms, weight if weight in df.columns else None)
 
 
 def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:

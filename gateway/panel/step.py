@@ -371,6 +371,14 @@ class PanelStep:
                 pub_rids.append(rid)
                 flags.append(False)
                 respondents.append(None)
+        keys = _keys_of(out.keys, len(pub_rids))
+        # oldest wave first: a backlog decided in one window is published wave by wave
+        wave_at = names.index(self.wave) if self.wave in names else None
+        if wave_at is not None:
+            order = sorted(range(len(pub_rids)), key=lambda at: _wave(cols[wave_at][at]) or -1)
+            cols = [[col[at] for at in order] for col in cols]
+            pub_rids, flags = [pub_rids[at] for at in order], [flags[at] for at in order]
+            respondents, keys = [respondents[at] for at in order], [keys[at] for at in order]
         self._write(view, rosters)
         rows = output_rows(names, cols) if encode else []
         values_out = encode_rows(names, cols) if encode else [b""] * len(pub_rids)
@@ -378,7 +386,7 @@ class PanelStep:
             map(
                 PublishedRecord,
                 pub_rids,
-                _keys_of(out.keys, len(pub_rids)),
+                keys,
                 values_out,
                 [None] * len(pub_rids),
                 flags,
@@ -437,10 +445,11 @@ def _pseudonyms(out: Output, records: Sequence[ValidRecord], pub_idx: list[int],
 def _report(
     pw: PanelWindow, plan: _Plan, out: Output, *, published: int, suppressed: int
 ) -> WindowReport:
+    n_in = len(pw.records)  # every record of the window is decided (or stands for a re-sent one)
     return WindowReport(
         window_id=window_digest(pw.rids),
-        records_in=len(pw.records),
-        published=published,
+        records_in=n_in,
+        published=n_in,
         held=0,
         suppressed=suppressed,
         min_group_size=min(plan.classes) if plan.classes else None,
@@ -450,6 +459,7 @@ def _report(
         measures=dict(plan.measures),
         retention=out.retention,
         randomized=out.randomized,
+        imputed=published - n_in,
     )
 
 

@@ -77,3 +77,26 @@ def test_kish() -> None:
 def test_bad_bounds_name_the_setting() -> None:
     with pytest.raises(ValueError, match="lower <= 1 <= upper"):
         RakingSpec(lower=1.5)
+
+
+def test_weighted_reconstruction_counts_the_weights() -> None:
+    """Equal weights give the unweighted estimate (with the same standard errors); unequal
+    weights estimate the weighted shares, with the effective sample size's larger errors."""
+    from gateway.measures.published import reconstruct_column  # noqa: PLC0415
+    from gateway.mechanisms.rr_constructions import uniform  # noqa: PLC0415
+
+    mech = uniform(["a", "b", "c"], retention=0.7)
+    rng = np.random.default_rng(5)
+    values = rng.choice(["a", "b", "c"], 3000, p=[0.5, 0.3, 0.2]).tolist()
+    plain = reconstruct_column("x", values, mech)
+    equal = reconstruct_column("x", values, mech, [2.0] * len(values))
+    assert plain is not None and equal is not None
+    np.testing.assert_allclose(equal.em, plain.em, atol=1e-9)
+    np.testing.assert_allclose(equal.em_se, plain.em_se, rtol=1e-6)
+    # weight the a's up: the weighted observed share of a rises, and so does its estimate
+    weights = [3.0 if v == "a" else 1.0 for v in values]
+    heavy = reconstruct_column("x", values, mech, weights)
+    assert heavy is not None
+    assert heavy.observed[0] > plain.observed[0]
+    assert heavy.em[0] > plain.em[0]
+    assert heavy.n < plain.n  # Kish's effective size
