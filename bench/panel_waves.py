@@ -502,9 +502,7 @@ def main() -> None:
     ]
     print(f"cost: engine µs a record against {baseline} in the same run")
     for mode, tally in zip(modes, tallies, strict=True):
-        report(
-            mode, tally, waves, k, base_cost if mode != baseline else None, sensitive=sensitive
-        )
+        report(mode, tally, waves, k, base_cost if mode != baseline else None, sensitive=sensitive)
 
 
 if __name__ == "__main__":

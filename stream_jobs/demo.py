@@ -291,6 +291,7 @@ async def _write_outputs(
     print(
         f"done in {time.monotonic() - t0:.1f} s: {st.consumed} in, {st.published} published "
         f"({st.suppressed} with quasi-identifiers suppressed), {st.dlq_total} dead-lettered"
+        + (f"; {st.imputed} more for panel members absent from a wave" if st.imputed else "")
     )
     print(f"protected records: {out_path} ({len(rows)} lines); metadata: {meta_path}")
     print(

@@ -311,6 +311,7 @@ def encode_result(
         [by_source[id(p.source)] if p.source is not None else -1 for p in pub],
         [p.suppressed for p in pub],
         held.positions,
+        [p.respondent for p in pub],  # in memory only: for tests and attack simulation
     )
     extra = (result.report, result.aggregated)
     return _pack(columns), pickle.dumps(extra, protocol=pickle.HIGHEST_PROTOCOL)
@@ -331,17 +332,26 @@ class _Published(Sequence[PublishedRecord]):
         output: tuple[list[str], list[list[Any]]],
         sources: list[SourceRef | None],
         suppressed: list[bool],
+        *,
+        respondents: list[bytes | None],
     ) -> None:
         self._n = len(rids)
-        self._args: tuple[Any, ...] | None = (rids, keys, output, sources, suppressed)
+        self._args: tuple[Any, ...] | None = (
+            rids,
+            keys,
+            output,
+            sources,
+            suppressed,
+            respondents,
+        )
         self._records: list[PublishedRecord] | None = None
 
     def _all(self) -> list[PublishedRecord]:
         if self._records is None:
             assert self._args is not None
-            rids, keys, (names, columns), sources, suppressed = self._args
+            rids, keys, (names, columns), sources, suppressed, who = self._args
             values = encode_rows(names, columns)
-            self._records = list(map(PublishedRecord, rids, keys, values, sources, suppressed))
+            self._records = list(map(PublishedRecord, rids, keys, values, sources, suppressed, who))
             self._args = None
         return self._records
 
@@ -367,13 +377,13 @@ class _Published(Sequence[PublishedRecord]):
 
 
 def decode_result(records: Sequence[ValidRecord], columns: bytes, extra: bytes) -> WindowResult:
-    rids, keys, values, origin, suppressed, held = _unpack(columns)
+    rids, keys, values, origin, suppressed, held, who = _unpack(columns)
     sources = [records[i].source if i >= 0 else None for i in origin]
     published: Sequence[PublishedRecord]
     if isinstance(values, tuple):  # (names, columns): the child left them to be encoded here
-        published = _Published(rids, keys, values, sources, suppressed)
+        published = _Published(rids, keys, values, sources, suppressed, respondents=who)
     else:
-        published = list(map(PublishedRecord, rids, keys, values, sources, suppressed))
+        published = list(map(PublishedRecord, rids, keys, values, sources, suppressed, who))
     report, aggregated = pickle.loads(extra)
     return WindowResult(
         published=published,

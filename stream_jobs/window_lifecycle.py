@@ -348,6 +348,7 @@ class WindowLifecycle:
             return
         st.windows += 1
         st.published += report.published
+        st.imputed += report.imputed
         st.suppressed += report.suppressed
         st.groups += report.groups
         st.sticky_hits += report.sticky_hits

@@ -16,6 +16,8 @@ class WorkerStats:
     consumed: int = 0
     valid: int = 0
     published: int = 0
+    # records published for no consumed record: a panel's absent members (and re-sent ones)
+    imputed: int = 0
     suppressed: int = 0
     dlq: Counter[str] = field(default_factory=Counter)
     windows: int = 0

@@ -359,13 +359,14 @@ def _weights(
         current = [roster.carried[r][0][j] for r in rows]
         # a missing category is published as None
         published = [MISSING_LABEL if t[j] is None else t[j] for t in classes]
-        cats = sorted({*map(repr, current), *map(repr, published)})
-        code = {c: i for i, c in enumerate(cats)}
-        margins.append(np.asarray([code[repr(v)] for v in published], dtype=np.int64))
+        code: dict[object, int] = {}
+        for v in (*published, *current):
+            code.setdefault(v, len(code))
+        margins.append(np.asarray([code[v] for v in published], dtype=np.int64))
         counted: NDArray[np.float64] = np.bincount(
-            np.asarray([code[repr(v)] for v in current], dtype=np.int64),
+            np.asarray([code[v] for v in current], dtype=np.int64),
             weights=sw,
-            minlength=len(cats),
+            minlength=len(code),
         ).astype(np.float64)
         targets.append(counted)
     raked = rake(sizes, base, margins, targets, rules.raking)

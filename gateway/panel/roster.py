@@ -15,7 +15,8 @@ republish what was published for its respondent, byte for byte.
 
 from __future__ import annotations
 
-import os
+import hashlib
+import hmac
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +39,14 @@ def roster_key(scope: int | None) -> bytes:
 
 
 class Sealer:
-    """AES-256-GCM over the carried values; ``key``: 32 bytes derived from the secret."""
+    """AES-256-GCM over the carried values; ``key``: 32 bytes derived from the secret.
 
-    __slots__ = ("_aead",)
+    The nonce is synthetic (as in SIV): an HMAC of the entry's key and the plaintext under a
+    key of its own, so two engines, or a replay, given the same inputs write the same bytes,
+    and two different plaintexts never share a nonce. Equal plaintexts give equal ciphertexts,
+    which tells only that a roster did not change."""
+
+    __slots__ = ("_aead", "_nonce_key")
 
     def __init__(self, key: bytes) -> None:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
@@ -48,9 +54,12 @@ class Sealer:
         if len(key) != 32:
             raise ValueError(f"the carry key must be 32 bytes, got {len(key)}")
         self._aead = AESGCM(key)
+        self._nonce_key = hashlib.sha256(b"privgw/v1/panel-nonce\x00" + key).digest()
 
     def seal(self, plain: bytes, context: bytes) -> bytes:
-        nonce = os.urandom(NONCE_BYTES)  # a fresh nonce per sealing: no reuse under one key
+        mac = hmac.new(self._nonce_key, len(context).to_bytes(4, "big") + context, "sha256")
+        mac.update(plain)
+        nonce = mac.digest()[:NONCE_BYTES]
         return nonce + self._aead.encrypt(nonce, plain, context)
 
     def open(self, sealed: bytes, context: bytes) -> bytes:

@@ -212,8 +212,8 @@ class PanelStep:
         present = Present(
             keys=[pw.rkeys[i] for i in lead],  # type: ignore[misc]
             rows=[rows[i] for i in lead],
-            carry=[self._carry(pw, i) for i in lead],
-            sampling=[self._sampling_weight(pw, i) for i in lead],
+            carry=self._carry(pw, lead),
+            sampling=self._sampling_weights(pw, lead),
         )
         rand = self._columns.rand
 
@@ -270,18 +270,26 @@ class PanelStep:
         for name, value in out.measures.items():
             plan.measures[name] = _combine(name, plan.measures.get(name), value)
 
-    def _carry(self, pw: PanelWindow, i: int) -> dict[str, Any]:
-        values = {n: pw.columns[n][i] for n in self._carried if n in pw.columns}
-        rid = pw.records[i].respondent_id
-        if self._pseudonym is not None and rid is not None:
-            values[PSEUDONYM] = self._pseudonym(rid)
-        return values
+    def _carry(self, pw: PanelWindow, rows: list[int]) -> list[dict[str, Any]]:
+        """What each respondent at ``rows`` is carried forward with, should it be absent."""
+        names = [n for n in self._carried if n in pw.columns]
+        cols = [pw.columns[n] for n in names]
+        out = [dict(zip(names, [col[i] for col in cols], strict=True)) for i in rows]
+        if self._pseudonym is not None:
+            for values, i in zip(out, rows, strict=True):
+                rid = pw.records[i].respondent_id
+                if rid is not None:
+                    values[PSEUDONYM] = self._pseudonym(rid)
+        return out
 
-    def _sampling_weight(self, pw: PanelWindow, i: int) -> float:
-        if self._sampling is None:
-            return 1.0
-        value = pw.columns.get(self._sampling, [None] * len(pw.records))[i]
-        return float(value) if isinstance(value, int | float) and value > 0 else 1.0
+    def _sampling_weights(self, pw: PanelWindow, rows: list[int]) -> list[float]:
+        col = pw.columns.get(self._sampling) if self._sampling is not None else None
+        if col is None:
+            return [1.0] * len(rows)
+        return [
+            float(v) if isinstance(v, int | float) and v > 0 else 1.0
+            for v in (col[i] for i in rows)
+        ]
 
     # -- replaying the last wave --------------------------------------------------------
     def _replay(

@@ -5,10 +5,12 @@ broker's version reply, DESIGN §8)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -388,6 +390,25 @@ def small_window_policy(
     data["window"].pop("max_idle_seconds", None)
     data["republication"].update(pool=pool, mode=mode)
     path = tmp / "policy.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@functools.cache
+def regroup_policy_path() -> Path:
+    """:func:`regroup_adult` written once per test process: for the tests of mechanics that do
+    not depend on the republication mode (metrics, keys, failures), written when the shipped
+    policy was regroup, and run so still; the panel mode has tests of its own."""
+    return regroup_adult(Path(tempfile.mkdtemp(prefix="privgw-regroup-")))
+
+
+def regroup_adult(tmp: Path) -> Path:
+    """deploy/policies/adult.yaml as it shipped before the panel mode (regroup, one pool per
+    wave), for the tests of what that mode keeps (replay entries, strata, l-diversity)."""
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "deploy" / "policies" / "adult.yaml").read_text())
+    data["republication"] = {"mode": "regroup", "wave_attribute": "wave", "pool": "release"}
+    path = tmp / "adult_regroup.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

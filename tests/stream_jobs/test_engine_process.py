@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from streamkit import validated_panel
+from streamkit import regroup_adult, validated_panel
 
 from gateway.engine import Engine
 from gateway.keyed import Keyring
@@ -220,14 +220,15 @@ def test_an_engine_failure_is_reported_without_the_value(
     engine_process: EngineProcess,
 ) -> None:
     bad = validated_panel(6)  # waves 1, 1, 2, 2, 3, 3 over partitions 0, 1, 2, 0, 1, 2
-    # in wave 1, which every partition has moved past: decided in this window
+    # in wave 1, which every partition has moved past (for longer than the panel's close
+    # grace): decided in this window
     bad[1] = bad[1]._replace(values={**bad[1].values, "age": "forty-two-years"})
     with pytest.raises(EngineProcessError) as err:
-        engine_process.protect_window(bad, now=0.0)
+        engine_process.protect_window(bad, now=100.0)
     assert "forty-two" not in str(err.value)
     assert "ValueError" in str(err.value) or "TypeError" in str(err.value)
     # the child is still there and serves the next window: every record published or held
-    after = engine_process.protect_window(validated_panel(6), now=0.0)
+    after = engine_process.protect_window(validated_panel(6), now=100.0)
     assert len(after.published) + len(after.held) == 6
 
 
@@ -277,7 +278,7 @@ def test_the_child_dies_with_a_worker_killed_mid_window(tmp_path: Path) -> None:
         from pathlib import Path
         from gateway.policy import load_policy
         from stream_jobs.engine_process import EngineProcess, EngineSpec
-        from streamkit import validated_panel
+        from streamkit import regroup_adult, validated_panel
         records = validated_panel(20000)
         proc = EngineProcess(EngineSpec(load_policy({str(ADULT)!r}),
                                         Path({str(tmp_path / "s.db")!r}), {SECRET!r}))
@@ -337,7 +338,7 @@ def test_a_dead_shard_fails_the_window_and_the_others_still_close(tmp_path: Path
     try:
         os.kill(shards.pids[1], signal.SIGKILL)
         with pytest.raises(EngineProcessError, match="exited"):
-            shards.protect_window(validated_panel(60), now=0.0)
+            shards.protect_window(validated_panel(60), now=100.0)  # waves past the grace
         # the live shard's reply was read and its lock released: it still answers
         assert shards.shards[0].count() > 0
     finally:
@@ -348,7 +349,7 @@ def test_a_dead_shard_fails_the_window_and_the_others_still_close(tmp_path: Path
 def test_strata_and_l_diversity_in_the_child_match_the_engine_in_process(tmp_path: Path) -> None:
     """The keys the worker packs ahead digest each record's stratum with its tuple, as the
     engine does itself: the child decides every window as the engine in process does."""
-    spec = yaml.safe_load(ADULT.read_text())
+    spec = yaml.safe_load(regroup_adult(tmp_path).read_text())  # panel groups no strata yet
     spec["microaggregation"].update(
         strata=["race"], small_strata="suppress", l_diversity={"attribute": "income", "l": 2}
     )
@@ -378,7 +379,10 @@ def test_committed_offsets_reach_the_child_and_bound_what_a_replay_keeps(
     records = validated_panel(600)  # 200 respondents, wave 1 then wave 2
     first, second = records[:200], records[200:400]
     local_store = SQLiteStore(tmp_path / "local.db")
-    local = Engine(load_policy(ADULT), keyring=Keyring(SECRET), store=local_store)
+    policy = load_policy(regroup_adult(tmp_path))  # the mode whose replay entries these are
+    engine_process.close()
+    engine_process = EngineProcess(EngineSpec(policy, tmp_path / "regroup.db", SECRET))
+    local = Engine(policy, keyring=Keyring(SECRET), store=local_store)
     done = {("in", p): 400 for p in range(3)}  # everything below offset 400 is committed
     for engine, committed in ((engine_process, done), (local, None)):
         engine.protect_window(first, now=1.0, flush_all=True)
@@ -392,7 +396,7 @@ def test_committed_offsets_reach_the_child_and_bound_what_a_replay_keeps(
             states = [decode_state(v) for k, v in store.items() if len(k) == 32]
         return [sorted(int(e[0].rsplit("/", 1)[1]) for e in s.get("p", ())) for s in states]
 
-    child, control = kept(tmp_path / "child.db"), kept(tmp_path / "local.db")
+    child, control = kept(tmp_path / "regroup.db"), kept(tmp_path / "local.db")
     both = sum(len(offsets) == 2 for offsets in control)  # published in both windows
     assert both > 100
     # a respondent that published again dropped its committed entry (one not written since

@@ -134,7 +134,9 @@ def test_plain_install_runs_the_worker_against_a_broker(
         assert no_broker.returncode == 2, no_broker.stderr[-2000:]
         assert "pip install 'privgw[embedded]'" in no_broker.stderr
 
-    survey = PanelSurvey(respondents=200, waves=1, seed=3, rows=load_rows(None))
+    # two waves: the shipped panel policy publishes wave 1 once wave 2 has been arriving for
+    # its close grace (wave 2 stays open, as a live panel's newest wave does)
+    survey = PanelSurvey(respondents=200, waves=2, seed=3, rows=load_rows(None), new_share=0)
     produce(broker.bootstrap, f"{name}.in", [encode(r) for r in survey.records()])
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
