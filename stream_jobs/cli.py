@@ -299,6 +299,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker = build_worker(policy, settings, keyring)
         worker.meta_extra = upgrade.announcement()
         worker.policy_events = upgrade.record.counts()
+        worker.policy_record = upgrade.record
         _banner(worker, settings, keyring)
         monitor = start_monitor(worker, settings)
         start_heartbeat(worker, settings.stall_timeout_seconds)
@@ -421,11 +422,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- state-check ---------------------------------------------------------------------------
 def cmd_state_check(args: argparse.Namespace) -> int:
     """Exit 0: consistent (or repaired); 1: drifted counts found and left as they are."""
-    from state.layout import shard_paths, stored_shards  # noqa: PLC0415
+    from state.layout import Backend, shard_paths, stored_backend, stored_shards  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
 
     settings = worker_settings(state_dir=args.state_dir)
     state_dir = Path(settings.state_dir)
+    if stored_backend(state_dir) is Backend.PARTITIONED:
+        raise PrivgwError(
+            f"--state-dir {state_dir} holds the partitioned backend's state: it lives in the "
+            "changelog topic (<group>.state-changelog), and partitions/ is rebuilt from it "
+            "at every assignment, so there is no file to check here; state-check audits the "
+            "sqlite backend's state files"
+        )
     shards = stored_shards(state_dir)
     if shards is None:
         raise PrivgwError(

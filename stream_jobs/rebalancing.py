@@ -110,6 +110,7 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
                 if self._worker.key_fingerprint is not None:
                     await self._check_key_fingerprint(store, wanted)
                 await check_partitions(self._worker, store.view(wanted).stores, wanted)
+                await self._migrate_policy(store, wanted)
             self.epoch += 1
 
     async def _guard_partitions(self, assigned: Sequence[TopicPartition]) -> None:
@@ -145,6 +146,35 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
             self._worker.request_stop()
             return
         self._worker.key_fingerprint_checked(outcome, where)
+
+    async def _migrate_policy(self, store: PartitionedStore, wanted: list[int]) -> None:
+        """The restored partitions under the policy in force: an upgrade accepted on this
+        state is applied to each (state.partition_policy; off the loop: its writes go through
+        the changelog); a policy no upgrade leads to stops the worker before any record."""
+        record = self._worker.policy_record
+        if record is None or self._worker.refused is not None:
+            return
+        from state.partition_policy import migrate_partitions  # noqa: PLC0415
+
+        where = f"partitions {wanted} of {store.root}"
+        accepted = self._worker.settings.policy_upgrade == record.facets.version
+        migrate = functools.partial(
+            migrate_partitions, store.view(wanted).stores, record, accepted=accepted, where=where
+        )
+        try:
+            report = await asyncio.get_running_loop().run_in_executor(None, migrate)
+        except PrivgwError as err:
+            log.error("%s", err)
+            self._worker.refused = err
+            self._worker.request_stop()
+            return
+        if report is not None:
+            log.warning(
+                "policy upgrade applied to %s (restored from %s): %s",
+                where,
+                self._worker.settings.changelog_topic,
+                report.text(),
+            )
 
     def _halt(self, err: Exception) -> None:
         """Stop before anything more is protected, published or committed (a state that could
