@@ -174,9 +174,10 @@ def _report(check: Any) -> str:
     return str(check.report.text())
 
 
-def check_policy_on_state(policy: Any, settings: Any) -> Any:
+def check_policy_on_state(policy: Any, settings: Any, *, dry_run: bool = False) -> Any:
     """At `privgw run`'s start: the policy against the state's record (refused, migrated with
-    ``settings.policy_upgrade``, or recorded), logged; returns the check."""
+    ``settings.policy_upgrade``, or recorded), logged; returns the check. ``dry_run``: refused
+    or not, nothing written or logged (the check before the broker's)."""
     from state.policy_record import Outcome, check_policy  # noqa: PLC0415
 
     state_dir = Path(settings.state_dir)
@@ -186,7 +187,11 @@ def check_policy_on_state(policy: Any, settings: Any) -> Any:
         settings.engine_shards,
         policy,
         accept=settings.policy_upgrade,
+        dry_run=dry_run,
+        measure=False,
     )
+    if dry_run:
+        return check
     if check.outcome is Outcome.UPGRADED:
         assert check.upgrade is not None and check.report is not None
         fresh = check.upgrade.fresh_draws
