@@ -5,9 +5,11 @@ own section."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from stream_jobs.shutdown import EXIT_BROKER_AWAY
@@ -105,3 +107,25 @@ def test_the_docs_say_what_is_true_and_date_findings_by_version() -> None:
         assert not re.search(r"\b(first|second|third|fourth|fifth|sixth|seventh) session", text), (
             doc.name
         )
+
+
+def test_every_command_of_the_restore_runbook_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45, item 7: the restore needs no outside tool, and each `privgw …` command the
+    section names is one privgw has, with the flags it gives."""
+    from gateway.cli import main  # noqa: PLC0415
+
+    text = RUNBOOK.read_text()
+    start = text.index("## Backups and restore")
+    section = text[start : text.index("\n## ", start + 1)]
+    assert "kafka-consumer-groups" not in section
+    commands = re.findall(r"`(privgw [^`]+)`", section)
+    assert any(c.startswith("privgw offsets reset") for c in commands), commands
+    for command in commands:
+        words = command.split()[1:]
+        sub = list(itertools.takewhile(lambda w: re.fullmatch(r"[a-z][a-z-]*", w), words))
+        with pytest.raises(SystemExit) as done:
+            main([*sub, "--help"])
+        assert done.value.code == 0, command
+        usage = capsys.readouterr().out
+        for flag in (w for w in words if w.startswith("--")):
+            assert flag in usage, (command, flag)

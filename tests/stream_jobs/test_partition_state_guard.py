@@ -190,7 +190,12 @@ def test_the_ledger_is_written_whole_and_only_forward(tmp_path: Path) -> None:
     again = PartitionLedger(tmp_path)
     assert again.existed and again.offsets == {("in", 0): 10, ("in", 1): 3}
     doc = json.loads((tmp_path / LEDGER).read_text())
-    assert doc == {"version": 1, "processed": {"in": {"0": 10, "1": 3}}}
+    assert doc == {
+        "version": 1,
+        "state_id": ledger.state_id,
+        "processed": {"in": {"0": 10, "1": 3}},
+        "republish": {},
+    }
     assert not list(tmp_path.glob("*.tmp"))
 
 
