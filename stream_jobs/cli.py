@@ -22,7 +22,6 @@ from gateway.policy import load_policy
 from stream_jobs.worker_build import (
     build_worker,
     keyring_from_environment,
-    require_rocksdb,
     worker_settings,
 )
 
@@ -239,17 +238,14 @@ def _register_state_check(sub: Any) -> None:
 
 # -- run ---------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from aiokafka.errors import KafkaError  # noqa: PLC0415
-
-    from state.failures import check_state_dir  # noqa: PLC0415
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
     from stream_jobs.engine_heartbeat import start_heartbeat  # noqa: PLC0415
-    from stream_jobs.kafka import check_bootstrap, check_input_topic, ensure_topics  # noqa: PLC0415
+    from stream_jobs.kafka import ensure_topics  # noqa: PLC0415
     from stream_jobs.logs import configure_logging  # noqa: PLC0415
-    from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
+    from stream_jobs.metrics import start_exporter  # noqa: PLC0415
     from stream_jobs.monitor import start_monitor  # noqa: PLC0415
-    from stream_jobs.upgrade_cli import check_policy_on_state  # noqa: PLC0415
+    from stream_jobs.start_checks import start_checks  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     keyring = keyring_from_environment()
@@ -284,25 +280,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
             # it starts empty: the input topic is created for the development loop only
             asyncio.run(ensure_topics(settings, topics, input_too=True))
-        # the user's mistakes first, each in one line, before any process or client starts;
-        # nothing is written to the state directory until every check has passed
-        if settings.state_backend == "partitioned":
-            require_rocksdb()
-        state_dir = Path(settings.state_dir)
-        check_state_dir(state_dir, create=False)  # path and condition named (state.failures)
-        check_policy_on_state(policy, settings, dry_run=True)  # a changed policy: refused
-        check_metrics_port(settings)
-        asyncio.run(check_bootstrap(settings))
-        try:  # exit 2 before any engine starts
-            asyncio.run(check_input_topic(settings, topics))
-            asyncio.run(_check_announced(policy, settings, topics, keyring))
-        except KafkaError as err:
-            raise PrivgwError(
-                f"cannot reach Kafka at {settings.bootstrap} ({err.__class__.__name__}): check "
-                "--bootstrap / PRIVGW_BOOTSTRAP and the PRIVGW_SECURITY_PROTOCOL settings"
-            ) from None
-        check_state_dir(state_dir)  # created if new
-        upgrade = check_policy_on_state(policy, settings)  # recorded, or migrated
+        upgrade = start_checks(policy, settings, topics, keyring)
         worker = build_worker(policy, settings, keyring)
         worker.meta_extra = upgrade.announcement()
         worker.policy_events = upgrade.record.counts()
@@ -319,18 +297,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         if worker.refused is not None:  # a partition's state holds another key fingerprint
             raise worker.refused
         return code
-
-
-async def _check_announced(policy: Any, settings: Any, topics: Any, keyring: Any) -> None:
-    """The secret and the state's draw derivation against the metadata topic, read only."""
-    from gateway.draw_derivation import META_NAME  # noqa: PLC0415
-    from gateway.policy import ConsistencyMode  # noqa: PLC0415
-    from state.policy_record import peek_meta  # noqa: PLC0415
-    from stream_jobs.secret_announce import check_before_writing  # noqa: PLC0415
-
-    keyed = policy.consistency.mode is ConsistencyMode.STICKY
-    draws = peek_meta(Path(settings.state_dir), META_NAME) if keyed else None
-    await check_before_writing(settings, topics.meta, keyring.fingerprint(), draws)
 
 
 def _banner(worker: Any, settings: Any, keyring: Any) -> None:
