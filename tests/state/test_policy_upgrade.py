@@ -321,12 +321,16 @@ def _partitioned_state(path: Path) -> Path:
 
 
 def test_state_commands_find_the_backend_in_the_directory_and_refuse_the_other(
-    state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    state: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 45, item 4: `policy diff`, `state migrate` and `state-check` read the backend from
     the state directory; the other backend named is refused, and nothing is written."""
     from gateway.cli import main  # noqa: PLC0415
 
+    monkeypatch.setenv("PRIVGW_SECRET", TEST_SECRET)
     k6 = tmp_path / "k6.yaml"
     k6.write_text(ADULT.replace(K_LINE, K_LINE.replace("k: 5", "k: 6")))
     part = _partitioned_state(tmp_path / "part")
@@ -341,6 +345,14 @@ def test_state_commands_find_the_backend_in_the_directory_and_refuse_the_other(
             ), err
             assert "Nothing was written" in err
             assert _snapshot(directory) == before, "a refused command wrote"
+        # `privgw run` with the other backend: refused before it writes or needs a broker
+        run = ["run", "--policy", str(ROOT / "deploy" / "policies" / "adult.yaml")]
+        run += ["--state-dir", str(directory), "--bootstrap", "127.0.0.1:9"]
+        assert main([*run, "--state-backend", other]) == 2
+        assert f"holds the {'sqlite' if other == 'partitioned' else 'partitioned'}" in (
+            capsys.readouterr().err
+        )
+        assert _snapshot(directory) == before, "a refused start wrote"
 
     # the partitioned directory without the flag: diff, migrate (no state.db appears), check
     assert main(["policy", "diff", "--state-dir", str(part), "--policy", str(k6)]) == 1
