@@ -50,6 +50,7 @@ __all__ = [
     "DrawPin",
     "DrawsHolder",
     "ShardDraws",
+    "agree",
     "check_parts",
     "settle",
     "state_binds",
@@ -230,6 +231,19 @@ def settle(
     if not holders or holders[0].draws is None:
         return None
     bound = {b for h in holders if (b := h.draws_bound()) is not None}
+    chosen = agree(bound, announced, where=where) or holders[0].draws
+    assert chosen is not None
+    for h in holders:
+        h.use_draws(chosen)
+    return chosen
+
+
+def agree(
+    bound: set[DrawDerivation], announced: DrawDerivation | None, *, where: str
+) -> DrawDerivation | None:
+    """The one derivation the states' ``bound`` ones and the ``announced`` one agree on (None:
+    neither says any); refused when they disagree. Also the worker's check before it writes
+    anything to its state directory."""
     found = bound | ({announced} if announced is not None else set())
     if len(found) > 1:
         names = ", ".join(sorted(d.value for d in found))
@@ -239,11 +253,7 @@ def settle(
             "respondent must be republished with the derivation it was drawn with. Use the "
             "state directory and metadata topic of one deployment"
         )
-    chosen = found.pop() if found else holders[0].draws
-    assert chosen is not None
-    for h in holders:
-        h.use_draws(chosen)
-    return chosen
+    return found.pop() if found else None
 
 
 class ShardDraws:

@@ -5,7 +5,8 @@ directory gave "OSError: message withheld (it may quote an input value)" and a f
 "worker failed: EngineProcessError". The OS error's class, errno name and SQLite's result code
 are not personal data (they describe the file system, never a record), so they are named.
 
-* :func:`check_state_dir` at start, before any client or engine: the directory exists (or is
+* :func:`check_state_dir` at start, before any client or engine (once without creating
+  anything, then again once every start check has passed): the directory exists (or is
   created, when its parent exists: a first start), is a directory, can be written (a probe
   file is created, synced and removed), and the file system has room; the state files in it
   are writable. Each failure is a :class:`StateDirError`, exit 2.
@@ -137,9 +138,10 @@ def _free(path: Path) -> str:
     return f"{st.f_bavail * st.f_frsize} bytes available"
 
 
-def check_state_dir(path: Path) -> None:
+def check_state_dir(path: Path, *, create: bool = True) -> None:
     """Raise :class:`StateDirError` unless ``path`` can hold the worker's state (see the
-    module docstring). A missing directory whose parent exists is created (mode 0700)."""
+    module docstring). A missing directory whose parent exists is created (mode 0700); with
+    ``create`` False it is not (its parent must be writable): the checks before any write."""
     path = Path(path)
     try:
         mode: int | None = path.stat().st_mode
@@ -162,6 +164,11 @@ def check_state_dir(path: Path) -> None:
                 f"an unmounted volume is not taken for a new state); {_FIX_DIR}, or create it",
                 StateCondition.MISSING,
             )
+        if not create:
+            if not os.access(parent, os.W_OK | os.X_OK):
+                code = errno.EROFS if _file_system_condition(path) else errno.EACCES
+                raise os_error(OSError(code, os.strerror(code)), path)
+            return
         try:
             path.mkdir(mode=0o700)
         except FileExistsError:

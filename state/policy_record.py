@@ -16,8 +16,9 @@ opens the state:
 
 A migration marks the record "migrating to" the new version first and clears the mark last;
 an interrupted one is run again by the same command (it is idempotent) and any other start is
-refused meanwhile. The partitioned backend's state lives in its changelog topic: changes that
-need a migration are refused there (start a new group and state directory instead).
+refused meanwhile. The partitioned backend's state lives in its changelog topic: there the
+upgrade is recorded (with the facets it comes from) and each partition is migrated as it is
+restored (:mod:`state.partition_policy`).
 """
 
 from __future__ import annotations
@@ -47,13 +48,20 @@ from gateway.policy.upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, f
 from gateway.state_keys import is_group_key
 from state.errors import StateStoreError
 from state.failures import sqlite_error
-from state.layout import resolve_shards, shard_paths
+from state.layout import (
+    PARTITIONED_RECORD,
+    PARTITIONS_DIR,
+    Backend,
+    resolve_backend,
+    resolve_shards,
+    shard_paths,
+)
 from state.sqlite_store import SQLiteStore
 
 log = logging.getLogger(__name__)
 
 RECORD = "policy"  # privgw_meta name (sqlite)
-RECORD_FILE = "policy-record.json"  # partitioned backend
+RECORD_FILE = PARTITIONED_RECORD
 _BATCH = 5000
 
 
@@ -113,7 +121,8 @@ class PolicyCheck:
 
     def announcement(self) -> dict[str, object]:
         """What the metadata topic carries about this state's policy upgrades (none: {})."""
-        return {"policy_upgrades": list(self.record.events)} if self.record.events else {}
+        events = [{k: v for k, v in e.items() if k != "from_facets"} for e in self.record.events]
+        return {"policy_upgrades": events} if events else {}
 
 
 def policy_facets(policy: Policy) -> PolicyFacets:
@@ -129,11 +138,14 @@ def policy_facets(policy: Policy) -> PolicyFacets:
 
 # -- where records live -----------------------------------------------------------------------
 class _Records:
-    """The state's records: one per sqlite file, or the partitioned backend's file."""
+    """The state's records: one per sqlite file, or the partitioned backend's file.
+    ``backend``: the one the caller runs (refused unless it is the directory's), None: the
+    directory's own."""
 
-    def __init__(self, state_dir: Path, backend: str, shards: int | None) -> None:
+    def __init__(self, state_dir: Path, backend: str | None, shards: int | None) -> None:
         self.state_dir = Path(state_dir)
-        self.partitioned = backend == "partitioned"
+        self.backend = resolve_backend(self.state_dir, backend)
+        self.partitioned = self.backend is Backend.PARTITIONED
         self.paths = (
             [] if self.partitioned else shard_paths(state_dir, resolve_shards(state_dir, shards))
         )
@@ -149,9 +161,8 @@ class _Records:
         if self.partitioned:
             file = self.state_dir / RECORD_FILE
             rec = PolicyRecord.from_text(file.read_text()) if file.is_file() else None
-            data = (self.state_dir / "partitions").is_dir() and any(
-                (self.state_dir / "partitions").iterdir()
-            )
+            local = self.state_dir / PARTITIONS_DIR
+            data = local.is_dir() and any(local.iterdir())
             return [rec], data
         records: list[PolicyRecord | None] = []
         data = False
@@ -175,13 +186,23 @@ class _Records:
     def migrate(self, plan: MigrationPlan, *, dry_run: bool) -> MigrationReport:
         report = MigrationReport()
         for store in self.stores():
-            report.add(_migrate_store(store, plan, dry_run=dry_run))
+            report.add(migrate_store(store, plan, dry_run=dry_run))
         return report
 
 
-def _peek(path: Path) -> tuple[str | None, bool]:
-    """(the policy record, whether any entry exists) of a sqlite state file, read through a
-    plain connection: opening the store would read every key (0.6 s a million)."""
+def peek_meta(state_dir: Path, name: str) -> list[tuple[str | None, bool]]:
+    """Per sqlite state file of ``state_dir``: (its meta entry ``name``, whether it holds
+    entries), read without writing anything ([] for a new state or the partitioned backend,
+    whose partitions are checked as they are restored)."""
+    if resolve_backend(state_dir, None) is not Backend.SQLITE:
+        return []
+    return [_peek(path, name) for path in shard_paths(state_dir, resolve_shards(state_dir, None))]
+
+
+def _peek(path: Path, name: str = RECORD) -> tuple[str | None, bool]:
+    """(the meta entry ``name``: the policy record, whether any entry exists) of a sqlite
+    state file, read through a plain connection: opening the store would read every key
+    (0.6 s a million), and would create a missing file."""
     if not path.is_file():
         return None, False
     try:
@@ -192,7 +213,7 @@ def _peek(path: Path) -> tuple[str | None, bool]:
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         text = None
         if "privgw_meta" in tables:
-            row = con.execute("SELECT value FROM privgw_meta WHERE name = ?", (RECORD,)).fetchone()
+            row = con.execute("SELECT value FROM privgw_meta WHERE name = ?", (name,)).fetchone()
             text = None if row is None else str(row[0])
         data = "state" in tables and con.execute("SELECT 1 FROM state LIMIT 1").fetchone()
         return text, bool(data)
@@ -211,8 +232,9 @@ def _chunks(keys: Sequence[bytes]) -> Iterator[Sequence[bytes]]:
         yield keys[start : start + _BATCH]
 
 
-def _migrate_store(store: SQLiteStore, plan: MigrationPlan, *, dry_run: bool) -> MigrationReport:
-    """Registry rows first (which groups go), then the respondents in batches."""
+def migrate_store(store: Any, plan: MigrationPlan, *, dry_run: bool) -> MigrationReport:
+    """Registry rows first (which groups go), then the respondents in batches (a sqlite file,
+    or a partition's store: ``keys``, ``get_many``, ``put_many``)."""
     keys = store.keys()
     registry: list[tuple[bytes, bytes]] = []
     for chunk in _chunks([k for k in keys if is_group_key(k)]):
@@ -231,7 +253,7 @@ def _migrate_store(store: SQLiteStore, plan: MigrationPlan, *, dry_run: bool) ->
 
 # -- the check ----------------------------------------------------------------------------------
 def upgrade_for(
-    state_dir: Path, backend: str, shards: int | None, policy: Policy
+    state_dir: Path, backend: str | None, shards: int | None, policy: Policy
 ) -> Upgrade | None:
     """The upgrade from the state's recorded policy to ``policy`` (None: nothing recorded)."""
     records, _ = _Records(state_dir, backend, shards).read()
@@ -255,16 +277,18 @@ def _upgrade_event(upgrade: Upgrade, report: MigrationReport) -> dict[str, Any]:
 
 def check_policy(
     state_dir: Path,
-    backend: str,
+    backend: str | None,
     shards: int | None,
     policy: Policy,
     *,
     accept: str | None,
     dry_run: bool = False,
+    measure: bool = True,
     command: str = "--policy-upgrade",
 ) -> PolicyCheck:
     """Compare ``policy`` with the state's record (module docstring); migrate when ``accept``
-    names ``policy``'s version. Raises :class:`PolicyChangedError` (one line) otherwise."""
+    names ``policy``'s version. Raises :class:`PolicyChangedError` (one line) otherwise.
+    ``dry_run``: nothing written (``measure`` False: nor the migration's report counted)."""
     parts = _Records(state_dir, backend, shards)
     records, data = parts.read()
     new = policy_facets(policy)
@@ -310,14 +334,17 @@ def check_policy(
             "review the changes (`privgw policy diff`) and name the version you accept"
         )
     plan = MigrationPlan.of(upgrade)
-    if parts.partitioned and not plan.empty:
-        raise PolicyChangedError(
-            f"policy changed: {upgrade.summary()}. The partitioned backend keeps its state in "
-            "its changelog topic, which privgw cannot migrate yet: start the new policy under "
-            "a new --group-id and state directory (a fresh state), or keep the old policy"
-        )
+    if parts.partitioned:
+        # its state is in the changelog: each partition migrates as it is restored
+        # (state.partition_policy), from the facets this event records
+        report = MigrationReport()
+        event = {**_upgrade_event(upgrade, report), "from_facets": rec.facets.to_json()}
+        record = PolicyRecord(new, (*rec.events, event))
+        if not dry_run:
+            parts.write(record)
+        return PolicyCheck(Outcome.UPGRADED, record, upgrade, report, rec.facets.version)
     if dry_run:
-        report = parts.migrate(plan, dry_run=True)
+        report = parts.migrate(plan, dry_run=True) if measure else MigrationReport()
         return PolicyCheck(Outcome.UPGRADED, rec, upgrade, report, rec.facets.version)
     parts.write(replace(rec, migrating_to=new.version))
     report = parts.migrate(plan, dry_run=False)

@@ -211,6 +211,11 @@ class RocksStore:
         batch.put(key, value, self._meta_cf)
         db.write(batch, self._sync)
 
+    def keys(self) -> list[bytes]:
+        """Every respondent and group key (a migration reads the registry rows first)."""
+        db, _ = self._open()
+        return [cast(bytes, key) for key in db.keys()]  # noqa: SIM118 (Rdict: no __iter__)
+
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         """All respondent entries in key order, for inspection, tests and hand-over."""
         db, _ = self._open()

@@ -22,7 +22,6 @@ from gateway.policy import load_policy
 from stream_jobs.worker_build import (
     build_worker,
     keyring_from_environment,
-    require_rocksdb,
     worker_settings,
 )
 
@@ -35,9 +34,11 @@ def register(sub: Any) -> None:
     _register_simulate(sub)
     _register_demo(sub)
     _register_state_check(sub)
+    from stream_jobs.offsets_cli import register as register_offsets  # noqa: PLC0415
     from stream_jobs.upgrade_cli import register as register_upgrades  # noqa: PLC0415
 
     register_upgrades(sub)
+    register_offsets(sub)
 
 
 def _register_run(sub: Any) -> None:
@@ -237,17 +238,14 @@ def _register_state_check(sub: Any) -> None:
 
 # -- run ---------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from aiokafka.errors import KafkaError  # noqa: PLC0415
-
-    from state.failures import check_state_dir  # noqa: PLC0415
     from stream_jobs.app import serve  # noqa: PLC0415
     from stream_jobs.broker import EmbeddedBroker  # noqa: PLC0415
     from stream_jobs.engine_heartbeat import start_heartbeat  # noqa: PLC0415
-    from stream_jobs.kafka import check_bootstrap, check_input_topic, ensure_topics  # noqa: PLC0415
+    from stream_jobs.kafka import ensure_topics  # noqa: PLC0415
     from stream_jobs.logs import configure_logging  # noqa: PLC0415
-    from stream_jobs.metrics import check_metrics_port, start_exporter  # noqa: PLC0415
+    from stream_jobs.metrics import start_exporter  # noqa: PLC0415
     from stream_jobs.monitor import start_monitor  # noqa: PLC0415
-    from stream_jobs.upgrade_cli import check_policy_on_state  # noqa: PLC0415
+    from stream_jobs.start_checks import start_checks  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     keyring = keyring_from_environment()
@@ -282,23 +280,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
             # it starts empty: the input topic is created for the development loop only
             asyncio.run(ensure_topics(settings, topics, input_too=True))
-        # the user's mistakes first, each in one line, before any process or client starts
-        if settings.state_backend == "partitioned":
-            require_rocksdb()
-        check_state_dir(Path(settings.state_dir))  # path and condition named (state.failures)
-        upgrade = check_policy_on_state(policy, settings)  # a changed policy: refused or migrated
-        check_metrics_port(settings)
-        asyncio.run(check_bootstrap(settings))
-        try:  # exit 2 before any engine starts
-            asyncio.run(check_input_topic(settings, topics))
-        except KafkaError as err:
-            raise PrivgwError(
-                f"cannot reach Kafka at {settings.bootstrap} ({err.__class__.__name__}): check "
-                "--bootstrap / PRIVGW_BOOTSTRAP and the PRIVGW_SECURITY_PROTOCOL settings"
-            ) from None
+        upgrade = start_checks(policy, settings, topics, keyring)
         worker = build_worker(policy, settings, keyring)
         worker.meta_extra = upgrade.announcement()
         worker.policy_events = upgrade.record.counts()
+        worker.policy_record = upgrade.record
         _banner(worker, settings, keyring)
         monitor = start_monitor(worker, settings)
         start_heartbeat(worker, settings.stall_timeout_seconds)
@@ -421,11 +407,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- state-check ---------------------------------------------------------------------------
 def cmd_state_check(args: argparse.Namespace) -> int:
     """Exit 0: consistent (or repaired); 1: drifted counts found and left as they are."""
-    from state.layout import shard_paths, stored_shards  # noqa: PLC0415
+    from state.layout import Backend, shard_paths, stored_backend, stored_shards  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
 
     settings = worker_settings(state_dir=args.state_dir)
     state_dir = Path(settings.state_dir)
+    if stored_backend(state_dir) is Backend.PARTITIONED:
+        raise PrivgwError(
+            f"--state-dir {state_dir} holds the partitioned backend's state: it lives in the "
+            "changelog topic (<group>.state-changelog), and partitions/ is rebuilt from it "
+            "at every assignment, so there is no file to check here; state-check audits the "
+            "sqlite backend's state files"
+        )
     shards = stored_shards(state_dir)
     if shards is None:
         raise PrivgwError(

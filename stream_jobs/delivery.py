@@ -32,7 +32,7 @@ from aiokafka.errors import (
 from gateway.records import PublishedRecord
 from stream_jobs.dlq import DeadLetter
 from stream_jobs.kafka import BatchItem, partitions_for_keys, send_batches
-from stream_jobs.partition_state import PartitionStateGuard
+from stream_jobs.partition_state import SUPERSEDES, PartitionStateGuard
 from stream_jobs.settings import Topics
 from stream_jobs.shutdown import BrokerAway, StopDeadline
 from stream_jobs.windows import TP, WindowBuffer
@@ -145,13 +145,15 @@ class Delivery:
                 with contextlib.suppress(KafkaError):
                     futures = await send()
         delay = _RETRY_FIRST_S
+        tag = ""  # who commits (partition_state): this state directory's id
         if commits and self.partition_guard is not None:
             self.partition_guard.before_commit(commits)
+            tag = self.partition_guard.commit_metadata
         while commits:
             try:
                 await self._deadline.race(
                     self.consumer.commit(
-                        {TopicPartition(t, p): offset for (t, p), offset in commits.items()}
+                        {TopicPartition(t, p): (offset, tag) for (t, p), offset in commits.items()}
                     )
                 )
             except (CommitFailedError, IllegalStateError) as err:
@@ -224,11 +226,15 @@ class Delivery:
     ) -> list[Awaitable[Any]]:
         wid = window_id.encode()
         ver = self._version_b
+        guard = self.partition_guard
         by_partition: dict[int, list[BatchItem]] = {}
         for rec, partition in zip(published, self._out_partitions_of(published), strict=True):
             ts = rec.source.timestamp_ms if rec.source is not None else -1
             headers = [("record_id", rec.record_id.encode()), ("policy_version", ver)]
             headers.append(("window_id", wid))
+            src = rec.source
+            if guard and src and guard.superseding((src.topic, src.partition), src.offset):
+                headers.append(SUPERSEDES)  # protected again after a restore
             by_partition.setdefault(partition, []).append(
                 (rec.key, rec.value, ts if ts >= 0 else None, headers)
             )

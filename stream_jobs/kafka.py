@@ -214,12 +214,7 @@ async def existing_topics(settings: WorkerSettings) -> set[str]:
 async def check_input_topic(settings: WorkerSettings, topics: Topics) -> None:
     """Raise :class:`MissingTopicError`, naming the setting to fix, if the input is missing
     (or, with topic creation off, any topic the worker writes)."""
-    admin = _admin(settings)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-    finally:
-        await admin.close()
+    existing = await existing_topics(settings)
     if topics.input not in existing:
         where = (
             " (overridden by --input-topic / PRIVGW_INPUT_TOPIC)" if settings.input_topic else ""

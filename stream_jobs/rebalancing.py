@@ -80,6 +80,7 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned %d partitions of %s", len(assigned), self._worker.topics.input)
         store = self._worker.state_store
         if not is_partitioned(store):
+            self._warn_shared_group(assigned)
             await self._guard_partitions(assigned)
             return
         # The state of a partition is rebuilt from its changelog before any of its records is
@@ -110,7 +111,30 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
                 if self._worker.key_fingerprint is not None:
                     await self._check_key_fingerprint(store, wanted)
                 await check_partitions(self._worker, store.view(wanted).stores, wanted)
+                await self._migrate_policy(store, wanted)
             self.epoch += 1
+
+    def _warn_shared_group(self, assigned: Sequence[TopicPartition]) -> None:
+        """The sqlite backend in group mode with another member: it cannot fail over (issue
+        45, item 8), so say so, with the fix, as soon as the group is shared."""
+        s = self._worker.settings
+        topic = self._worker.topics.input
+        total = self.consumer.partitions_for_topic(topic) if self.consumer is not None else None
+        mine = sum(1 for tp in assigned if tp.topic == topic)
+        if s.workers is not None or not total or mine >= len(total):
+            return
+        log.warning(
+            "%d of the %d partitions of %s are assigned here: another worker shares consumer "
+            "group %s, and the sqlite state backend cannot fail over. When one of them stops, "
+            "its partitions move to the others without their state, and those stop too (exit "
+            "2, a partition without its state). Run several workers with --state-backend "
+            "partitioned (PRIVGW_STATE_BACKEND; state follows partitions), or with static "
+            "assignment (--workers N --worker-index I, each with its own --state-dir)",
+            mine,
+            len(total),
+            topic,
+            s.group_id,
+        )
 
     async def _guard_partitions(self, assigned: Sequence[TopicPartition]) -> None:
         """Stop before processing partitions whose state is in another worker's state dir
@@ -145,6 +169,35 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
             self._worker.request_stop()
             return
         self._worker.key_fingerprint_checked(outcome, where)
+
+    async def _migrate_policy(self, store: PartitionedStore, wanted: list[int]) -> None:
+        """The restored partitions under the policy in force: an upgrade accepted on this
+        state is applied to each (state.partition_policy; off the loop: its writes go through
+        the changelog); a policy no upgrade leads to stops the worker before any record."""
+        record = self._worker.policy_record
+        if record is None or self._worker.refused is not None:
+            return
+        from state.partition_policy import migrate_partitions  # noqa: PLC0415
+
+        where = f"partitions {wanted} of {store.root}"
+        accepted = self._worker.settings.policy_upgrade == record.facets.version
+        migrate = functools.partial(
+            migrate_partitions, store.view(wanted).stores, record, accepted=accepted, where=where
+        )
+        try:
+            report = await asyncio.get_running_loop().run_in_executor(None, migrate)
+        except PrivgwError as err:
+            log.error("%s", err)
+            self._worker.refused = err
+            self._worker.request_stop()
+            return
+        if report is not None:
+            log.warning(
+                "policy upgrade applied to %s (restored from %s): %s",
+                where,
+                self._worker.settings.changelog_topic,
+                report.text(),
+            )
 
     def _halt(self, err: Exception) -> None:
         """Stop before anything more is protected, published or committed (a state that could

@@ -20,9 +20,10 @@ from typing import Any
 
 import orjson
 
-from gateway.draw_derivation import DrawDerivation
+from gateway.draw_derivation import DrawDerivation, agree, state_binds
 from gateway.state_api import SecretMismatchError
 from stream_jobs.draw_settle import announced_draws
+from stream_jobs.kafka import existing_topics
 from stream_jobs.meta import ANNOUNCEMENT_PREFIX, is_announcement
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.topic_reader import read_topic
@@ -71,6 +72,41 @@ async def read_announced(settings: WorkerSettings, meta_topic: str) -> Announced
     return Announced(newest[1] if newest else None, rotations, announced_draws(records, meta_topic))
 
 
+def check_announced_fingerprint(
+    settings: WorkerSettings, meta_topic: str, seen: Announced, fingerprint: str
+) -> None:
+    """Refuse a secret other than the one the topic announces last (unless rotate_secret)."""
+    if seen.newest not in (None, fingerprint) and not settings.rotate_secret:
+        raise SecretMismatchError(
+            f"the metadata topic {meta_topic} announces key fingerprint {seen.newest}, but the "
+            f"secret in force (PRIVGW_SECRET / PRIVGW_SECRET_FILE) has {fingerprint}: a changed "
+            "secret changes every keyed draw, even with a fresh state directory. Use the "
+            "secret announced there, or accept the new one with --rotate-secret (env "
+            "PRIVGW_ROTATE_SECRET=1)"
+        )
+
+
+async def check_before_writing(
+    settings: WorkerSettings,
+    meta_topic: str,
+    fingerprint: str,
+    state_draws: list[tuple[str | None, bool]] | None,
+) -> None:
+    """What the metadata topic announces against the secret and the state, before anything is
+    written to the state directory (issue 45, item 5: a refused start used to leave the wrong
+    fingerprint in a new directory, which then refused the right secret). ``state_draws``: per
+    state file, (its recorded draw derivation, whether it has entries); None: draws not keyed.
+    The worker checks both again, and announces, when it starts."""
+    if meta_topic not in await existing_topics(settings):
+        return  # a new deployment: nothing announced yet
+    seen = await read_announced(settings, meta_topic)
+    check_announced_fingerprint(settings, meta_topic, seen, fingerprint)
+    if state_draws is not None:
+        where = f"{settings.state_dir} and {meta_topic}"
+        bound = {b for rec, has in state_draws if (b := state_binds(rec, has, where))}
+        agree(bound, seen.draws, where=where)
+
+
 async def announce_fingerprint(
     settings: WorkerSettings,
     producer: Any,
@@ -89,14 +125,7 @@ async def announce_fingerprint(
         seen = await read_announced(settings, meta_topic)
     if seen.newest == fingerprint:
         return seen.rotations, False
-    if seen.newest is not None and not settings.rotate_secret:
-        raise SecretMismatchError(
-            f"the metadata topic {meta_topic} announces key fingerprint {seen.newest}, but the "
-            f"secret in force (PRIVGW_SECRET / PRIVGW_SECRET_FILE) has {fingerprint}: a changed "
-            "secret changes every keyed draw, even with a fresh state directory. Use the "
-            "secret announced there, or accept the new one with --rotate-secret (env "
-            "PRIVGW_ROTATE_SECRET=1)"
-        )
+    check_announced_fingerprint(settings, meta_topic, seen, fingerprint)
     key, value = announcement(fingerprint, seen.newest)
     await producer.send_and_wait(meta_topic, value=value, key=key)
     if seen.newest is None:

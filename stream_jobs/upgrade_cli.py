@@ -71,8 +71,9 @@ def _backend(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-backend",
         choices=["sqlite", "partitioned"],
-        default="sqlite",
-        help="the worker's backend (default sqlite)",
+        default=None,
+        help="the worker's backend (default: the one whose state the directory holds); "
+        "another one is refused, nothing written",
     )
 
 
@@ -129,11 +130,18 @@ def cmd_policy_diff(args: argparse.Namespace) -> int:
 
 def cmd_state_migrate(args: argparse.Namespace) -> int:
     from state.failures import check_existing_state_dir  # noqa: PLC0415
+    from state.layout import stored_backend  # noqa: PLC0415
     from state.policy_record import Outcome, check_policy  # noqa: PLC0415
 
     policy = load_policy(args.policy)
     state_dir = Path(args.state_dir)
     check_existing_state_dir(state_dir)
+    if stored_backend(state_dir) is None:  # nothing to migrate, and nothing to create there
+        raise PrivgwError(
+            f"--state-dir {state_dir} holds no privgw state (no state.db, no partitions/): "
+            "give the worker's state directory; a new state records its policy at the "
+            "worker's first start. Nothing was written"
+        )
     check = check_policy(
         state_dir,
         args.state_backend,
@@ -151,13 +159,25 @@ def cmd_state_migrate(args: argparse.Namespace) -> int:
     print(f"{verb} {state_dir}: policy {check.previous_version} -> {policy.version}")
     for change in check.upgrade.changes:
         print(f"  {change.action.value:<12} {change.detail}")
-    print(f"  {check.report.text()}")
+    print(f"  {_report(check)}")
     return 0
 
 
-def check_policy_on_state(policy: Any, settings: Any) -> Any:
+def _report(check: Any) -> str:
+    """What the migration did; the partitioned backend's partitions migrate later, each as it
+    is restored from the changelog (state.partition_policy)."""
+    if check.record.events and "from_facets" in check.record.events[-1]:
+        return (
+            "partitioned backend: the upgrade is recorded here; each partition's state is "
+            "migrated as a worker started on this directory restores it from the changelog"
+        )
+    return str(check.report.text())
+
+
+def check_policy_on_state(policy: Any, settings: Any, *, dry_run: bool = False) -> Any:
     """At `privgw run`'s start: the policy against the state's record (refused, migrated with
-    ``settings.policy_upgrade``, or recorded), logged; returns the check."""
+    ``settings.policy_upgrade``, or recorded), logged; returns the check. ``dry_run``: refused
+    or not, nothing written or logged (the check before the broker's)."""
     from state.policy_record import Outcome, check_policy  # noqa: PLC0415
 
     state_dir = Path(settings.state_dir)
@@ -167,7 +187,11 @@ def check_policy_on_state(policy: Any, settings: Any) -> Any:
         settings.engine_shards,
         policy,
         accept=settings.policy_upgrade,
+        dry_run=dry_run,
+        measure=False,
     )
+    if dry_run:
+        return check
     if check.outcome is Outcome.UPGRADED:
         assert check.upgrade is not None and check.report is not None
         fresh = check.upgrade.fresh_draws
@@ -178,7 +202,7 @@ def check_policy_on_state(policy: Any, settings: Any) -> Any:
             check.previous_version,
             policy.version,
             check.upgrade.summary(),
-            check.report.text(),
+            _report(check),
         )
     elif check.outcome is Outcome.VERSION_ONLY:
         log.info(

@@ -96,6 +96,9 @@ class GatewayWorker:
         # what the metadata topic announces about them
         self.policy_events: dict[str, int] = {}
         self.meta_extra: dict[str, object] = {}
+        # the state directory's policy record (state.policy_record.PolicyRecord): the
+        # partitioned backend migrates each restored partition to it (state.partition_policy)
+        self.policy_record: Any = None
         self._clock = clock
         self._version = engine.version
         self._buffer = WindowBuffer(policy.window)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import itertools
 import json
 import re
 import subprocess
@@ -266,3 +267,25 @@ def test_the_secret_rotation_panel_says_the_count_is_kept_on_the_metadata_topic(
         assert "restart" in text.lower() or "history" in text
     assert "metadata topic" in panel["description"] and "metadata topic" in row[1]
     assert "metadata topic" in (ROOT / "stream_jobs" / "secret_announce.py").read_text()
+
+
+def test_every_command_of_the_restore_runbook_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45, item 7: the restore needs no outside tool, and each `privgw …` command the
+    section names is one privgw has, with the flags it gives."""
+    from gateway.cli import main  # noqa: PLC0415
+
+    text = RUNBOOK.read_text()
+    start = text.index("## Backups and restore")
+    section = text[start : text.index("\n## ", start + 1)]
+    assert "kafka-consumer-groups" not in section
+    commands = re.findall(r"`(privgw [^`]+)`", section)
+    assert any(c.startswith("privgw offsets reset") for c in commands), commands
+    for command in commands:
+        words = command.split()[1:]
+        sub = list(itertools.takewhile(lambda w: re.fullmatch(r"[a-z][a-z-]*", w), words))
+        with pytest.raises(SystemExit) as done:
+            main([*sub, "--help"])
+        assert done.value.code == 0, command
+        usage = capsys.readouterr().out
+        for flag in (w for w in words if w.startswith("--")):
+            assert flag in usage, (command, flag)

@@ -301,3 +301,74 @@ def test_the_commands_an_operator_uses(
     assert check_policy(state, "sqlite", None, K6, accept=None).outcome is Outcome.SAME
     assert main(["state", "migrate", "--state-dir", str(tmp_path / "none"), "--policy", adult]) == 2
     assert "state directory" in capsys.readouterr().err
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` and its bytes: what a refused command must leave as it was."""
+    return {str(f.relative_to(path)): f.read_bytes() for f in path.rglob("*") if f.is_file()}
+
+
+def _partitioned_state(path: Path) -> Path:
+    """A partitioned backend's state directory as a worker leaves it: a restored partition's
+    local store and the policy record of the Adult policy."""
+    from state.partitioned_store import PartitionedStore  # noqa: PLC0415
+
+    store = PartitionedStore(path / "partitions")
+    store.open_partition(0).set_key_fingerprint(Keyring(TEST_SECRET.encode()).fingerprint())
+    store.close()
+    assert check_policy(path, "partitioned", None, BASE, accept=None).outcome is Outcome.ADOPTED
+    return path
+
+
+def test_state_commands_find_the_backend_in_the_directory_and_refuse_the_other(
+    state: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 45, item 4: `policy diff`, `state migrate` and `state-check` read the backend from
+    the state directory; the other backend named is refused, and nothing is written."""
+    from gateway.cli import main  # noqa: PLC0415
+
+    monkeypatch.setenv("PRIVGW_SECRET", TEST_SECRET)
+    k6 = tmp_path / "k6.yaml"
+    k6.write_text(ADULT.replace(K_LINE, K_LINE.replace("k: 5", "k: 6")))
+    part = _partitioned_state(tmp_path / "part")
+    for directory, other in ((state, "partitioned"), (part, "sqlite")):
+        before = _snapshot(directory)
+        for command in (["policy", "diff"], ["state", "migrate"]):
+            args = [*command, "--state-dir", str(directory), "--policy", str(k6)]
+            assert main([*args, "--state-backend", other]) == 2
+            err = capsys.readouterr().err
+            assert f"--state-backend {'sqlite' if other == 'partitioned' else 'partitioned'}" in (
+                err
+            ), err
+            assert "Nothing was written" in err
+            assert _snapshot(directory) == before, "a refused command wrote"
+        # `privgw run` with the other backend: refused before it writes or needs a broker
+        run = ["run", "--policy", str(ROOT / "deploy" / "policies" / "adult.yaml")]
+        run += ["--state-dir", str(directory), "--bootstrap", "127.0.0.1:9"]
+        assert main([*run, "--state-backend", other]) == 2
+        assert f"holds the {'sqlite' if other == 'partitioned' else 'partitioned'}" in (
+            capsys.readouterr().err
+        )
+        assert _snapshot(directory) == before, "a refused start wrote"
+
+    # the partitioned directory without the flag: diff, migrate (no state.db appears), check
+    assert main(["policy", "diff", "--state-dir", str(part), "--policy", str(k6)]) == 1
+    assert "regroup      k 5 -> 6" in capsys.readouterr().out
+    assert main(["state", "migrate", "--state-dir", str(part), "--policy", str(k6)]) == 0
+    out = capsys.readouterr().out
+    assert f"migrated {part}: policy {BASE.version} -> {K6.version}" in out
+    assert "as a worker started on this directory restores it" in out
+    assert sorted(p.name for p in part.iterdir()) == ["partitions", "policy-record.json"]
+    assert check_policy(part, None, None, K6, accept=None).outcome is Outcome.SAME
+    assert main(["state-check", "--state-dir", str(part)]) == 2
+    assert "partitioned backend's state" in capsys.readouterr().err
+
+    # a directory without any state: nothing to migrate, and nothing created there
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["state", "migrate", "--state-dir", str(empty), "--policy", str(k6)]) == 2
+    assert "holds no privgw state" in capsys.readouterr().err
+    assert list(empty.iterdir()) == []

@@ -9,15 +9,33 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from streamkit import consume_all, create_input_topic, produce, small_window_policy, start_worker
+from streamkit import (
+    consume_all,
+    create_input_topic,
+    k_claim,
+    produce,
+    small_window_policy,
+    start_worker,
+)
 
 from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.partition_state import LEDGER, PartitionLedger, missing
+from stream_jobs.partition_state import (
+    COMMIT_TAG,
+    LEDGER,
+    PartitionLedger,
+    PartitionStateGuard,
+    _committer,
+    missing,
+)
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker]
@@ -40,6 +58,16 @@ def _published(
             return
         assert worker.poll() is None, log.read_text()[-3000:]  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, f"{len(wanted - seen)} records not published"
+
+
+def _privgw(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _refusal(log: Path) -> str:
@@ -124,6 +152,11 @@ def test_group_mode_on_sqlite_a_survivor_does_not_take_a_killed_members_partitio
         ):
             assert time.monotonic() < deadline, [x.read_text()[-2000:] for x in logs]
             time.sleep(0.2)
+        # issue 45, item 8: each says at once, loudly and with the fix, that it cannot fail over
+        for log in logs:
+            warned = [x for x in log.read_text().splitlines() if "cannot fail over" in x]
+            assert warned and " WARNING " in warned[-1], log.read_text()[-3000:]
+            assert "--state-backend partitioned" in warned[-1] and "--workers N" in warned[-1]
         sent = produce(broker.bootstrap, in_topic, _records(300, seed=3))
         assert len(consume_all(broker.bootstrap, out_topic, expected=len(sent), timeout=60)) >= 300
         victim = 0 if len(PartitionLedger(states[0]).offsets) == 1 else 1
@@ -157,5 +190,122 @@ def test_the_ledger_is_written_whole_and_only_forward(tmp_path: Path) -> None:
     again = PartitionLedger(tmp_path)
     assert again.existed and again.offsets == {("in", 0): 10, ("in", 1): 3}
     doc = json.loads((tmp_path / LEDGER).read_text())
-    assert doc == {"version": 1, "processed": {"in": {"0": 10, "1": 3}}}
+    assert doc == {
+        "version": 1,
+        "state_id": ledger.state_id,
+        "processed": {"in": {"0": 10, "1": 3}},
+        "republish": {},
+    }
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_restore_from_backup_is_named_and_privgw_offsets_takes_the_group_back(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    """Issue 45, item 7, as the runbook goes: a cold backup after wave 1, wave 2 protected,
+    the backup restored. The refusal says the state was restored (not "another worker"),
+    `privgw offsets reset` takes the group back with no outside tool, and wave 2 is protected
+    again: every copy carries `supersedes: true`, wave 1 is not republished."""
+    policy = small_window_policy(tmp_path, 500)
+    in_topic, out_topic = f"{unique_name}.in", f"{unique_name}.out"
+    create_input_topic(broker.bootstrap, in_topic, partitions=3)
+    state, backup = tmp_path / "state", tmp_path / "backup"
+    group = ("--group-id", f"{unique_name}-g", "--bootstrap", broker.bootstrap)
+
+    def wave(seed: int, log: Path, total: int) -> set[bytes]:
+        """A wave of 1,000: with fewer, the groups formed anew happen to be the same."""
+        w = start_worker(broker.bootstrap, unique_name, policy, state, log)
+        sent = produce(broker.bootstrap, in_topic, _records(1000, seed=seed))
+        ids = {f"{in_topic}/{s.partition}/{s.offset}".encode() for s in sent}
+        _published(broker.bootstrap, out_topic, ids, w, log, total=total + len(ids))
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(30) == 0
+        return ids
+
+    first = wave(1, tmp_path / "w1.log", 0)
+    shutil.copytree(state, backup)  # the cold backup
+    second = wave(2, tmp_path / "w2.log", len(first))
+    shutil.rmtree(state)
+    shutil.copytree(backup, state)  # the restore
+
+    log = tmp_path / "w3.log"
+    w = start_worker(broker.bootstrap, unique_name, policy, state, log)
+    assert w.wait(60) == 2, log.read_text()[-3000:]
+    line = _refusal(log)
+    # the development broker drops commit metadata, so the worker cannot tell who committed
+    # (test_the_refusal_says_who_committed): it names both cases, each with its fix
+    assert "restored from an older backup" in line and "privgw offsets reset" in line, line
+    assert "were protected by another worker" not in line, line
+
+    shown = _privgw("offsets", "show", "--state-dir", str(state), *group)
+    assert shown.returncode == 0, shown.stderr
+    assert f"{in_topic}/0" in shown.stdout
+    dry = _privgw("offsets", "reset", "--state-dir", str(state), *group, "--dry-run")
+    assert dry.returncode == 0 and f"{len(second)} records protected again" in dry.stdout, dry
+    reset = _privgw("offsets", "reset", "--state-dir", str(state), *group)
+    assert reset.returncode == 0, reset.stderr
+    assert f"{len(second)} records are protected again" in reset.stdout, reset.stdout
+
+    log = tmp_path / "w4.log"
+    w = start_worker(broker.bootstrap, unique_name, policy, state, log)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            out = consume_all(broker.bootstrap, out_topic, timeout=3)
+            again = [m for m in out if m.headers.get("supersedes") == b"true"]
+            if len(again) >= len(second):
+                break
+            assert w.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{len(again)} of {len(second)} again"
+            time.sleep(0.5)
+    finally:
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(30) == 0
+    assert {m.headers["record_id"] for m in again} == second
+    copies: dict[bytes, list[Any]] = {}
+    for m in out:
+        copies.setdefault(m.headers["record_id"], []).append(m)
+    assert all(len(copies[r]) == 1 for r in first), "wave 1 was republished"
+    assert all(len(copies[r]) == 2 for r in second)
+    # the copy protected again is the marked one (not necessarily the later one to read:
+    # output partitions follow the output key)
+    pairs = {}
+    for r in second:
+        marks = sorted(copies[r], key=lambda m: "supersedes" in m.headers)
+        assert ["supersedes" in m.headers for m in marks] == [False, True], r
+        pairs[r] = marks
+    changed = [r for r in second if pairs[r][0].value != pairs[r][1].value]
+    fields: set[str] = set()
+    for r in changed:
+        old, new = (json.loads(m.value) for m in pairs[r])
+        fields |= {f for f in old if old[f] != new.get(f)}
+    print(f"republished after the restore: {len(changed)} of {len(second)} with other bytes;"
+          f" fields that differ: {sorted(fields)}")  # fmt: skip
+    # what the runbook says changes: only the quasi-identifiers' group values (the groups are
+    # formed anew); randomized and other values are republished identically (keyed draws)
+    assert fields <= set(k_claim(policy)), fields
+
+
+def test_the_refusal_says_who_committed(tmp_path: Path) -> None:
+    """Kafka keeps each commit's metadata, where the worker writes its state's id: its own id
+    beyond its ledger is a restore, another id another worker's state (issue 45, item 7)."""
+    guard = PartitionStateGuard(tmp_path, allow_missing=False, has_state=False)
+    own = guard.commit_metadata
+    assert own.startswith(COMMIT_TAG) and guard.ledger.state_id in own
+    gone = {("in", 0): (10, 20)}
+    assert _committer({("in", 0): own}, guard.ledger.state_id) == "self"
+    assert _committer({("in", 0): COMMIT_TAG + "0123"}, guard.ledger.state_id) == "other"
+    assert _committer({("in", 0): ""}, guard.ledger.state_id) == "unknown"
+    restored = guard._refusal(gone, "self")
+    assert "restored from a backup" in restored and "privgw offsets reset" in restored
+    assert "another worker" not in restored and "--workers" not in restored
+    other = guard._refusal(gone, "other")
+    assert "another worker" in other and "offsets reset" not in other
+    # the id survives with the ledger (a backup keeps it), and ranges to protect again are
+    # forgotten once passed
+    guard.ledger.republish[("in", 0)] = 20
+    guard.before_commit({("in", 0): 15})
+    again = PartitionLedger(tmp_path)
+    assert again.state_id == guard.ledger.state_id and again.superseding(("in", 0), 19)
+    again.record({("in", 0): 20})
+    assert not PartitionLedger(tmp_path).superseding(("in", 0), 19)

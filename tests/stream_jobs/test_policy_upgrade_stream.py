@@ -9,6 +9,8 @@ respondents.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -41,9 +43,30 @@ def _metric(port: int, line_start: str, worker: object, log: Path) -> float:
         time.sleep(0.3)
 
 
+def _privgw(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# (backend flags, how the upgrade is accepted): the partitioned backend's state is in its
+# changelog, and each partition is migrated as it is restored (issue 45, item 4)
+CASES = {
+    "sqlite-flag": ((), "flag"),
+    "partitioned-flag": (("--state-backend", "partitioned"), "flag"),
+    "partitioned-migrate": (("--state-backend", "partitioned"), "migrate"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
 def test_a_raised_k_is_refused_then_migrated_announced_and_kept(
-    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+    case: str, broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
+    backend, how = CASES[case]
     base = small_window_policy(tmp_path, 500)
     raised = tmp_path / "k6.yaml"
     assert "  k: 5\n" in base.read_text()
@@ -56,7 +79,7 @@ def test_a_raised_k_is_refused_then_migrated_announced_and_kept(
     waves = [[r for r in records if r["wave"] == w] for w in (1, 2)]
 
     log = tmp_path / "w1.log"
-    w = start_worker(broker.bootstrap, unique_name, base, state, log)
+    w = start_worker(broker.bootstrap, unique_name, base, state, log, *backend)
     produce(broker.bootstrap, in_topic, [encode(r) for r in waves[0]])
     assert len(consume_all(broker.bootstrap, out_topic, expected=len(waves[0]), timeout=60)) == (
         len(waves[0])
@@ -65,16 +88,29 @@ def test_a_raised_k_is_refused_then_migrated_announced_and_kept(
     assert w.wait(30) == 0
 
     log = tmp_path / "w2.log"
-    w = start_worker(broker.bootstrap, unique_name, raised, state, log)
+    w = start_worker(broker.bootstrap, unique_name, raised, state, log, *backend)
     assert w.wait(60) == 2, log.read_text()[-3000:]
     errors = [x for x in log.read_text().splitlines() if x.startswith("privgw: error:")]
     assert len(errors) == 1 and "k 5 -> 6 (needs re-grouping)" in errors[0], errors
     assert f"--policy-upgrade {new}" in errors[0]
 
+    # the commands the refusal names find the backend in the state directory itself
+    before = sorted(p.name for p in state.iterdir())
+    diffed = _privgw("policy", "diff", "--state-dir", str(state), "--policy", str(raised))
+    assert diffed.returncode == 1, diffed.stderr
+    assert "regroup      k 5 -> 6" in diffed.stdout and f"--policy-upgrade {new}" in diffed.stdout
+    upgrade: tuple[str, ...] = ("--policy-upgrade", new)
+    if how == "migrate":
+        migrated = _privgw("state", "migrate", "--state-dir", str(state), "--policy", str(raised))
+        assert migrated.returncode == 0, migrated.stderr
+        assert f"policy {old} -> {new}" in migrated.stdout
+        upgrade = ()
+    assert sorted(p.name for p in state.iterdir()) == before  # no stray state.db
+
     port = free_port()
     log = tmp_path / "w3.log"
-    w = start_worker(broker.bootstrap, unique_name, raised, state, log,
-                     "--policy-upgrade", new, "--metrics-port", str(port))  # fmt: skip
+    w = start_worker(broker.bootstrap, unique_name, raised, state, log, *backend,
+                     *upgrade, "--metrics-port", str(port))  # fmt: skip
     try:
         assert _metric(port, 'privgw_policy_upgrades_total{action="regroup"}', w, log) == 1
         sent = produce(broker.bootstrap, in_topic, [encode(r) for r in waves[1]])
@@ -84,7 +120,9 @@ def test_a_raised_k_is_refused_then_migrated_announced_and_kept(
     finally:
         w.send_signal(signal.SIGTERM)
         assert w.wait(30) == 0
-    assert "policy upgraded on the state" in log.read_text()
+    text = log.read_text()
+    assert how == "migrate" or "policy upgraded on the state" in text
+    assert not backend or "policy upgrade applied to partitions" in text, text[-3000:]
 
     metas = [orjson.loads(m.value) for m in consume_all(broker.bootstrap, f"{out_topic}.meta")]
     announced = [m for m in metas if m.get("policy_version") == new]  # not the key records
@@ -112,7 +150,7 @@ def test_a_raised_k_is_refused_then_migrated_announced_and_kept(
     # the count is the state's: another start without the flag runs and still shows it
     port = free_port()
     log = tmp_path / "w4.log"
-    w = start_worker(broker.bootstrap, unique_name, raised, state, log,
+    w = start_worker(broker.bootstrap, unique_name, raised, state, log, *backend,
                      "--metrics-port", str(port))  # fmt: skip
     try:
         assert _metric(port, 'privgw_policy_upgrades_total{action="regroup"}', w, log) == 1

@@ -170,3 +170,57 @@ def test_another_secret_is_refused_unless_rotated(
     assert SECRET_A not in text_r and SECRET_B not in text_r
     stored = _stored_fingerprints(state, config)
     assert stored and set(stored) == {fp_b}, stored
+
+
+@pytest.mark.parametrize("config", ["sqlite-process", "partitioned"])
+def test_a_wrong_secret_leaves_a_fresh_state_directory_untouched(
+    config: str,
+    broker: EmbeddedBroker,
+    unique_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 45, item 5: the metadata topic announces A's fingerprint; a start with secret B
+    on a new state directory is refused (exit 2) and leaves it as it was — an empty one
+    empty, a missing one missing —, so the start with the right secret then runs."""
+    monkeypatch.delenv("PRIVGW_SECRET_FILE", raising=False)
+    monkeypatch.delenv("PRIVGW_ROTATE_SECRET", raising=False)
+    fp_a = Keyring(SECRET_A.encode()).fingerprint()
+    fp_b = Keyring(SECRET_B.encode()).fingerprint()
+    policy = small_window_policy(tmp_path, 1000)
+    extra = CONFIGS[config]
+
+    def launch(secret: str, state: Path, log: Path) -> Any:
+        monkeypatch.setenv("PRIVGW_SECRET", secret)
+        return start_worker(broker.bootstrap, unique_name, policy, state, log, *extra)
+
+    first = launch(SECRET_A, tmp_path / "a", tmp_path / "a.log")
+    try:
+        assert consume_all(broker.bootstrap, f"{unique_name}.out.meta", expected=1, timeout=60)
+    finally:
+        _stop(first)
+
+    empty, missing = tmp_path / "empty", tmp_path / "missing"
+    empty.mkdir()
+    for state in (empty, missing):
+        log = tmp_path / f"{state.name}.log"
+        refused = launch(SECRET_B, state, log)
+        assert refused.wait(120) == 2, log.read_text()[-3000:]
+        error = [x for x in log.read_text().splitlines() if x.startswith("privgw: error:")]
+        assert len(error) == 1 and fp_a in error[0] and fp_b in error[0], error
+    assert list(empty.iterdir()) == [], "a refused start wrote to the state directory"
+    assert not missing.exists(), "a refused start created the state directory"
+
+    # the secret fixed: the same directory starts under A's fingerprint (the partitioned
+    # backend's state is the group's changelog, which has it already)
+    log = tmp_path / "fixed.log"
+    fixed = launch(SECRET_A, empty, log)
+    started = re.compile(rf"key fingerprint {fp_a} (recorded in|matches) the state")
+    try:
+        deadline = time.monotonic() + 60
+        while not started.search(log.read_text()):
+            assert fixed.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+    finally:
+        _stop(fixed)
