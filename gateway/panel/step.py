@@ -19,7 +19,6 @@ carries an input position, and none is sent to an input partition's counterpart.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +33,11 @@ from gateway.keyed import Keyring
 from gateway.keyed_inputs import KeyedInputs
 from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
+from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, wave_of
 from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
 from gateway.policy import Policy, RepublicationMode, Role
 from gateway.records import (
     PublishedRecord,
-    ValidRecord,
     WindowReport,
     WindowResult,
     attribute_values,
@@ -50,7 +49,6 @@ from gateway.state_api import StateStore
 from gateway.state_codec import encode_state
 
 CARRY_SALT = b"privgw/v1/panel-carry"
-PSEUDONYM = "\x00pseudonym"  # the carried pseudonym of a member (output.pseudonym: hmac)
 
 
 @dataclass(slots=True)
@@ -155,7 +153,7 @@ class PanelStep:
             )
         ]
         rows = [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in range(n)]
-        waves = [_wave(v) for v in pw.columns.get(self.wave, [None] * n)]
+        waves = [wave_of(v) for v in pw.columns.get(self.wave, [None] * n)]
         plan = _Plan()
         rosters: dict[int | None, Roster] = {}
         for (scope, wave), idx in _batches(pw, waves, plan):
@@ -361,32 +359,20 @@ class PanelStep:
         ids = {**plan.ids, **{n_in + j: e[5] for j, e in enumerate(plan.imputed)}}
         out.columns[0] = [ids[i] for i in pub_idx]
         weights = {**plan.weights, **{n_in + j: e[4] for j, e in enumerate(plan.imputed)}}
-        out.add(self.weight_field, [_rounded(weights.get(i)) for i in pub_idx])
-        _pseudonyms(out, records, pub_idx, n_in)
+        out.add(self.weight_field, [rounded(weights.get(i)) for i in pub_idx])
+        pseudonyms(out, records, pub_idx, n_in)
         keep_imputed(
             plan.imputed, rosters, names=out.names, cols=out.columns, pub_idx=pub_idx, n_in=n_in
         )
-        names, cols = out.names, out.columns
         suppressed = set(qi.suppressed)
-        pub_rids = list(cols[0])
-        flags = [i in suppressed for i in pub_idx]
-        respondents = [rkeys[i] for i in pub_idx]
-        for r_names, r_rows, r_rids in plan.replayed:  # the last wave's imputed, as stored
-            for row, rid in zip(r_rows, r_rids, strict=True):
-                by_name = dict(zip(r_names, row, strict=True))
-                for name, col in zip(names, cols, strict=True):
-                    col.append(by_name.get(name))
-                pub_rids.append(rid)
-                flags.append(False)
-                respondents.append(None)
-        keys = _keys_of(out.keys, len(pub_rids))
-        # oldest wave first: a backlog decided in one window is published wave by wave
-        wave_at = names.index(self.wave) if self.wave in names else None
-        if wave_at is not None:
-            order = sorted(range(len(pub_rids)), key=lambda at: _wave(cols[wave_at][at]) or -1)
-            cols = [[col[at] for at in order] for col in cols]
-            pub_rids, flags = [pub_rids[at] for at in order], [flags[at] for at in order]
-            respondents, keys = [respondents[at] for at in order], [keys[at] for at in order]
+        names, cols, pub_rids, flags, respondents, keys = assembled(
+            out,
+            pub_idx,
+            respondents=[rkeys[i] for i in pub_idx],
+            suppressed=suppressed,
+            replayed=plan.replayed,
+            wave_name=self.wave,
+        )
         self._write(view, rosters)
         rows = output_rows(names, cols) if encode else []
         values_out = encode_rows(names, cols) if encode else [b""] * len(pub_rids)
@@ -419,12 +405,6 @@ class PanelStep:
             self._store.put_many(entries)
 
 
-def _wave(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value) if math.isfinite(value) else None
-
-
 def _batches(
     pw: PanelWindow, waves: list[int | None], plan: _Plan
 ) -> list[tuple[tuple[int | None, int], list[int]]]:
@@ -439,15 +419,6 @@ def _batches(
         scope = pw.scopes[i] if pw.scopes is not None else None
         out.setdefault((scope, wave), []).append(i)
     return sorted(out.items(), key=lambda kv: (kv[0][1], -1 if kv[0][0] is None else kv[0][0]))
-
-
-def _pseudonyms(out: Output, records: Sequence[ValidRecord], pub_idx: list[int], n_in: int) -> None:
-    """An imputed record's pseudonym (output.pseudonym hmac): the one its member carries."""
-    if "pseudonym" in out.names:
-        col = out.columns[out.names.index("pseudonym")]
-        for at, i in enumerate(pub_idx):
-            if i >= n_in:
-                col[at] = records[i].values.get(PSEUDONYM)
 
 
 def _report(
@@ -469,15 +440,6 @@ def _report(
         randomized=out.randomized,
         imputed=published - n_in,
     )
-
-
-def _keys_of(keys: list[bytes | None], n: int) -> list[bytes | None]:
-    return [*keys, *([None] * (n - len(keys)))]
-
-
-def _rounded(weight: float | None) -> float | None:
-    """A published weight, to 6 significant digits (every record of a class has the same)."""
-    return None if weight is None else float(f"{weight:.6g}")
 
 
 def _combine(name: str, old: float | None, new: float) -> float:

@@ -1,0 +1,83 @@
+"""A panel window's published columns: ids, weights, the pseudonyms imputed members carry, and
+the last wave's imputed records re-sent as stored, all in wave order."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.columns import Output
+from gateway.records import ValidRecord
+
+PSEUDONYM = "\x00pseudonym"  # the carried pseudonym of a member (output.pseudonym: hmac)
+
+
+def wave_of(value: Any) -> int | None:
+    """A wave number as published (None: none, or not a finite number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if math.isfinite(value) else None
+
+
+def assembled(
+    out: Output,
+    pub_idx: list[int],
+    *,
+    respondents: list[bytes | None],
+    suppressed: set[int],
+    replayed: list[tuple[list[str], list[list[Any]], list[str]]],
+    wave_name: str,
+) -> tuple[
+    list[str],
+    list[list[Any]],
+    list[str],
+    list[bool],
+    list[bytes | None],
+    list[bytes | None],
+]:
+    """The window's published columns, the last wave's imputed records re-sent after them as
+    stored, all ordered oldest wave first (a backlog decided in one window is published wave by
+    wave): names, columns, record ids, suppressed flags, respondents, keys."""
+    names, cols = out.names, out.columns
+    pub_rids = list(cols[0])
+    flags = [i in suppressed for i in pub_idx]
+    for r_names, r_rows, r_rids in replayed:
+        for row, rid in zip(r_rows, r_rids, strict=True):
+            by_name = dict(zip(r_names, row, strict=True))
+            for name, col in zip(names, cols, strict=True):
+                col.append(by_name.get(name))
+            pub_rids.append(rid)
+            flags.append(False)
+            respondents.append(None)
+    keys = keys_of(out.keys, len(pub_rids))
+    if wave_name not in names:
+        return names, cols, pub_rids, flags, respondents, keys
+    wave_at = names.index(wave_name)
+    order = sorted(range(len(pub_rids)), key=lambda at: wave_of(cols[wave_at][at]) or -1)
+    return (
+        names,
+        [[col[at] for at in order] for col in cols],
+        [pub_rids[at] for at in order],
+        [flags[at] for at in order],
+        [respondents[at] for at in order],
+        [keys[at] for at in order],
+    )
+
+
+def pseudonyms(out: Output, records: Sequence[ValidRecord], pub_idx: list[int], n_in: int) -> None:
+    """An imputed record's pseudonym (output.pseudonym hmac): the one its member carries."""
+    if "pseudonym" in out.names:
+        col = out.columns[out.names.index("pseudonym")]
+        for at, i in enumerate(pub_idx):
+            if i >= n_in:
+                col[at] = records[i].values.get(PSEUDONYM)
+
+
+def keys_of(keys: list[bytes | None], n: int) -> list[bytes | None]:
+    return [*keys, *([None] * (n - len(keys)))]
+
+
+def rounded(weight: float | None) -> float | None:
+    """A published weight, to 6 significant digits (every record of a class has the same)."""
+    return None if weight is None else float(f"{weight:.6g}")
