@@ -216,6 +216,9 @@ def poison_corpus(good: dict[str, Any]) -> list[tuple[str, bytes | None, bytes |
         ("extra_field", key, with_(favourite_colour="blue")),  # the policy: extra_fields error
         ("unknown_category", key, with_(race="Martian")),
         ("out_of_range", key, with_(age=131)),
+        # valid local times with no UTC instant: converting them (coarsen to an hour) overflowed
+        ("out_of_range", key, with_(submitted_at="9999-12-31T23:00:00-01:00")),
+        ("out_of_range", key, with_(submitted_at="0001-01-01T00:30:00+01:00")),
         ("non_finite", key, raw.replace(b'"age":', b'"age":NaN,"_":', 1)),
         ("non_finite", key, raw.replace(b'"age":', b'"age":Infinity,"_":', 1)),
         ("integer_too_large", key, with_(age=2**53 + 1)),
