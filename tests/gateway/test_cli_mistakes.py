@@ -276,3 +276,11 @@ def test_protect_refuses_a_timestamp_outside_utc_naming_column_and_row(
     code, err = run(capsys, "protect", adult, "--policy", policy, "-o", "out.csv")
     assert_clear(code, err, "column 'submitted_at'", "representable range", "first at data row 7")
     assert text not in err and not (adult.parent / "out.csv").exists()
+
+
+def test_a_policy_read_from_dev_zero_is_refused_naming_the_cap(
+    capsys: pytest.CaptureFixture[str], adult: Path
+) -> None:
+    """Issue 45, item 9: it ran out of memory (exit 70, or killed)."""
+    code, err = run(capsys, "protect", adult, "--policy", "/dev/zero", "-o", "out.csv")
+    assert_clear(code, err, "policy file /dev/zero is larger than the 1024 KiB")
