@@ -179,6 +179,9 @@ def test_a_topic_on_the_group_changelog_is_refused(
     args[args.index("--policy") + 1] = str(policy)
     code, err, _ = privgw(*args)
     assert_one_line(code, err, "changelog topic", "g.state-changelog", "give each its own topic")
+    # issue 45, item 9: the metadata case spoke of "raw dead letters"
+    mixed = {"dlq_topic": "the raw dead letters", "meta_topic": "the policy metadata"}[role]
+    assert f"they would mix with {mixed}" in err, err
 
 
 def test_reconstruct_from_an_unreachable_bootstrap_is_one_line() -> None:
