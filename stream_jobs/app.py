@@ -33,6 +33,7 @@ from stream_jobs.worker import GatewayWorker
 
 log = logging.getLogger(__name__)
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for Ctrl-C
 _CANCEL_WAIT_S = 2.0  # for the worker's task once cancelled, and for the app's own stop
 
 
@@ -123,18 +124,25 @@ async def serve(
 
     Returns an exit code: 0 after a clean stop, 1 when the worker failed, 75
     (``EXIT_BROKER_AWAY``) when it stopped without the broker confirming everything (what it
-    left uncommitted is read again at the next start; the log line names it).
+    left uncommitted is read again at the next start; the log line names it), 130
+    (``EXIT_INTERRUPTED``) after a clean stop on SIGINT (Ctrl-C).
     """
     stop = stop or asyncio.Event()
     app = make_app(worker.settings)
     service = GatewayService(worker)
     loop = asyncio.get_running_loop()
     installed: list[tuple[int, Any]] = []  # (signal, the Python handler it had before)
+    received: set[int] = set()
+
+    def on_signal(sig: int) -> None:
+        received.add(sig)
+        stop.set()
+
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 previous = signal.getsignal(sig)
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal, sig)
                 installed.append((sig, previous))
         if sigterm_received():  # came before, and a library swallowed the CLI's exception
             stop.set()
@@ -169,7 +177,10 @@ async def serve(
         _close_idle_consumer_loop(app)
     if service.error is not None:
         return 1
-    return EXIT_BROKER_AWAY if worker.left_uncommitted else 0
+    if worker.left_uncommitted:
+        return EXIT_BROKER_AWAY
+    # stopped as cleanly as after SIGTERM, but a shell (or a script) is told it was interrupted
+    return EXIT_INTERRUPTED if signal.SIGINT in received else 0
 
 
 def _close_idle_consumer_loop(app: GatewayApp) -> None:
