@@ -18,7 +18,7 @@ pytestmark = pytest.mark.broker
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
-def test_a_signal_stops_the_worker_cleanly_with_its_documented_exit_code(
+def test_a_signal_stops_the_worker_cleanly_with_its_documented_exit_code(  # noqa: PLR0917
     broker: EmbeddedBroker,
     unique_name: str,
     secret_env: str,
