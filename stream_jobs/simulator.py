@@ -15,6 +15,7 @@ missing). Everything is drawn from ``numpy.random.default_rng(seed)``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import datetime as dt
 import importlib.resources
@@ -27,6 +28,12 @@ from typing import Any
 
 import numpy as np
 import orjson
+from aiokafka.errors import KafkaError
+
+from stream_jobs.broker_watch import BrokerTiming, BrokerWatch
+from stream_jobs.kafka import make_producer
+from stream_jobs.settings import WorkerSettings
+from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +192,45 @@ async def produce_panel(
     if progress is not None:
         progress[0] = sent
     return sent
+
+
+async def simulate_to(
+    settings: WorkerSettings,
+    topic: str,
+    records: Iterator[dict[str, Any]],
+    *,
+    rate: float,
+    progress: list[int],
+) -> int:
+    """``privgw simulate``'s sending: :func:`produce_panel` with a producer of ``settings``,
+    the broker probed beside it. The producer alone retries for ever once the broker is gone
+    (or ends in NodeNotReadyError); here :class:`BrokerAway` is raised once the broker has
+    not answered for the watch's timeout (half the stall timeout: 15 s by default)."""
+    watch = BrokerWatch(
+        BrokerTiming.for_stall_timeout(
+            settings.stall_timeout_seconds, settings.lag_interval_seconds
+        )
+    )
+    producer = make_producer(settings)
+    await producer.start()
+    sending = asyncio.create_task(
+        produce_panel(producer, topic, records, rate=rate, progress=progress)
+    )
+    try:
+        while not (await asyncio.wait({sending}, timeout=watch.timing.interval))[0]:
+            try:
+                await asyncio.wait_for(producer.client.fetch_all_metadata(), watch.timing.timeout)
+                watch.answered()
+            except (TimeoutError, KafkaError):
+                if not watch.reachable():
+                    raise BrokerAway from None
+        return sending.result()
+    finally:
+        sending.cancel()
+        with contextlib.suppress(BaseException):
+            await sending
+        with contextlib.suppress(KafkaError, TimeoutError):  # nothing to flush to: let go
+            await asyncio.wait_for(producer.stop(), CLIENT_STOP_S)
 
 
 def parse_rate(text: str) -> float:
