@@ -52,6 +52,12 @@ class ClaimWindow:
     sampled: bool  # a window whose risk is measured
 
 
+def event_time(record: ValidRecord) -> float | None:
+    """When the record was produced, in seconds (its broker timestamp), if known."""
+    src = record.source
+    return None if src is None or src.timestamp_ms < 0 else src.timestamp_ms / 1000.0
+
+
 def source_of(record: ValidRecord) -> Source:
     """The record's input partition, for the release clock (None: not from a stream)."""
     src = record.source
@@ -86,13 +92,21 @@ class ClaimStep:
         )
         # a partition that sent nothing for a window's max_seconds holds no wave back
         self.releases = ReleaseClock(quiet_after=policy.window.max_seconds)
+        panel = rep.mode is RepublicationMode.PANEL
         pooled = (
-            rep.pool is GroupingPool.RELEASE
+            (rep.pool is GroupingPool.RELEASE or panel)
             and rep.wave_attribute is not None
             and rep.mode is not RepublicationMode.DEFERRED
             and store is not None
         )
-        self._parking = Parking(window.max_hold_seconds) if pooled else None
+        # a panel's wave closes by its grace or its maximum, never by a record's hold time
+        self._parking = (
+            None
+            if not pooled
+            else Parking(rep.max_wave, grace=rep.close_grace)
+            if panel
+            else Parking(window.max_hold_seconds)
+        )
         suppress = window.on_hold_timeout is HoldTimeout.SUPPRESS
         # recode_suppress: exact-tuple k per wave (gateway.grouping.recode_stream)
         self._recode: RecodeStream | None = None
@@ -118,7 +132,7 @@ class ClaimStep:
                 ell=None if ldiv is None else ldiv.l,
                 diversify=self.diversify,
             )
-            if rep.mode is not RepublicationMode.DEFERRED
+            if rep.mode not in (RepublicationMode.DEFERRED, RepublicationMode.PANEL)
             and self.names
             and store
             and self._recode is None
@@ -161,7 +175,7 @@ class ClaimStep:
 
         return parking.split(
             records,
-            lambda i: (records[i].arrived_at, source_of(records[i])),
+            lambda i: (records[i].arrived_at, source_of(records[i]), event_time(records[i])),
             lambda positions: record_ids_at(records, positions),
             releases_at,
             self.releases,

@@ -22,6 +22,13 @@ from gateway.launch import STOPPED_EARLY, note_sigterm, sigterm_received
 from gateway.policy import load_policy
 
 log = logging.getLogger("privgw")
+# exit codes (docs/operating.md's table; tests/deploy/test_runbook.py holds the two together;
+# stream_jobs.shutdown.EXIT_BROKER_AWAY is the worker's own)
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command ran and failed (a worker at run time, a check that found drift)
+EXIT_REFUSED = 2  # a setting, the policy, the state, the secret: one `privgw: error:` line
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a reader that went away
 Handler = Callable[[argparse.Namespace], int]
 
@@ -217,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_REFUSED
     handler: Handler = args.func
     _stop_on_sigterm()
     try:
@@ -237,9 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except PrivgwError as err:
         print(f"privgw: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as err:
         if args.debug:
             raise
@@ -249,4 +256,4 @@ def main(argv: Sequence[str] | None = None) -> int:
             "traceback",
             file=sys.stderr,
         )
-        return 70
+        return EXIT_INTERNAL

@@ -76,6 +76,11 @@ class PublishedColumns:
         self._stores = stores
         self._ldiv = ldiv  # the l-diversity attribute, published before the grouping
 
+    @property
+    def pseudonym_of(self) -> Callable[[str], str] | None:
+        """The output's pseudonym of a respondent id (None: the policy publishes none)."""
+        return self._pseudonym
+
     def output(
         self,
         win: WindowInputs,

@@ -18,11 +18,10 @@ from typing import Any
 from gateway.claim_step import ClaimStep, ClaimWindow
 from gateway.columns import Output, PublishedColumns, WindowInputs
 from gateway.draw_derivation import DrawDerivation, DrawPin
-from gateway.errors import PolicyError
 from gateway.grouping.decision import QIDecision
 from gateway.grouping.live_view import StateView
 from gateway.grouping.replay import Committed
-from gateway.grouping.scope import GroupingInputs, refuse_in_stream
+from gateway.grouping.scope import GroupingInputs, refuse_engine
 from gateway.keyed import KeyedSource, Keyring
 from gateway.keyed_inputs import (
     DIGEST_CACHE_LIMIT,
@@ -35,6 +34,8 @@ from gateway.measures.attack import unique_combinations
 from gateway.measures.window_keys import key_measures
 from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.mechanisms.registry import protections, randomized
+from gateway.panel.imputed import PanelWindow
+from gateway.panel.step import panel_step
 from gateway.policy import (
     ConsistencyMode,
     Method,
@@ -61,39 +62,16 @@ from gateway.records import (
     window_id_from,
 )
 from gateway.release_metadata import release_metadata
-from gateway.routing import StatePartitions
+from gateway.routing import StatePartitions, state_partitions
 from gateway.state_api import StateStore
 from gateway.state_codec import decode_state, registry_counts
 from gateway.state_keys import group_id, group_key, scoped_key
 from gateway.window_state import write_states
 
 
-def _state_partitions(
-    records: Sequence[ValidRecord], partitions: StatePartitions | None
-) -> list[int]:
-    """Each record's state partition: its respondent key's (``partitions``), else the input
-    partition it came from."""
-    fallback = [r.source.partition if r.source is not None else 0 for r in records]
-    if partitions is None:
-        return fallback
-    keys = [partitions.key_of(r.respondent_id, r.values) for r in records]
-    return partitions.of_keys(keys, fallback)
-
-
-def _refuse(
-    policy: Policy, *, keyring: Keyring | None, store: StateStore | None, inconsistent: bool
-) -> None:
-    """An engine the policy and its parts cannot give: say which setting and the fix."""
-    refuse_in_stream(policy)
-    if policy.consistency.mode is ConsistencyMode.NONE and not inconsistent:
-        raise PolicyError(
-            "consistency.mode none gives every release fresh randomness, which an "
-            "averaging adversary defeats; it needs the explicit --allow-inconsistent flag"
-        )
-    if store is not None and keyring is None:
-        raise PolicyError("a state store needs a keyring: set PRIVGW_SECRET or PRIVGW_SECRET_FILE")
-    if policy.output.pseudonym is Pseudonym.HMAC and keyring is None:
-        raise PolicyError("output.pseudonym hmac needs a secret: set PRIVGW_SECRET")
+def _draw_source(keyring: Keyring | None, pin: DrawPin) -> UniformSource:
+    """Keyed draws for a sticky engine with a secret, else seeded ones (files)."""
+    return SeededSource() if keyring is None else KeyedSource(keyring, pin.derivation)
 
 
 class Engine:
@@ -128,7 +106,7 @@ class Engine:
         ``measure_risk=False``: a risk-sampled window returns its microaggregated records
         (``WindowResult.aggregated``) without measuring them — a shard of a window
         (:mod:`gateway.shards`), measured once the shards' results are merged."""
-        _refuse(policy, keyring=keyring, store=store, inconsistent=consistency_override)
+        refuse_engine(policy, keyring is not None, store is not None, consistency_override)
         self.policy = policy
         self.version = policy.version
         self._keyring = keyring
@@ -141,13 +119,7 @@ class Engine:
         self._consistent = policy.consistency.mode is ConsistencyMode.STICKY
         self._store = store if self._consistent else None
         self._pin = DrawPin(self._store, draws)
-        rand: UniformSource
-        if randomness is not None:
-            rand = randomness
-        elif keyring is not None and self._consistent:
-            rand = KeyedSource(keyring, self._pin.derivation)
-        else:
-            rand = SeededSource()
+        rand = randomness or _draw_source(keyring if self._consistent else None, self._pin)
         # every published attribute's protection outside the k claim, built once
         protects = protections(policy, frequencies)
         self.mechanisms: dict[str, RRMechanism] = randomized(protects)
@@ -162,9 +134,6 @@ class Engine:
             for n, a in policy.attributes.items()
             if a.role is Role.SENSITIVE and a.method is not Method.DROP
         ]
-        self._published_attrs = [
-            n for n, a in policy.attributes.items() if a.method is not Method.DROP
-        ]
         self._windows = 0
         # groups never cross a stratum
         self._strata = list(policy.microaggregation.strata or []) if self._qi_agg else []
@@ -177,6 +146,15 @@ class Engine:
             pseudonym=keyring.pseudonym
             if policy.output.pseudonym is Pseudonym.HMAC and keyring is not None
             else None,
+        )
+        # republication: panel (gateway/panel): due waves decided whole, every member published
+        self._panel = panel_step(
+            policy,
+            store=self._store,
+            keyring=keyring,
+            claim=self._claims.claim if self._qi_agg and self._inputs is not None else None,
+            columns=self._columns,
+            inputs=self._inputs,
         )
         # group id -> formation size: never changes, so kept across windows (each window's
         # view writes into it), and a window of republished records reads no registry entry
@@ -307,6 +285,8 @@ class Engine:
         if self.draws is not None:
             self._pin.record_once()  # the state is bound to the derivation from now on
         sticky = self._consistent and self._keyring is not None
+        if self._panel is not None:
+            return self._panel_window(records, rids, columns, keys, encode=encode)
         # the k-claim digests given with the keys; else taken from the claim inputs the
         # quasi-identifier step computes anyway (None)
         given_qi = keys.quasi_identifiers if keys is not None and sticky else None
@@ -360,6 +340,30 @@ class Engine:
             )
         return self._result(win, qi, pub_idx, out, encode=encode)
 
+    def _panel_window(
+        self,
+        records: Sequence[ValidRecord],
+        rids: list[str],
+        columns: Columns,
+        keys: WindowKeys | None,
+        *,
+        encode: bool,
+    ) -> WindowResult:
+        """A ``panel`` policy's due waves (:mod:`gateway.panel.step`)."""
+        assert self._panel is not None
+        rkeys, dkeys, keys = self._keys(records, rids, columns, keys)
+        assert keys is not None
+        window = PanelWindow(
+            records,
+            rids,
+            {name: list(col) for name, col in columns.items()},
+            rkeys,
+            list(dkeys),
+            keys,
+            self._parts if self._partition_scope else None,
+        )
+        return self._panel.protect(window, lambda ks: self._read_states(ks, True), encode=encode)
+
     def _keys(
         self,
         records: Sequence[ValidRecord],
@@ -371,7 +375,7 @@ class Engine:
         state), what keyed draws are bound to (the respondent, or the record itself when it
         carries no respondent id), and the window's keys (computed unless given)."""
         if self._partition_scope:
-            self._parts = _state_partitions(records, self.state_partitions)
+            self._parts = state_partitions(records, self.state_partitions)
         if self._inputs is None:
             none: list[bytes | None] = [None] * len(records)
             return none, none, keys

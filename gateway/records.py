@@ -53,6 +53,9 @@ class PublishedRecord(NamedTuple):
     value: bytes  # orjson JSON; deterministic for a given input, state and policy
     source: SourceRef | None
     suppressed: bool
+    # the respondent's state key the record stands for (imputed records included): for tests
+    # and attack simulation only, kept in memory, never encoded, produced or logged
+    respondent: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,9 @@ class WindowReport:
     retention: Mapping[str, float] = field(default_factory=dict)
     # records randomized per RR attribute: what ``retention`` is a share of (merging shards)
     randomized: Mapping[str, int] = field(default_factory=dict)
+    # published records that stand for no record of the window (a panel wave's absent members,
+    # and the imputed records a replay sends again): ``published`` counts the window's own
+    imputed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

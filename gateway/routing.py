@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from gateway.records import ValidRecord
+
 _MURMUR_SEED = 0x9747B28C
 _MURMUR_M = np.uint32(0x5BD1E995)
 
@@ -92,3 +94,15 @@ class StatePartitions:
             for (i, _), p in zip(known, placed, strict=True):
                 out[i] = p
         return out
+
+
+def state_partitions(
+    records: Sequence[ValidRecord], partitions: StatePartitions | None
+) -> list[int]:
+    """Each record's state partition: its respondent key's (``partitions``), else the input
+    partition it came from."""
+    fallback = [r.source.partition if r.source is not None else 0 for r in records]
+    if partitions is None:
+        return fallback
+    keys = [partitions.key_of(r.respondent_id, r.values) for r in records]
+    return partitions.of_keys(keys, fallback)

@@ -75,6 +75,8 @@ def merge(
         for i in idx:
             shard[i] = s
     held_ids = {id(h) for res in results for h in res.held}
+    if any(res.report.imputed for res in results):  # a panel's: one shard's records after another
+        return _concatenated(records, results, held_ids, interval_pct=interval_pct)
     cursors = [iter(res.published) for res in results]
     row_cursors = [iter(res.rows) for res in results]
     with_rows = all(len(res.rows) == len(res.published) for res in results)
@@ -109,6 +111,27 @@ def merge(
         held=held,
         report=_merge_reports(window_id(records), reports, measures),
         rows=rows,
+    )
+
+
+def _concatenated(
+    records: Sequence[ValidRecord],
+    results: Sequence[WindowResult],
+    held_ids: set[int],
+    *,
+    interval_pct: float,
+) -> WindowResult:
+    """A panel window's shards' results one after another: their published records stand for
+    respondents, present or imputed, not for the window's records one by one."""
+    del held_ids, interval_pct
+    reports = [res.report for res in results]
+    measures: dict[str, float] = {}
+    measures.update(merge_republication_measures([r.measures for r in reports]))
+    return WindowResult(
+        published=[rec for res in results for rec in res.published],
+        held=[h for res in results for h in res.held],
+        report=_merge_reports(window_id(records), reports, measures),
+        rows=[row for res in results for row in res.rows],
     )
 
 
@@ -191,6 +214,7 @@ def _merge_reports(
         measures=measures,
         retention={name: kept[name] / n for name, n in randomized.items()},
         randomized=randomized,
+        imputed=sum(r.imputed for r in reports),
     )
 
 

@@ -25,6 +25,7 @@ import faust
 import mode
 from faust.app.base import BootStrategy
 
+from gateway.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from gateway.errors import PrivgwError
 from gateway.launch import sigterm_received
 from stream_jobs.settings import WorkerSettings
@@ -33,7 +34,6 @@ from stream_jobs.worker import GatewayWorker
 
 log = logging.getLogger(__name__)
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for Ctrl-C
 _CANCEL_WAIT_S = 2.0  # for the worker's task once cancelled, and for the app's own stop
 
 
@@ -176,11 +176,11 @@ async def serve(
             await asyncio.wait_for(app.stop(), _CANCEL_WAIT_S * 2)
         _close_idle_consumer_loop(app)
     if service.error is not None:
-        return 1
+        return EXIT_FAILED
     if worker.left_uncommitted:
         return EXIT_BROKER_AWAY
     # stopped as cleanly as after SIGTERM, but a shell (or a script) is told it was interrupted
-    return EXIT_INTERRUPTED if signal.SIGINT in received else 0
+    return EXIT_INTERRUPTED if signal.SIGINT in received else EXIT_OK
 
 
 def _close_idle_consumer_loop(app: GatewayApp) -> None:

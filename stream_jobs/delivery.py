@@ -202,16 +202,20 @@ class Delivery:
         """Each output record's partition: by its key as Kafka's default partitioner puts it,
         all keys of the window hashed at once; without a key, the input partition's
         counterpart, which keeps a respondent's records in order (the input is keyed by
-        respondent)."""
+        respondent); without either, by its record id."""
         parts = self._out_partitions
-        keys = [rec.key for rec in published if rec.key is not None]
+        # a record with neither key nor source (a panel wave's, imputed or not: none carries an
+        # input position) is spread by its record id
+        keys = [
+            rec.key if rec.key is not None else rec.record_id.encode()
+            for rec in published
+            if rec.key is not None or rec.source is None
+        ]
         hashed = iter(partitions_for_keys(keys, parts) if keys else ())
         return [
             next(hashed)
-            if rec.key is not None
+            if rec.key is not None or rec.source is None
             else parts[rec.source.partition % len(parts)]
-            if rec.source is not None
-            else parts[0]
             for rec in published
         ]
 

@@ -14,8 +14,9 @@ Two kinds of figure:
   utility and risk measures (the engine computes them on every ``risk.sample_every``-th window;
   that sampling rate is exported too);
 * read at scrape time from ``WorkerStats`` and the state store (``stream_jobs.metrics_scrape``):
-  flow counters, held records, consumer lag per partition, state size, the policy's k, ε and
-  expected retention.
+  flow counters, held records, consumer lag per partition (and its two parts: behind, and held
+  on purpose), the delay of the oldest undecided record, until when records are held, state
+  size, the policy's k, ε and expected retention.
 
 Names have the ``privgw_`` prefix and base units (seconds, ratios 0-1, records); counters end in
 ``_total``. Labels come only from bounded sets — DLQ reasons, attribute names of the policy,

@@ -2,10 +2,12 @@
 
 ``WorkerCollector`` is registered by ``GatewayMetrics.attach`` (``stream_jobs.metrics``) and
 reads, whenever Prometheus scrapes: ``WorkerStats`` (flow counters, held records, consumer lag
-per partition), the monitor's health figures, the state store's size, the policy's k, ε and
-expected retention, and the utility and risk measures the per-window observer kept (last
-sampled window and moving averages), the whole-key figures and the republication's. A scrape
-never waits for the engine and never fails because the store is busy.
+per partition, behind and held on purpose), the windows' waiting records (the delay of the
+oldest undecided one, until when records are held), the monitor's health figures, the state
+store's size, the policy's k, ε and expected retention, and the utility and risk measures the
+per-window observer kept (last sampled window and moving averages), the whole-key figures and
+the republication's. A scrape never waits for the engine and never fails because the store is
+busy.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from gateway.cli import package_version
+from gateway.records import ValidRecord
 from gateway.state_api import StateStore
 from gateway.state_keys import GROUP_KEY_PREFIX
 from gateway.validation import DLQReason
@@ -111,6 +114,7 @@ class WorkerCollector(Collector):
     def collect(self) -> Iterator[Any]:
         yield from self._info()
         yield from self._flow()
+        yield from self._waiting()
         yield from self._privacy()
         yield from self._utility_and_risk()
 
@@ -237,7 +241,7 @@ class WorkerCollector(Collector):
         )
         threshold.add_metric(["dld"], policy.risk.max_dld)
         threshold.add_metric(["interval_disclosure"], policy.risk.max_interval_disclosure)
-        threshold.add_metric(["linked_below_k"], policy.risk.max_linked_below_k)
+        threshold.add_metric(["linked_below_k"], policy.risk.linked_below_k_threshold)
         yield threshold
         with m.lock:
             last, average = dict(m.last), dict(m.average)
@@ -339,6 +343,7 @@ class WorkerCollector(Collector):
         yield lag
         if mon is None:
             return
+        yield from self._lag_split(mon)
         if mon.lag_measured_at is not None:
             yield GaugeMetricFamily(
                 f"{p}_lag_measured_timestamp_seconds",
@@ -366,6 +371,57 @@ class WorkerCollector(Collector):
         )
         yield GaugeMetricFamily(
             f"{p}_ready", "1 when the worker is ready (/readyz 200)", value=mon.readiness().ok
+        )
+
+    def _lag_split(self, mon: Monitor) -> Iterator[Any]:
+        """The lag as records behind and records held on purpose (they add up to it)."""
+        p = self._m.prefix
+        labels = ["topic", "partition"]
+        behind = GaugeMetricFamily(
+            f"{p}_consumer_lag_behind_records",
+            "of the consumer lag, records not decided yet: not consumed, or in the open window "
+            "or the engine (the worker is behind by these)",
+            labels=labels,
+        )
+        held = GaugeMetricFamily(
+            f"{p}_consumer_lag_held_records",
+            "of the consumer lag, records decided but uncommitted because records are held on "
+            "purpose before them (a window or a wave waiting for k, or for the wave to close)",
+            labels=labels,
+        )
+        for (topic, partition), (b, h) in sorted((mon.lag_split() or {}).items()):
+            behind.add_metric([topic, str(partition)], b)
+            held.add_metric([topic, str(partition)], h)
+        yield behind
+        yield held
+
+    def _waiting(self) -> Iterator[Any]:
+        """How long the oldest undecided record has waited, and until when records are held."""
+        p, w = self._m.prefix, self._worker
+        undecided, held = w.lifecycle.waiting()
+        mono, wall = time.monotonic(), time.time()
+
+        def produced(r: ValidRecord) -> float:  # its Kafka timestamp, no later than its arrival
+            arrived = wall - (mono - r.arrived_at)
+            ts = r.source.timestamp_ms if r.source is not None else -1
+            return min(arrived, ts / 1000) if ts >= 0 else arrived
+
+        oldest = min(map(produced, undecided), default=wall)
+        yield GaugeMetricFamily(
+            f"{p}_oldest_undecided_age_seconds",
+            "age of the oldest consumed record not decided yet (open window or engine), by its "
+            "Kafka timestamp: how far behind the output is in time (0: none waits; records held "
+            "on purpose left out)",
+            value=max(0.0, wall - oldest),
+        )
+        first = min((r.arrived_at for r in held), default=None)
+        yield GaugeMetricFamily(
+            f"{p}_hold_deadline_timestamp_seconds",
+            "Unix time by which the oldest held record is decided at the latest: "
+            "window.max_hold_seconds after it arrived (a wave is released then if it has not "
+            "closed before; a record short of k is suppressed then, or held again under "
+            "on_hold_timeout: hold); 0 when nothing is held",
+            value=0.0 if first is None else wall - mono + first + w.policy.window.max_hold_seconds,
         )
 
     def _count(self) -> int:

@@ -16,7 +16,10 @@ judges the worker from what the loop leaves behind (``WorkerStats.loop_tick`` an
   measured every ``lag_interval_seconds``. The development broker's end-offset query misses the
   newest batch (DESIGN §8), so the end is the larger of it and the worker's last fetched high
   watermark: both are lower bounds of the true end. When a measurement fails the lag is
-  unknown (NaN), not the last figure and not 0.
+  unknown (NaN), not the last figure and not 0. The lag is split in two: records **behind**
+  (after the last record a window decided: not consumed yet, or in the open window or the
+  engine) and records **held** on purpose (from the committed offset up to there: offsets kept
+  uncommitted because records wait in a window or a wave for k or for the wave to close).
 * one INFO **progress** line every ``progress_interval_seconds``, and a warning, once, when the
   input topic still holds no record ``input_idle_warning_seconds`` after start.
 """
@@ -71,6 +74,7 @@ class Monitor:
         self._created = clock()
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
+        self._behind: dict[tuple[str, int], int] = {}  # of the lag, records not yet decided
         # None: not measured yet; False after a failed measurement (the figures are stale)
         self._lag_known: bool | None = None
         self.lag_measured_at: float | None = None  # wall-clock time of the last measurement
@@ -165,13 +169,21 @@ class Monitor:
     def lag(self) -> dict[tuple[str, int], float] | None:
         """Records behind per assigned (topic, partition) at the last measurement (None: not
         measured yet); NaN for every assigned partition while it cannot be measured."""
+        split = self.lag_split()
+        return None if split is None else {tp: b + h for tp, (b, h) in split.items()}
+
+    def lag_split(self) -> dict[tuple[str, int], tuple[float, float]] | None:
+        """:meth:`lag` as (records behind, records held on purpose) per partition."""
         with self._lock:
             if self._lag_known is None:
                 return None
             if not self._lag_known:
                 owned = self.worker.assignment() or list(self._lag)
-                return dict.fromkeys(owned, math.nan)
-            return {tp: float(v) for tp, v in self._lag.items()}
+                return dict.fromkeys(owned, (math.nan, math.nan))
+            return {
+                tp: (float(self._behind[tp]), float(v - self._behind[tp]))
+                for tp, v in self._lag.items()
+            }
 
     # -- the thread --------------------------------------------------------------------
     def _main(self) -> None:
@@ -284,6 +296,8 @@ class Monitor:
         if not self._input_seen:
             await self._check_input(consumer)
         lag: dict[tuple[str, int], int] = {}
+        behind: dict[tuple[str, int], int] = {}
+        decided = w.decided()
         if tps:
             ends = await consumer.end_offsets(tps)
             starts = await consumer.beginning_offsets(tps)
@@ -294,9 +308,11 @@ class Monitor:
                     committed = (
                         int(starts.get(tp) or 0) if s.auto_offset_reset == "earliest" else end
                     )
-                lag[(tp.topic, tp.partition)] = max(0, end - committed)
+                key = (tp.topic, tp.partition)
+                lag[key] = max(0, end - committed)
+                behind[key] = min(lag[key], max(0, end - decided.get(key, committed)))
         with self._lock:
-            self._lag = lag
+            self._lag, self._behind = lag, behind
             self._lag_known = True
             self.lag_measured_at = time.time()
 

@@ -29,7 +29,17 @@ LINKED_GUARANTEE = {
     RepublicationMode.COHORT: True,
     RepublicationMode.REGROUP: False,
     RepublicationMode.DEFERRED: False,
+    RepublicationMode.PANEL: True,
 }
+# a panel wave's figures (gateway/panel): kept as the engine reports them
+_PANEL = (
+    "panel_imputed",
+    "panel_retired",
+    "panel_weight_deff",
+    "panel_calibration_deff",
+    "panel_marginal_gap",
+    "panel_stale_ratio",
+)
 
 
 @dataclass(slots=True)
@@ -51,7 +61,7 @@ class RepublicationFigures:
         last["linked_below_k_ratio"] = measures.get("linked_below_k", 0.0) / records
         last["stale_ratio"] = measures.get("stale_records", 0.0) / records
         last["stale_age_releases_max"] = measures.get("stale_age_max", 0.0)
-        for key in ("linked_smallest", "release_smallest_class"):
+        for key in ("linked_smallest", "release_smallest_class", *_PANEL):
             value = measures.get(key)
             if value is not None and math.isfinite(value):
                 last[key] = value
@@ -94,6 +104,34 @@ _GAUGES = {
     "stale_age_releases_max": (
         "stale_age_releases_max",
         "releases the most out-of-date published tuple of the last sampled window is behind",
+    ),
+    "panel_imputed": (
+        "panel_imputed_records",
+        "records published for absent panel members in the last decided wave (a count only: "
+        "no record says whether it was imputed)",
+    ),
+    "panel_retired": (
+        "panel_retired_members",
+        "panel members retired in the last decided wave (absent retire_after_waves in a row)",
+    ),
+    "panel_weight_deff": (
+        "panel_weight_design_effect",
+        "Kish design effect of the published analysis weights of the last decided wave",
+    ),
+    "panel_calibration_deff": (
+        "panel_calibration_design_effect",
+        "Kish design effect of the raking factors alone (what calibration adds to the "
+        "sampling weights)",
+    ),
+    "panel_marginal_gap": (
+        "panel_weighted_marginal_gap_ratio",
+        "largest gap between a category's weighted published share and its share among the "
+        "wave's current and imputed values",
+    ),
+    "panel_stale_ratio": (
+        "panel_stale_ratio",
+        "share of the wave's present respondents whose published categories differ from their "
+        "current ones (individual staleness; aggregates are raked)",
     ),
     "release_smallest_class": (
         "release_smallest_class",

@@ -206,6 +206,17 @@ class WindowLifecycle:
             or self.protecting is not None
         )
 
+    def waiting(self) -> tuple[list[ValidRecord], list[ValidRecord]]:
+        """(records not decided yet: the open window's, and the new ones of the window in the
+        engine; records held on purpose: in the buffer, or handed back to the engine in front
+        of its window). Copies: the metrics' thread asks."""
+        p = self.protecting
+        undecided, held = list(self._buffer.new), list(self._buffer.held)
+        if p is not None:
+            cut = len(p.flush.records) - p.flush.new
+            return p.flush.records[cut:] + undecided, p.flush.records[:cut] + held
+        return undecided, held
+
     def hands_over(self, ahead: int) -> bool:
         """Whether a due window goes to the engine now, waiting for the window in it first:
         while the engine is busy the worker may go on validating into the buffer, up to

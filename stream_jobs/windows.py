@@ -14,7 +14,8 @@ Pure bookkeeping (no Kafka, no asyncio), driven by the worker:
 - ``take()`` hands out the held + new records and snapshots the consumed positions;
   ``complete(flush, held)`` records what the engine still holds and returns the offsets that
   may now be committed (after the outputs are acknowledged): per partition, the smallest
-  offset still held, else the next offset after the last record taken;
+  offset still held, else the next offset after the last record taken; ``decided()`` says up
+  to where the records are decided (published, dead-lettered or held), whatever is committed;
 - ``forget(partitions)`` on revocation: their held records are handed over uncommitted.
 """
 
@@ -59,6 +60,7 @@ class WindowBuffer:
     _positions: dict[TP, int] = field(default_factory=dict)
     _committed: dict[TP, int] = field(default_factory=dict)
     _first: dict[TP, int] = field(default_factory=dict)  # first offset consumed (this run)
+    _decided: dict[TP, int] = field(default_factory=dict)  # next offset after a window's last
 
     # -- input --------------------------------------------------------------------------
     def consumed(self, topic: str, partition: int, offset: int, now: float) -> None:
@@ -155,6 +157,7 @@ class WindowBuffer:
         for tp, position in flush.positions.items():
             if tp not in self._positions or position > self._positions[tp]:
                 continue  # revoked meanwhile, or a position in a log the broker has lost
+            self._decided[tp] = max(position, self._decided.get(tp, position))
             offset = min(position, lowest.get(tp, position))
             if offset > self._committed.get(tp, -1):
                 commits[tp] = offset
@@ -170,6 +173,12 @@ class WindowBuffer:
         """The offsets the broker accepted so far (a partition's log that restarted: none)."""
         return dict(self._committed)
 
+    def decided(self) -> dict[TP, int]:
+        """Per partition, the next offset after the records the last completed window decided
+        (published, dead-lettered or held): the records from the committed offset up to it
+        wait only because some are held on purpose. A copy (the monitor's thread asks)."""
+        return dict(self._decided)
+
     def position(self, tp: TP) -> int | None:
         """The next offset after the last record consumed from ``tp`` (None: none yet)."""
         return self._positions.get(tp)
@@ -182,6 +191,7 @@ class WindowBuffer:
             return False
         self._positions[tp] = offset
         self._committed.pop(tp, None)
+        self._decided.pop(tp, None)
         self._first[tp] = offset
         return True
 
@@ -199,6 +209,7 @@ class WindowBuffer:
         for tp in gone:
             self._positions.pop(tp, None)
             self._committed.pop(tp, None)
+            self._decided.pop(tp, None)
             self._first.pop(tp, None)
         return before - len(self.held) - len(self.new)
 

@@ -305,6 +305,11 @@ class GatewayWorker:
         except (AssertionError, AttributeError):  # revoked meanwhile (asked from another thread)
             return None
 
+    def decided(self) -> dict[tuple[str, int], int]:
+        """Per partition, the next offset after the records decided so far (published,
+        dead-lettered or held; :meth:`WindowBuffer.decided`); any thread may ask."""
+        return self._buffer.decided()
+
     async def stop(self) -> None:
         self.request_stop()
         await self._stopped.wait()

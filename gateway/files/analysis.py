@@ -16,7 +16,7 @@ from gateway.files.fileio import (
     read_table,
 )
 from gateway.files.protect import meta_path
-from gateway.measures.attack import averaging_attack, intersection_attack
+from gateway.measures.attack import averaging_attack, intersection_attack, sticky_chain_linkage
 from gateway.measures.published import (
     mechanisms_from_meta,
     reconstruct_rows,
@@ -24,6 +24,7 @@ from gateway.measures.published import (
 from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import (
     Policy,
+    RepublicationMode,
     RRMode,
 )
 
@@ -58,7 +59,9 @@ def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
                     "matrix is only in that file"
                 )
             mechanisms[name] = from_spec(attr)
-    return reconstruct_rows(frame_rows(df), mechanisms)
+    rep = policy.republication
+    weight = rep.weight_name if rep.mode is RepublicationMode.PANEL else None
+    return reconstruct_rows(frame_rows(df), mechanisms, weight if weight in df.columns else None)
 
 
 def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -82,11 +85,15 @@ def attack_history(
     qi_columns: Sequence[str],
     k: int,
     ts: Sequence[int],
+    sticky: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run both adversaries on a publication history (rows with record_id and wave).
+    """Run the adversaries on a publication history (rows with record_id and wave).
 
     ``truth`` rows carry record_id, respondent_id and the true values: the simulator's
-    ground truth, linking each published record to its respondent.
+    ground truth, linking each published record to its respondent (the averaging and
+    intersection adversaries need it). ``sticky``: published sensitive columns the
+    participation-aware intruder follows respondents by (:func:`sticky_chain_linkage`, no
+    ground truth needed).
     """
     respondent_of = {str(t["record_id"]): str(t["respondent_id"]) for t in truth}
     waves: dict[Any, list[Mapping[str, Any]]] = {}
@@ -94,7 +101,7 @@ def attack_history(
         waves.setdefault(row.get("wave"), []).append(row)
     order = sorted(waves, key=lambda w: (w is None, w))
     result: dict[str, Any] = {"releases": len(order), "records": len(history)}
-    if attribute is not None:
+    if attribute is not None and truth:
         true_value: dict[str, Any] = {}
         for t in truth:
             true_value[str(t["respondent_id"])] = t.get(attribute)
@@ -116,7 +123,17 @@ def attack_history(
             }
             for p in averaging_attack(releases, true_value, ts_ok)
         ]
-    if qi_columns:
+    if qi_columns and sticky:
+        chains = sticky_chain_linkage([waves[w] for w in order], sticky, qi_columns, k)
+        result["sticky_linkage"] = {
+            "k": k,
+            "sticky": list(sticky),
+            "chains": chains.chains,
+            "below_k": chains.below_k,
+            "isolated": chains.isolated,
+            "smallest_candidate_sets": chains.smallest,
+        }
+    if qi_columns and truth:
         qi_releases = []
         for w in order:
             rel: dict[str, Any] = {}

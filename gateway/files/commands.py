@@ -38,14 +38,22 @@ def cmd_protect(args: argparse.Namespace) -> int:
     meta = meta_path(args.output)
     check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
     summary = protect_file(args.input, policy, args.output, seed=args.seed)
+    grouping = (
+        "keys recoded, cells suppressed one by one"
+        if summary["groups"] is None
+        else f"{summary['groups']} groups, smallest {summary['min_group_size']}"
+    )
     print(
         f"protected {summary['published']} of {summary['records']} records -> {args.output} "
-        f"(policy {summary['policy_version']}; {summary['groups']} groups, smallest "
-        f"{summary['min_group_size']}; {summary['suppressed']} suppressed)"
+        f"(policy {summary['policy_version']}; {grouping}; {summary['suppressed']} suppressed)"
     )
     numeric_only = {"sse_sst_pct", "il1s", "dld", "interval_disclosure"}
     for name, value in summary["measures"].items():
-        label = f"{name} (numeric quasi-identifiers)" if name in numeric_only else name
+        label = (
+            f"{name} (numeric quasi-identifiers: {', '.join(policy.numeric_claim)})"
+            if name in numeric_only
+            else name
+        )
         print(f"  {label}: {fmt(value)}")
     for name, value in summary["retention"].items():
         print(f"  retention {name}: {fmt(value)}")
@@ -271,11 +279,19 @@ def cmd_attack(args: argparse.Namespace) -> int:
             raise PrivgwError("give the history as JSONL files, or --bootstrap B --topic T")
         history = read_jsonl_rows(args.history)
         meta = {}
-    truth = read_jsonl_rows([args.truth])
+    sticky = [c for c in (args.sticky or "").split(",") if c]
+    if args.truth is None and not sticky:
+        raise PrivgwError(
+            "give --truth (the simulator's ground truth) for the averaging and intersection "
+            "adversaries, or --sticky COL[,COL] for the sticky-value intruder, or both"
+        )
+    truth = read_jsonl_rows([args.truth]) if args.truth is not None else []
     qi = [c for c in (args.qi or "").split(",") if c] or list(meta.get("microaggregated", []))
     k = args.k or int(meta.get("k", 0)) or 2
     ts = [int(t) for t in args.t.split(",")]
-    result = attack_history(history, truth, attribute=args.attribute, qi_columns=qi, k=k, ts=ts)
+    result = attack_history(
+        history, truth, attribute=args.attribute, qi_columns=qi, k=k, ts=ts, sticky=sticky
+    )
     if args.json:
         print_json(result)
         return 0
@@ -285,6 +301,14 @@ def cmd_attack(args: argparse.Namespace) -> int:
         print(
             f"averaging T={p['T']:>4}: accuracy {p['accuracy']:.4f} "
             f"(95% CI {lo:.4f}..{hi:.4f}, {p['respondents']} respondents)"
+        )
+    if "sticky_linkage" in result:
+        c = result["sticky_linkage"]
+        print(
+            f"sticky-value intruder (follows respondents by {','.join(c['sticky'])}, knows who "
+            f"took part): {c['below_k']} of {c['chains']} followed respondents linked to fewer "
+            f"than k={c['k']}, {c['isolated']} isolated; smallest sets "
+            f"{c['smallest_candidate_sets']}"
         )
     if "intersection" in result:
         i = result["intersection"]
@@ -412,7 +436,12 @@ def _add_attack(sub: Any) -> None:
         "privgw attack out/*.jsonl --truth truth.jsonl --attribute occupation --t 1,5,20",
     )
     p.add_argument("history", nargs="*", help="published records (JSONL/CSV with record_id, wave)")
-    p.add_argument("--truth", required=True, help="JSONL: record_id, respondent_id, true values")
+    p.add_argument("--truth", help="JSONL: record_id, respondent_id, true values")
+    p.add_argument(
+        "--sticky",
+        help="published sensitive columns the participation-aware intruder follows "
+        "respondents by (e.g. occupation,income,capital_gain,capital_loss)",
+    )
     p.add_argument("--attribute", help="randomized attribute for the averaging adversary")
     p.add_argument("--qi", help="published quasi-identifier columns (default: from metadata)")
     p.add_argument("--k", type=int, help="k (default: from metadata)")

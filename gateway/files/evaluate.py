@@ -22,6 +22,7 @@ from gateway.grouping.mixed_microaggregation import (
     claim_inputs,
 )
 from gateway.measures import key_risk, linkage, quality, release_risk
+from gateway.measures.estimates import weighted_mean_se, weighted_total_se
 from gateway.measures.frequency_risk import weights_of
 from gateway.measures.published import (
     is_missing,
@@ -176,12 +177,19 @@ def evaluate_files(
     pct = p_pct if p_pct is not None else (policy.risk.interval_pct if policy else 10.0)
     result: dict[str, Any] = {"records": len(orig), "columns": cols}
     if cols:
-        x = numeric_matrix(orig, cols, original)
-        xm = numeric_matrix(prot, cols, protected)
-        complete = np.isfinite(x).all(axis=1) & np.isfinite(xm).all(axis=1)
-        result["excluded_incomplete_rows"] = int((~complete).sum())
-        rep = quality.evaluate_numeric(x[complete], xm[complete], p_pct=pct)
+        excluded, rep = _numeric_quality(orig, prot, cols, (original, protected), pct)
+        result["excluded_incomplete_rows"] = excluded
         result.update(rep.to_dict())
+    if policy is not None and policy.numeric_claim:
+        # what `protect` and the stream's metrics report under "numeric quasi-identifiers"
+        qi = [n for n in policy.numeric_claim if n in orig.columns and n in prot.columns]
+        if qi:
+            _, rep = _numeric_quality(orig, prot, qi, (original, protected), pct)
+            full = rep.to_dict()
+            result["numeric_quasi_identifiers"] = {
+                "columns": qi,
+                **{m: full[m] for m in ("sse_sst_pct", "il1s", "dld", "interval_disclosure")},
+            }
     if policy is not None:
         retention = {}
         for name in policy.randomized:
@@ -201,6 +209,21 @@ def evaluate_files(
     return result
 
 
+def _numeric_quality(
+    orig: pd.DataFrame,
+    prot: pd.DataFrame,
+    cols: Sequence[str],
+    paths: tuple[str | Path, str | Path],
+    pct: float,
+) -> tuple[int, quality.QualityReport]:
+    """The numeric measures of ``cols`` over the rows complete in both files, and how many
+    rows were left out."""
+    x = numeric_matrix(orig, list(cols), paths[0])
+    xm = numeric_matrix(prot, list(cols), paths[1])
+    complete = np.isfinite(x).all(axis=1) & np.isfinite(xm).all(axis=1)
+    return int((~complete).sum()), quality.evaluate_numeric(x[complete], xm[complete], p_pct=pct)
+
+
 def _weighted_and_frequency(
     orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy, numeric: Sequence[str]
 ) -> dict[str, Any]:
@@ -213,5 +236,13 @@ def _weighted_and_frequency(
     if weight is not None and weight in orig.columns and numeric:
         w = weights_of(orig, weight)
         assert w is not None
-        out["weighted_estimates"] = release_risk.weighted_estimates(orig, prot, numeric, w)
+        estimates = release_risk.weighted_estimates(orig, prot, numeric, w)
+        for name, est in estimates.items():  # the SEs, over the same records
+            x = pd.to_numeric(orig[name], errors="coerce").to_numpy(dtype=np.float64)
+            y = pd.to_numeric(prot[name], errors="coerce").to_numpy(dtype=np.float64)
+            ok = np.isfinite(x) & np.isfinite(y)
+            for label, v in (("original", x[ok]), ("published", y[ok])):
+                est[f"se_mean_{label}"] = weighted_mean_se(v, w[ok])
+                est[f"se_total_{label}"] = weighted_total_se(v, w[ok])
+        out["weighted_estimates"] = estimates
     return out

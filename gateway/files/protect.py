@@ -34,7 +34,7 @@ from gateway.policy import (
     RRMode,
 )
 from gateway.randomness import SeededSource
-from gateway.records import ValidRecord
+from gateway.records import ValidRecord, WindowReport
 
 
 def meta_path(out: str | Path) -> Path:
@@ -96,6 +96,7 @@ def protect_file(
     protected = protected[[c for c in columns if c in df.columns]]
     meta = engine.metadata()
     whole_key: dict[str, Any] = {}
+    file_groups: dict[str, Any] | None = None  # the groups formed here, not by the engine
     if recoding:  # the keys: recoded and suppressed here, the engine published the rest
         release = recode_suppress.protect_keys(claim_frame(df, policy, published=False), policy)
         for name in release.keys:
@@ -118,7 +119,7 @@ def protect_file(
         )
         for name in grouped.published.columns:
             protected[name] = grouped.published[name].to_numpy()
-        meta["k_claim"] = grouped.report
+        meta["k_claim"] = file_groups = grouped.report
         whole_key = whole_key_evaluation(df, protected, policy, src, out)
         whole_key["grouping"] = grouped.report
     elif policy.k_claim:
@@ -131,13 +132,30 @@ def protect_file(
         "frequency_risk": release_risk.release_risk(df, protected, policy),
         "records": rep.records_in,
         "published": rep.published,
-        "suppressed": rep.suppressed,
-        "groups": rep.groups,
-        "min_group_size": rep.min_group_size,
+        **_groups(rep, recoding=recoding, file_groups=file_groups),
         "measures": dict(rep.measures),
         "retention": dict(rep.retention),
         "policy_version": engine.version,
         "meta": str(meta_path(out)),
+    }
+
+
+def _groups(
+    rep: WindowReport, *, recoding: bool, file_groups: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The groups a protected file publishes, its smallest, and the records suppressed."""
+    if recoding:  # no groups: cells are suppressed one by one
+        return {"groups": None, "min_group_size": None, "suppressed": rep.suppressed}
+    if file_groups is not None:  # the engine grouped nothing: the file's groups are these
+        return {
+            "groups": file_groups["groups"],
+            "min_group_size": file_groups["smallest_group"] or None,
+            "suppressed": rep.suppressed + file_groups["suppressed_records"],
+        }
+    return {
+        "groups": rep.groups,
+        "min_group_size": rep.min_group_size,
+        "suppressed": rep.suppressed,
     }
 
 

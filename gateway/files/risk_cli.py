@@ -21,6 +21,18 @@ def _names(text: str, setting: str) -> list[str]:
     return names
 
 
+def _tokens(text: str | None) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else []
+
+
+def _add_missing(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--missing",
+        help="comma-separated values that mean missing in the key columns (e.g. '?' in Adult); "
+        "an empty cell always does",
+    )
+
+
 def _check_k(k: int, setting: str = "--k") -> int:
     if k < 2:
         raise PrivgwError(f"{setting} must be ≥ 2, got {k}; a class of one record discloses it")
@@ -48,10 +60,36 @@ def _print_risk(s: dict[str, Any]) -> None:
     )
 
 
+def _print_set(s: dict[str, Any]) -> None:
+    """One line per key set: its figures, and a left-out key's change against the full key."""
+    d = s.get("change")
+
+    def shown(name: str, spec: str = "", kk: str | None = None) -> str:
+        value = s[name] if kk is None else s[name][kk]
+        if d is None:
+            return f"{value:{spec}}"
+        delta = d[name] if kk is None else d[name][kk]
+        return f"{value:{spec}} ({delta:+{spec}})"
+
+    label = f"without {s['left_out']}" if "left_out" in s else "+".join(s["keys"])
+    violations = ", ".join(
+        f"fk < {kk}: {shown('k_anonymity_violations', kk=kk)}" for kk in s["k_anonymity_violations"]
+    )
+    print(
+        f"  {label}: sample uniques {shown('sample_uniques')}, {violations}; expected "
+        f"re-identifications {shown('expected_reidentifications', '.4f')}"
+    )
+
+
 def cmd_risk(args: argparse.Namespace) -> int:
-    from gateway.files.risk_files import risk_file  # noqa: PLC0415
+    from gateway.files.risk_files import key_sets, risk_file  # noqa: PLC0415
 
     keys = _names(args.keys, "--keys")
+    combos = [
+        _names(c.replace("+", ","), "--combinations")
+        for c in (args.combinations.split(",") if args.combinations else [])
+    ]
+    sets = key_sets(keys, by_variable=args.by_variable, combinations=combos)
     if args.output:
         check_output(args.output, inputs=(args.input,))
     summary = risk_file(
@@ -62,13 +100,24 @@ def cmd_risk(args: argparse.Namespace) -> int:
         k=_check_k(args.k),
         max_msu=args.max_msu,
         dis_fraction=args.dis_fraction,
+        sets=sets,
+        missing=_tokens(args.missing),
     )
     if args.json:
         print_json(summary)
-    else:
-        _print_risk(summary)
-        if args.output:
-            print(f"  per record (fk, Fk, risk, suda2_score, suda2_dis) -> {args.output}")
+        return 0
+    full = summary["full"] if sets else summary
+    _print_risk(full)
+    if summary.get("by_variable"):
+        print("each key left out (change against all keys):")
+        for s in summary["by_variable"]:
+            _print_set(s)
+    if summary.get("combinations"):
+        print("chosen combinations:")
+        for s in summary["combinations"]:
+            _print_set(s)
+    if args.output:
+        print(f"  per record (fk, Fk, risk, suda2_score, suda2_dis) -> {args.output}")
     return 0
 
 
@@ -90,13 +139,23 @@ def cmd_kanon(args: argparse.Namespace) -> int:
                 f"--importance must rank the {len(keys)} keys 1..{len(keys)} in --keys order, "
                 f"got {args.importance}"
             )
+    strata = _names(args.strata, "--strata") if args.strata else None
     check_output(args.output, inputs=(args.input,))
-    s = kanon_file(args.input, keys, k=_check_k(args.k), out=args.output, importance=importance)
+    s = kanon_file(
+        args.input,
+        keys,
+        k=_check_k(args.k),
+        out=args.output,
+        importance=importance,
+        strata=strata,
+        missing=_tokens(args.missing),
+    )
     if args.json:
         print_json(s)
         return 0
+    within = f" within {s['strata_count']} strata of ({', '.join(strata)})" if strata else ""
     print(
-        f"{s['k']}-anonymity on ({', '.join(s['keys'])}), a missing value matching any: "
+        f"{s['k']}-anonymity on ({', '.join(s['keys'])}){within}, a missing value matching any: "
         f"{s['violations_before']} -> {s['violations_after']} records violating; "
         f"{s['suppressed_cells']} cells suppressed in {s['suppressed_records']} records "
         f"({s['seconds']:.3f} s) -> {args.output}"
@@ -127,7 +186,23 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--dis-fraction", type=float, default=0.01, help="sampling fraction for the DIS score"
     )
-    p.add_argument("-o", "--output", help="per-record table (.csv or .jsonl), input order")
+    p.add_argument(
+        "--by-variable",
+        action="store_true",
+        help="also each key left out in turn: its sample uniques, fk < k and expected "
+        "re-identifications, and their change against all keys",
+    )
+    p.add_argument(
+        "--combinations",
+        help="also these subsets of --keys, each joined by + (e.g. roof+sex,water+relat+sex)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        help="per-record table (.csv or .jsonl), input order; with --by-variable or "
+        "--combinations each key set's columns follow, suffixed [without KEY] or [A+B]",
+    )
+    _add_missing(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_risk)
 
@@ -145,8 +220,15 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--importance",
         help="rank of each key in --keys order, 1 = most important (suppressed last); default: "
-        "fewer categories = more important, as sdcMicro",
+        "fewer categories = more important, as sdcMicro. A key is suppressed only where no "
+        "combination of less important keys brings the record to k",
+    )
+    p.add_argument(
+        "--strata",
+        help="comma-separated strata columns: k-anonymity within each stratum (sdcMicro's "
+        "strataVars); every stratum needs k records",
     )
     p.add_argument("-o", "--output", required=True, help="output file, suppressed cells empty")
+    _add_missing(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_kanon)

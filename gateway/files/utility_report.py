@@ -10,9 +10,7 @@ other file and no network.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,39 +21,20 @@ import orjson
 import pandas as pd
 
 from gateway.files.fileio import read_table
+from gateway.files.report_changes import data_changes, text_column
+from gateway.files.report_html import PAGE, Page, cell, html_table
+from gateway.files.report_plots import Bars, correlation_plot, marginal_plot
+from gateway.measures.estimates import wls
 from gateway.measures.frequency_risk import weights_of
-from gateway.measures.published import mechanisms_from_meta
-from gateway.measures.reconstruction import reconstruct
+from gateway.measures.published import mechanisms_from_meta, reconstruct_column
+from gateway.measures.reconstruction import Renormalised, renormalise
 from gateway.mechanisms import masking
 from gateway.mechanisms.randomized_response import RRMechanism
-from gateway.policy import AttrType, Method, Policy, Role
+from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, Role
 
 MAX_CATEGORIES = 12  # categories shown per marginal (the most frequent in the original)
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[object]], cls: str = "") -> str:
-    def cell(v: object) -> str:
-        if isinstance(v, float):
-            return "—" if not np.isfinite(v) else f"{v:.4f}"
-        return html.escape(str(v))
-
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _text(values: pd.Series, tokens: set[str]) -> pd.Series:
-    s = values.astype(object).where(values.notna(), None)
-    return s.map(lambda v: None if v is None or str(v) in tokens else str(v))
+MAX_TWO_WAY = 6  # categories shown per margin of the two-way table
+FLAG_SES = 2.0  # a published estimate further than this many SEs from the original is flagged
 
 
 def _shares(values: pd.Series, cats: Sequence[str]) -> np.ndarray:
@@ -64,110 +43,142 @@ def _shares(values: pd.Series, cats: Sequence[str]) -> np.ndarray:
     return np.array([counts.get(c, 0) / total if total else np.nan for c in cats])
 
 
-def _em(mech: RRMechanism, values: pd.Series) -> np.ndarray:
-    index = {c: i for i, c in enumerate(mech.categories)}
-    codes = np.array([index.get(v, -1) if v is not None else -1 for v in values], dtype=np.int64)
-    if (codes >= 0).sum() == 0:
-        return np.full(mech.m, np.nan)
-    return reconstruct(mech, codes, method="em").em
+def _em(name: str, mech: RRMechanism, pub: pd.Series) -> Renormalised | None:
+    """``privgw reconstruct``'s EM estimate (the same computation), renormalised without the
+    missing category, with its SEs."""
+    est = reconstruct_column(name, pub.tolist(), mech)
+    return None if est is None else renormalise(est, MISSING_LABEL)
+
+
+def _em_header(mech: RRMechanism | None) -> list[str]:
+    if mech is None:
+        return []
+    if MISSING_LABEL in mech.categories:
+        return [f"EM (privgw reconstruct, renormalised without {MISSING_LABEL})", "± SE"]
+    return ["EM (privgw reconstruct)", "± SE"]
+
+
+def _em_values(rec: Renormalised | None, cats: Sequence[str]) -> list[list[float]]:
+    if rec is None:
+        return [[float("nan"), float("nan")] for _ in cats]
+    at = {c: i for i, c in enumerate(rec.categories)}
+    return [
+        [float(rec.shares[at[c]]), float(rec.se[at[c]])] if c in at else [np.nan, np.nan]
+        for c in cats
+    ]
+
+
+def _categories(raw: pd.Series, pub: pd.Series, mech: RRMechanism | None) -> list[str]:
+    """The original's categories, most frequent first, then any only published or only in
+    the mechanism (the missing category aside: the shares are among the answers given)."""
+    cats = [str(c) for c in raw.value_counts().index]
+    more = [str(c) for c in pub.value_counts().index] + list(mech.categories if mech else [])
+    for c in more:
+        if c not in cats and c != MISSING_LABEL:
+            cats.append(c)
+    return cats
 
 
 def _marginal_section(
-    name: str,
-    raw: pd.Series,
-    pub: pd.Series,
-    mech: RRMechanism | None,
-) -> tuple[str, str]:
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    cats = [str(c) for c in raw.value_counts().index[:MAX_CATEGORIES]]
-    r, p = _shares(raw, cats), _shares(pub, cats)
-    rec = None
-    if mech is not None:
-        est = _em(mech, pub)
-        rec = np.array([est[mech.categories.index(c)] if c in mech.categories else np.nan
-                        for c in cats])  # fmt: skip
-    rows = [
-        [c, r[i], p[i], rec[i] if rec is not None else float("nan")] for i, c in enumerate(cats)
-    ]
-    table = _table(["category", "raw", "published", "reconstructed (EM)"], rows)
-    fig, ax = plt.subplots(figsize=(7, 2.8))
-    x = np.arange(len(cats))
-    width = 0.27 if rec is not None else 0.4
-    ax.bar(x - width, r, width, label="raw", color="#4c72b0")
-    ax.bar(x, p, width, label="published", color="#dd8452")
-    if rec is not None:
-        ax.bar(x + width, rec, width, label="reconstructed", color="#55a868")
-    ax.set_xticks(x, [c[:14] for c in cats], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("share")
-    ax.set_title(name)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return table, _png(fig)
-
-
-def _two_way(
-    row_name: str,
-    col_name: str,
-    raw: pd.DataFrame,
-    pub: pd.DataFrame,
-    mech: RRMechanism | None,
+    page: Page, name: str, raw: pd.Series, pub: pd.Series, mech: RRMechanism | None
 ) -> str:
-    """Shares of ``col_name`` within each category of ``row_name`` (raw row categories, as
-    the analyst holds them when the row attribute is published unchanged)."""
-    rows_out: list[list[object]] = []
-    col_cats = [str(c) for c in raw[col_name].value_counts().index[:6]]
-    for rc in [str(c) for c in raw[row_name].value_counts().index[:6]]:
-        in_raw = raw[row_name] == rc
-        in_pub = pub[row_name] == rc
-        r = _shares(raw.loc[in_raw, col_name], col_cats)
-        p = _shares(pub.loc[in_pub, col_name], col_cats)
-        rec = _em(mech, pub.loc[in_pub, col_name]) if mech is not None else None
-        for i, cc in enumerate(col_cats):
-            re = float("nan")
-            if rec is not None and cc in mech.categories:  # type: ignore[union-attr]
-                re = float(rec[mech.categories.index(cc)])  # type: ignore[union-attr]
-            rows_out.append([rc, cc, r[i], p[i], re])
-    return _table(
-        [row_name, col_name, "raw share in row", "published", "reconstructed (EM)"], rows_out
+    all_cats = _categories(raw, pub, mech)
+    rec = _em(name, mech, pub) if mech is not None else None
+    r, p = _shares(raw, all_cats), _shares(pub, all_cats)
+    em = _em_values(rec, all_cats)
+    rows = [[c, r[i], p[i], *(em[i] if mech is not None else [])] for i, c in enumerate(all_cats)]
+    header = ["category", "raw", "published", *_em_header(mech)]
+    cut = page.cut_table(
+        name, MAX_CATEGORIES, len(all_cats), "categories", html_table(header, rows)
+    )
+    shown = all_cats[:MAX_CATEGORIES]
+    series = [Bars("raw", r[: len(shown)]), Bars("published", p[: len(shown)])]
+    if mech is not None:
+        est = np.array(em[: len(shown)], dtype=np.float64).reshape(-1, 2)
+        series.append(Bars("reconstructed", est[:, 0], est[:, 1]))
+    img = marginal_plot(name, shown, series)
+    return (
+        f"<h3>{html.escape(name)}</h3>{cut}<div class='pair'>"
+        f"{html_table(header, rows[: len(shown)])}<img alt='{html.escape(name)}' src='{img}'></div>"
     )
 
 
-def _correlations(x: pd.DataFrame, xm: pd.DataFrame) -> tuple[str, str]:
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+def _two_way(
+    page: Page,
+    raw: pd.DataFrame,
+    pub: pd.DataFrame,
+    mech: RRMechanism,
+    *,
+    row_name: str,
+    col_name: str,
+) -> str:
+    """Shares of ``col_name`` within each category of ``row_name`` (raw row categories, as
+    the analyst holds them when the row attribute is published unchanged)."""
+    row_cats = [str(c) for c in raw[row_name].value_counts().index]
+    col_cats = _categories(raw[col_name], pub[col_name], mech)
+    rows: list[list[object]] = []
+    shown: list[list[object]] = []
+    for i, rc in enumerate(row_cats):
+        in_raw, in_pub = raw[row_name] == rc, pub[row_name] == rc
+        r = _shares(raw.loc[in_raw, col_name], col_cats)
+        p = _shares(pub.loc[in_pub, col_name], col_cats)
+        em = _em_values(_em(col_name, mech, pub.loc[in_pub, col_name]), col_cats)
+        for j, cc in enumerate(col_cats):
+            rows.append([rc, cc, r[j], p[j], *em[j]])
+            if i < MAX_TWO_WAY and j < MAX_TWO_WAY:
+                shown.append(rows[-1])
+    header = [row_name, col_name, "raw share in row", "published", *_em_header(mech)]
+    detail = (
+        f" ({min(len(row_cats), MAX_TWO_WAY)} of {len(row_cats)} {row_name} categories × "
+        f"{min(len(col_cats), MAX_TWO_WAY)} of {len(col_cats)} {col_name} categories)"
+    )
+    name = f"{col_name} within {row_name}"
+    cut = page.cut_table(
+        name, len(shown), len(rows), "cells", html_table(header, rows), detail=detail
+    )
+    return cut + html_table(header, shown)
 
+
+def _correlations(x: pd.DataFrame, xm: pd.DataFrame) -> tuple[str, str]:
     c0, c1 = x.corr().to_numpy(), xm.corr().to_numpy()
     names = list(x.columns)
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.6))
-    for ax, c, title in ((axes[0], c0, "original"), (axes[1], c1, "published")):
-        im = ax.imshow(c, vmin=-1, vmax=1, cmap="RdBu_r")
-        ax.set_xticks(range(len(names)), [n[:10] for n in names], rotation=45, fontsize=7)
-        ax.set_yticks(range(len(names)), [n[:10] for n in names], fontsize=7)
-        ax.set_title(f"correlations, {title}")
-    fig.colorbar(im, ax=axes, shrink=0.8)
     rows = [
         [names[i], names[j], c0[i, j], c1[i, j], c1[i, j] - c0[i, j]]
         for i in range(len(names))
         for j in range(i + 1, len(names))
     ]
-    return _table(["a", "b", "original", "published", "difference"], rows), _png(fig)
+    table = html_table(["a", "b", "original", "published", "difference"], rows)
+    return table, correlation_plot(names, c0, c1)
 
 
 def _regression(x: pd.DataFrame, xm: pd.DataFrame, w: np.ndarray | None) -> tuple[str, str] | None:
+    """The last numeric attribute on the others, on both files; each coefficient's change in
+    SEs of the original fit (sandwich SEs: the weights are sampling weights)."""
     names = list(x.columns)
     if len(names) < 2:
         return None
     y_name, preds = names[-1], names[:-1]
-    out = []
-    for frame in (x, xm):
-        design = np.column_stack([np.ones(len(frame)), frame[preds].to_numpy(dtype=float)])
-        y = frame[y_name].to_numpy(dtype=float)
-        sw = np.sqrt(w) if w is not None else np.ones(len(y))
-        beta, *_ = np.linalg.lstsq(design * sw[:, None], y * sw, rcond=None)
-        out.append(beta)
-    rows = [[t, b0, b1, b1 - b0] for t, b0, b1 in zip(["intercept", *preds], *out, strict=True)]
+    fits = [
+        wls(f[preds].to_numpy(dtype=float), f[y_name].to_numpy(dtype=float), w) for f in (x, xm)
+    ]
+    rows = []
+    for i, term in enumerate(["intercept", *preds]):
+        b0, s0, b1, s1 = fits[0].beta[i], fits[0].se[i], fits[1].beta[i], fits[1].se[i]
+        z = (b1 - b0) / s0 if s0 > 0 else float("nan")
+        flag = f"moved > {FLAG_SES:g} SE" if abs(z) > FLAG_SES else ""
+        rows.append([term, b0, s0, b1, s1, b1 - b0, z, flag])
     model = f"{y_name} ~ {' + '.join(preds)}" + (" (weighted)" if w is not None else "")
-    return model, _table(["term", "original", "published", "difference"], rows)
+    header = [
+        "term",
+        "original",
+        "± SE",
+        "published",
+        "± SE",
+        "difference",
+        "difference / SE(original)",
+        "flag",
+    ]
+    return model, html_table(header, rows, "regression")
 
 
 def build_report(
@@ -187,22 +198,28 @@ def build_report(
     if meta_file.exists():
         mechanisms = mechanisms_from_meta(orjson.loads(meta_file.read_bytes()))
     weight = policy.weight if policy.weight in orig.columns else None
-    parts = [
-        *_heading(original, protected, policy, orig, weight, policy_path=policy_path, out=out),
-        _table(["figure", "value"], _summary_rows(result, len(orig)), "summary"),
-        *_marginal_parts(policy, orig, prot, mechanisms),
-        *_numeric_parts(policy, orig, prot, weight),
-    ]
-    if result.get("weighted_estimates"):
-        rows = [
-            [n, e["mean_original"], e["mean_published"], e["total_original"], e["total_published"]]
-            for n, e in result["weighted_estimates"].items()
+    w = weights_of(orig, weight) if weight else None
+    raw_t, pub_t = _categorical_frames(policy, orig, prot)
+    changes = data_changes(policy, orig, prot, raw_t, pub_t, weights=w)
+    page = Page()
+    page.parts.extend(
+        [
+            *_heading(original, protected, policy, orig, weight, policy_path=policy_path, out=out),
+            _summary_table(result, policy, len(orig)),
+            "<h2 id='changes'>What changed in the data</h2>",
+            html_table(
+                ["attribute", "what was done", "records", "of", "share"],
+                [[c.attribute, c.what, c.records, c.of, c.share] for c in changes],
+                "changes",
+            ),
+            *_marginal_parts(page, raw_t, pub_t, mechanisms),
+            *_numeric_parts(policy, orig, prot, w),
+            *_weighted_parts(result),
         ]
-        parts.append("<h2>Weighted estimates</h2>")
-        parts.append(_table(["attribute", "mean original", "mean published", "total original",
-                             "total published"], rows))  # fmt: skip
-    body = "\n".join(parts)
-    return _PAGE.replace("BODY", body)
+    )
+    if page.full:
+        page.parts.extend(["<h2 id='full-tables'>Full tables</h2>", *page.full])
+    return PAGE.replace("BODY", "\n".join(page.parts))
 
 
 def _heading(
@@ -234,46 +251,89 @@ def _heading(
             f"{q(str(original))} --keys {','.join(keys)}"
             + (f" --weight {weight}" if weight else "")
         )
-        + "</code>.</p>",
+        + "</code>. A ± SE is a standard error: the EM shares' from the observed Fisher "
+        "information (delta method through the renormalisation), the weighted estimates' and "
+        "the coefficients' by linearisation with the sampling weights.</p>",
         "<h2>Summary</h2>",
     ]
 
 
-def _summary_rows(result: Mapping[str, Any], records: int) -> list[list[object]]:
-    """The summary table: utility, linkage, category changes, retention, frequency risk."""
-    rows: list[list[object]] = [["records", result.get("records", records)]]
-    for name in ("sse_sst_pct", "il1s", "dld", "interval_disclosure"):
+_NUMERIC_FIGURES = {
+    "sse_sst_pct": "SSE/SST (%)",
+    "il1s": "IL1s",
+    "dld": "distance-based linkage (DLD)",
+    "interval_disclosure": "interval disclosure",
+}
+
+
+def _summary_table(result: Mapping[str, Any], policy: Policy, records: int) -> str:
+    """The summary: each figure, the columns it covers (also in ``data-columns``), its value."""
+    rows: list[tuple[str, str, Sequence[str], object]] = [
+        ("records", "records", [], result.get("records", records))
+    ]
+    qi = result.get("numeric_quasi_identifiers")
+    for name, label in _NUMERIC_FIGURES.items():
+        if qi and name in qi:
+            rows.append((name, f"{label}, numeric quasi-identifiers", qi["columns"], qi[name]))
         if name in result:
-            rows.append([f"{name} (numeric quasi-identifiers)", float(result[name])])
-    if "whole_key_linkage" in result:
-        rows.append(["whole-key record linkage", result["whole_key_linkage"]["share_linked"]])
-    for attr, share in result.get("changed_categories", {}).items():
-        rows.append([f"category change rate: {attr}", float(share)])
-    for attr, share in result.get("retention", {}).items():
-        rows.append([f"randomized response retention: {attr}", float(share)])
-    freq = result.get("frequency_risk")
-    if freq:
-        for label in ("original", "published"):
-            f = freq[label]
+            cols = result.get("columns", [])
             rows.append(
-                [f"expected re-identifications, {label}", float(f["expected_reidentifications"])]
+                (
+                    name,
+                    f"{label}, all {len(cols)} numeric attributes compared",
+                    cols,
+                    float(result[name]),
+                )
             )
-            for k, v in f["k_anonymity_violations"].items():
-                rows.append([f"records violating {k}-anonymity, {label}", v])
-            rows.append([f"SUDA2 records with an MSU, {label}", f["suda2"]["records_with_msu"]])
-    return rows
+    if "whole_key_linkage" in result:
+        rows.append(
+            (
+                "whole_key_linkage",
+                "whole-key record linkage (the k claim)",
+                result.get("k_claim", []),
+                result["whole_key_linkage"]["share_linked"],
+            )
+        )
+    for attr, share in result.get("changed_categories", {}).items():
+        rows.append(("changed_categories", "category change rate", [attr], float(share)))
+    for attr, share in result.get("retention", {}).items():
+        rows.append(("retention", "randomized response retention", [attr], float(share)))
+    freq = result.get("frequency_risk") or {}
+    for label in ("original", "published") if freq else ():
+        f, keys = freq[label], freq.get("keys", [])
+        rows.append(
+            (
+                "expected_reidentifications",
+                f"expected re-identifications, {label}",
+                keys,
+                float(f["expected_reidentifications"]),
+            )
+        )
+        for k, v in f["k_anonymity_violations"].items():
+            rows.append(
+                ("k_anonymity_violations", f"records violating {k}-anonymity, {label}", keys, v)
+            )
+        rows.append(
+            ("suda2", f"SUDA2 records with an MSU, {label}", keys, f["suda2"]["records_with_msu"])
+        )
+    body = "".join(
+        f"<tr data-figure='{key}' data-columns='{html.escape(','.join(cols))}'>"
+        f"<td>{html.escape(label)}</td><td class='t'>{html.escape(', '.join(cols))}</td>"
+        f"<td>{cell(value)}</td></tr>"
+        for key, label, cols, value in rows
+    )
+    return (
+        "<table class='summary'><thead><tr><th>figure</th><th>columns it covers</th>"
+        f"<th>value</th></tr></thead><tbody>{body}</tbody></table>"
+    )
 
 
-def _marginal_parts(
-    policy: Policy,
-    orig: pd.DataFrame,
-    prot: pd.DataFrame,
-    mechanisms: Mapping[str, RRMechanism],
-) -> list[str]:
-    """Each categorical attribute's marginal (raw, published, reconstructed) and one two-way
-    table of a randomized attribute within a plain one."""
+def _categorical_frames(
+    policy: Policy, orig: pd.DataFrame, prot: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The published categorical attributes as text (None for missing), the original at the
+    published level (generalized where the policy generalizes)."""
     tokens = set(policy.input.missing_tokens)
-    parts = ["<h2>Marginals: raw, published, reconstructed</h2>"]
     categorical = [
         n
         for n, a in policy.attributes.items()
@@ -283,30 +343,38 @@ def _marginal_parts(
         and n in orig.columns
         and n in prot.columns
     ]
-    raw_t = pd.DataFrame({n: _text(orig[n], tokens) for n in categorical})
-    for n in categorical:  # a generalized attribute is compared at its published level
+    raw_t = pd.DataFrame({n: text_column(orig[n], tokens) for n in categorical})
+    for n in categorical:
         hierarchy = policy.attributes[n].hierarchy
         if policy.attributes[n].method is Method.GENERALIZE and hierarchy is not None:
             raw_t[n] = masking.generalize(raw_t[n].tolist(), hierarchy)
-    pub_t = pd.DataFrame({n: _text(prot[n], tokens) for n in categorical})
-    for name in categorical:
-        table, img = _marginal_section(name, raw_t[name], pub_t[name], mechanisms.get(name))
-        parts.append(
-            f"<h3>{html.escape(name)}</h3>{table}<img alt='{html.escape(name)}' src='{img}'>"
-        )
-    randomized = [n for n in categorical if n in mechanisms]
-    plain = [n for n in categorical if n not in mechanisms]
+    pub_t = pd.DataFrame({n: text_column(prot[n], tokens) for n in categorical})
+    return raw_t, pub_t
+
+
+def _marginal_parts(
+    page: Page, raw_t: pd.DataFrame, pub_t: pd.DataFrame, mechanisms: Mapping[str, RRMechanism]
+) -> list[str]:
+    """Each categorical attribute's marginal (raw, published, reconstructed) and one two-way
+    table of a randomized attribute within a plain one."""
+    parts = ["<h2>Marginals: raw, published, reconstructed</h2>"]
+    for name in raw_t.columns:
+        parts.append(_marginal_section(page, name, raw_t[name], pub_t[name], mechanisms.get(name)))
+    randomized = [n for n in raw_t.columns if n in mechanisms]
+    plain = [n for n in raw_t.columns if n not in mechanisms]
     if randomized and plain:
         row_name, col_name = plain[0], randomized[0]
         parts.append(
             f"<h2>Two-way table: {html.escape(col_name)} within {html.escape(row_name)}</h2>"
         )
-        parts.append(_two_way(row_name, col_name, raw_t, pub_t, mechanisms[col_name]))
+        parts.append(
+            _two_way(page, raw_t, pub_t, mechanisms[col_name], row_name=row_name, col_name=col_name)
+        )
     return parts
 
 
 def _numeric_parts(
-    policy: Policy, orig: pd.DataFrame, prot: pd.DataFrame, weight: str | None
+    policy: Policy, orig: pd.DataFrame, prot: pd.DataFrame, weights: np.ndarray | None
 ) -> list[str]:
     """The numeric attributes' correlation matrices and one regression, before and after."""
     numeric = [
@@ -326,34 +394,53 @@ def _numeric_parts(
     x, xm = x[ok], xm[ok]
     table, img = _correlations(x, xm)
     parts = [f"<h2>Correlation matrices</h2><img alt='correlations' src='{img}'>{table}"]
-    w = weights_of(orig, weight)[ok] if weight else None  # type: ignore[index]
-    reg = _regression(x, xm, w)
+    reg = _regression(x, xm, weights[ok] if weights is not None else None)
     if reg is not None:
         model, table = reg
         parts.append(f"<h2>Regression: {html.escape(model)}</h2>{table}")
     return parts
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>privgw utility report</title>
-<style>
-body{font-family:sans-serif;margin:1.5em;max-width:1100px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
-th,td{border:1px solid #bbb;padding:2px 8px;text-align:right}
-th{background:#eef}td:first-child,th:first-child{text-align:left}
-img{display:block;max-width:100%;margin:.3em 0 1em}
-code{background:#f4f4f4;padding:1px 3px}
-</style></head>
-<body>
-BODY
-<script>
-window.addEventListener("load", function () {
-  var imgs = document.querySelectorAll("img"), ok = 0;
-  imgs.forEach(function (i) { if (i.complete && i.naturalWidth > 0) ok += 1; });
-  document.body.setAttribute("data-images", String(imgs.length));
-  document.body.setAttribute("data-images-loaded", String(ok));
-  document.body.setAttribute("data-tables", String(document.querySelectorAll("table").length));
-});
-</script>
-</body></html>
-"""
+def _weighted_parts(result: Mapping[str, Any]) -> list[str]:
+    """The weighted means and totals with their SEs; a mean further than 2 SEs is flagged."""
+    est = result.get("weighted_estimates")
+    if not est:
+        return []
+    rows = []
+    for n, e in est.items():
+        se = e.get("se_mean_original", float("nan"))
+        z = (e["mean_published"] - e["mean_original"]) / se if se > 0 else float("nan")
+        rows.append(
+            [
+                n,
+                e["mean_original"],
+                se,
+                e["mean_published"],
+                e.get("se_mean_published", np.nan),
+                z,
+                f"moved > {FLAG_SES:g} SE" if abs(z) > FLAG_SES else "",
+                e["total_original"],
+                e.get("se_total_original", np.nan),
+                e["total_published"],
+                e.get("se_total_published", np.nan),
+            ]
+        )
+    header = [
+        "attribute",
+        "mean original",
+        "± SE",
+        "mean published",
+        "± SE",
+        "difference / SE(original)",
+        "flag",
+        "total original",
+        "± SE",
+        "total published",
+        "± SE",
+    ]
+    return [
+        "<h2>Weighted estimates</h2>",
+        html_table(header, rows, "weighted"),
+        "<p>See <a href='#changes'>what changed in the data</a> for the top/bottom "
+        "coding behind a flagged mean.</p>",
+    ]

@@ -25,6 +25,17 @@ _MODES = {
         "linked candidate set stays at k or more, also under attrition; a changed category "
         "is outvoted by its cohort's members, so nominal marginals lag the truth"
     ),
+    RepublicationMode.PANEL: (
+        "cohorts formed once by whole-key MDAV are kept for good (merged whole, never split); "
+        "every active member is published in every wave, an absent one imputed (numbers "
+        "carried forward, categories aged by the transitions of those present in both waves, "
+        "sensitive values its sticky draws) and not told apart from a present one; a member "
+        "absent for retire_after_waves waves retires when every other member's linked set "
+        "stays >= k. A cohort publishes its members' mean numbers and one allowed combination "
+        "of categories, and every record an analysis weight raked per wave so that every "
+        "category's weighted share is its current share. Every linked candidate set stays at "
+        "k or more; a wave is published whole when it closes"
+    ),
     RepublicationMode.DEFERRED: (
         "the behaviour before republication modes: a changed respondent stays in its group "
         "while its departure would leave fewer than k live members, republishing its first "
@@ -42,20 +53,24 @@ def republication_statement(policy: Policy) -> dict[str, Any]:
     deferred = rep.mode is RepublicationMode.DEFERRED
     if policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
         return _recoding(policy, release)
+    panel = rep.mode is RepublicationMode.PANEL
     pool = (
-        "when its release closes (a later wave, its hold time, or the last flush)"
+        "when their wave closes (the next wave arriving for close_grace_seconds, an operator's "
+        "wave close, or max_wave_seconds)"
+        if panel
+        else "when its release closes (a later wave, its hold time, or the last flush)"
         if rep.pool is GroupingPool.RELEASE and wave is not None and not deferred
         else "in each window, once k of them wait"
     )
-    return {
+    statement: dict[str, Any] = {
         "mode": rep.mode.value,
         "wave_attribute": wave,
-        "pool": rep.pool.value,
+        "pool": GroupingPool.RELEASE.value if panel else rep.pool.value,
         "slack": rep.slack,
         "release": release,
         "k_per_release": not deferred,
         "k_over_history": True,
-        "linked_sets_at_least_k": rep.mode is RepublicationMode.COHORT,
+        "linked_sets_at_least_k": rep.mode in (RepublicationMode.COHORT, RepublicationMode.PANEL),
         "follows_changes": rep.mode is RepublicationMode.REGROUP,
         "statement": (
             f"{rep.mode.value}: {_MODES[rep.mode]}. A release is {release}; every published "
@@ -66,6 +81,10 @@ def republication_statement(policy: Policy) -> dict[str, Any]:
             + "."
         ),
     }
+    if panel:  # keys of their own, so that the other modes' metadata keeps its bytes
+        statement["every_member_every_release"] = True
+        statement["weight_field"] = rep.weight_name
+    return statement
 
 
 def _recoding(policy: Policy, release: str) -> dict[str, Any]:

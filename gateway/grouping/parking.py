@@ -32,6 +32,11 @@ ReleasesAt = Callable[[Sequence[int]], list[str]]
 @dataclass(slots=True)
 class Parking:
     max_hold_seconds: float
+    # a panel's close grace (None: a wave is due once closed): how long the next wave's records
+    # must have been arriving; ``max_hold_seconds`` is then the wave's maximum
+    grace: float | None = None
+    # waves an operator closed (privgw wave close)
+    closed_by_operator: set[str] = field(default_factory=set)
     records: list[object] = field(default_factory=list)  # parked last time, in order
     rids: list[str] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
@@ -40,7 +45,7 @@ class Parking:
     def split(
         self,
         records: Sequence[object],
-        origin: Callable[[int], tuple[float, Source]],
+        origin: Callable[[int], tuple[float, Source, float | None]],
         rids_at: Callable[[Sequence[int]], list[str]],
         releases_at: ReleasesAt,
         clock: ReleaseClock,
@@ -59,9 +64,14 @@ class Parking:
             known = 0
         fresh = range(known, len(records))
         releases = self.releases[:known] + releases_at(fresh)
-        origins = [origin(i) for i in fresh]  # arrival time, input partition
-        arrived = [at for at, _ in origins]
-        clock.see(releases[known:], [source for _, source in origins], arrived)
+        origins = [origin(i) for i in fresh]  # arrival time, input partition, event time
+        arrived = [at for at, _, _ in origins]
+        clock.see(
+            releases[known:],
+            [source for _, source, _ in origins],
+            arrived,
+            [event for _, _, event in origins] if self.grace is not None else None,
+        )
         oldest = dict(self.oldest) if known else {}
         waves = {r for r in set(releases[known:]) if is_wave(r)}  # a few distinct keys
         for i, at in zip(fresh, arrived, strict=True):
@@ -70,6 +80,13 @@ class Parking:
                 oldest[r] = at
         if flush_all:
             due = set(oldest)
+        elif self.grace is not None:  # a panel: grace, operator, or the wave's maximum
+            hold, grace, told = self.max_hold_seconds, self.grace, self.closed_by_operator
+            due = {
+                r
+                for r, at in oldest.items()
+                if r in told or now - at >= hold or clock.closed_after(r, now, grace)
+            }
         else:
             hold = self.max_hold_seconds
             due = {r for r, at in oldest.items() if now - at >= hold or clock.closed(r, now)}

@@ -57,6 +57,9 @@ class ReleaseClock:
     sources: dict[Source, tuple[int, float]] = field(default_factory=dict)
     # source -> when the caller first said it reads it (see ``own``)
     owned: dict[Source, float] = field(default_factory=dict)
+    # wave -> (first arrival, first and last event time in seconds) of its records (a panel's
+    # close grace: how long the next wave has been arriving)
+    arrivals: dict[int, tuple[float, float, float]] = field(default_factory=dict)
 
     def own(self, sources: Iterable[Source], now: float) -> None:
         """Sources the caller reads (the worker's partitions), also those that sent nothing
@@ -73,14 +76,18 @@ class ReleaseClock:
         keys: Sequence[str],
         sources: Sequence[Source] | None = None,
         arrived: Sequence[float] | None = None,
+        events: Sequence[float | None] | None = None,
     ) -> None:
         """The release keys of records; with their sources and arrival times, each source's
-        progress too."""
+        progress too; with their event times (seconds, None: unknown), how long each wave has
+        been arriving."""
         wave_of = {key: int(key) for key in set(keys) if is_wave(key)}  # a few distinct keys
         if wave_of and (self.newest is None or max(wave_of.values()) > self.newest):
             self.newest = max(wave_of.values())
         if sources is None or arrived is None:
             return
+        if events is not None:
+            self._arrivals(keys, wave_of, arrived, events)
         known = self.sources
         for key, source, at in zip(keys, sources, arrived, strict=True):
             wave = wave_of.get(key)
@@ -93,6 +100,39 @@ class ReleaseClock:
             newest, last = seen
             if wave > newest or at > last:
                 known[source] = (max(wave, newest), max(at, last))
+
+    def _arrivals(
+        self,
+        keys: Sequence[str],
+        wave_of: dict[str, int],
+        arrived: Sequence[float],
+        events: Sequence[float | None],
+    ) -> None:
+        spans = self.arrivals
+        for key, at, event in zip(keys, arrived, events, strict=True):
+            wave = wave_of.get(key)
+            if wave is None:
+                continue
+            ev = at if event is None else event
+            seen = spans.get(wave)
+            if seen is None:
+                spans[wave] = (at, ev, ev)
+            elif at < seen[0] or ev < seen[1] or ev > seen[2]:
+                spans[wave] = (min(at, seen[0]), min(ev, seen[1]), max(ev, seen[2]))
+
+    def closed_after(self, key: str, now: float, grace: float) -> bool:
+        """Whether wave ``key`` is :meth:`closed` and a later wave's records have been arriving
+        for ``grace`` seconds, by the worker's clock or by their own event times (a backlog
+        read at once spans its waves' real days: each closes as soon as it is read)."""
+        if not self.closed(key, now):
+            return False
+        if grace <= 0:
+            return True
+        wave = int(key)
+        for later, (first, ev_first, ev_last) in self.arrivals.items():
+            if later > wave and (now - first >= grace or ev_last - ev_first >= grace):
+                return True
+        return False
 
     def closed(self, key: str, now: float | None = None) -> bool:
         """Whether release ``key`` is a wave older than the newest one seen, that no source

@@ -31,6 +31,7 @@ from gateway.policy import (
     GroupingPool,
     MicroaggAlgorithm,
     Policy,
+    Pseudonym,
     RepublicationMode,
     SmallStrata,
 )
@@ -103,3 +104,17 @@ class Diversifier:
     ) -> NDArray[np.int64] | None:
         embedded = embed(self.columns, rows, standardize=self.standardize)
         return diversify(labels, values, embedded, self.ell)
+
+
+def refuse_engine(policy: Policy, secret: bool, store: bool, inconsistent: bool) -> None:
+    """An engine the policy and its parts cannot give: say which setting and the fix."""
+    refuse_in_stream(policy)
+    if policy.consistency.mode is ConsistencyMode.NONE and not inconsistent:
+        raise PolicyError(
+            "consistency.mode none gives every release fresh randomness, which an "
+            "averaging adversary defeats; it needs the explicit --allow-inconsistent flag"
+        )
+    if store and not secret:
+        raise PolicyError("a state store needs a keyring: set PRIVGW_SECRET or PRIVGW_SECRET_FILE")
+    if policy.output.pseudonym is Pseudonym.HMAC and not secret:
+        raise PolicyError("output.pseudonym hmac needs a secret: set PRIVGW_SECRET")

@@ -250,3 +250,66 @@ def value_linkage(releases: Sequence[Mapping[str, Hashable]]) -> ValueLinkage:
             )
         )
     return ValueLinkage(tuple(pairs))
+
+
+@dataclass(frozen=True, slots=True)
+class ChainLinkage:
+    """The sticky-value intruder's result: chains of records it could follow (a combination of
+    published sensitive values unique in every release it occurs in), how many it narrowed
+    below k, and how many to one."""
+
+    chains: int
+    below_k: int
+    isolated: int
+    smallest: list[int]
+
+
+def sticky_chain_linkage(
+    releases: Sequence[Sequence[Mapping[str, Hashable]]],
+    sticky: Sequence[str],
+    qi: Sequence[str],
+    k: int,
+) -> ChainLinkage:
+    """The intruder of issue 43, who needs no pseudonym and no ground truth: it follows a
+    respondent across releases by its sticky published values (randomized and noised values,
+    the same in every release while the truth is), and knows who took part in which wave, so
+    a chain that is absent from a release tells it that the respondent skipped it.
+
+    ``releases[t]`` holds the published rows of release t. A *chain* is a combination of
+    ``sticky`` values that occurs once in every release it occurs in. Its candidate set is the
+    intersection, over the releases it occurs in, of the chains sharing its quasi-identifier
+    tuple there (the whole ``qi`` tuple; a suppressed tuple is no class): a chain whose class
+    mates skip a release, or that moves to another class, loses candidates. Rows of
+    combinations that repeat within a release are not followed (the intruder cannot tell
+    them apart), nor counted."""
+    followed: dict[tuple[Hashable, ...], list[tuple[int, tuple[Hashable, ...]]]] = defaultdict(list)
+    repeated: set[tuple[Hashable, ...]] = set()
+    classes: list[dict[tuple[Hashable, ...], set[tuple[Hashable, ...]]]] = []
+    for t, rows in enumerate(releases):
+        counts = Counter(tuple(row.get(a) for a in sticky) for row in rows)
+        repeated.update(key for key, n in counts.items() if n > 1)
+        by_class: dict[tuple[Hashable, ...], set[tuple[Hashable, ...]]] = defaultdict(set)
+        for row in rows:
+            key = tuple(row.get(a) for a in sticky)
+            tup = tuple(row.get(c) for c in qi)
+            if any(v is None for v in tup):
+                continue
+            by_class[tup].add(key)
+            followed[key].append((t, tup))
+        classes.append(by_class)
+    sizes = []
+    for key, seen in followed.items():
+        if key in repeated:
+            continue
+        candidates: set[tuple[Hashable, ...]] | None = None
+        for t, tup in seen:
+            here = classes[t][tup]
+            candidates = set(here) if candidates is None else candidates & here
+        sizes.append(len(candidates or ()))
+    ordered = sorted(sizes)
+    return ChainLinkage(
+        chains=len(ordered),
+        below_k=sum(s < k for s in ordered),
+        isolated=sum(s == 1 for s in ordered),
+        smallest=ordered[:10],
+    )

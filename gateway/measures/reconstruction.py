@@ -35,7 +35,14 @@ from numpy.typing import ArrayLike, NDArray
 from gateway.errors import InputDataError, MechanismError
 from gateway.mechanisms.randomized_response import RRMechanism
 
-__all__ = ["DistributionEstimate", "count_codes", "project_to_simplex", "reconstruct"]
+__all__ = [
+    "DistributionEstimate",
+    "Renormalised",
+    "count_codes",
+    "project_to_simplex",
+    "reconstruct",
+    "renormalise",
+]
 
 Method = Literal["both", "inversion", "em"]
 
@@ -62,6 +69,7 @@ class DistributionEstimate:
     inversion_ok: bool  # False when P is singular (or inversion was not asked for)
     em_converged: bool  # False when EM hit max_iter (or was not asked for)
     notes: tuple[str, ...] = ()  # why a field is NaN, or what to be careful with
+    em_cov: NDArray[np.float64] | None = None  # m×m covariance behind em_se (None: EM not run)
 
     def to_dict(self) -> dict[str, object]:
         """Plain-Python form (lists of floats). NaN and inf stay floats so reports can format
@@ -170,13 +178,14 @@ def reconstruct(
     inv, inv_raw, inv_se, inv_ok = nan, nan, nan, False
     if method in ("both", "inversion"):
         inv, inv_raw, inv_se, inv_ok = _inversion_estimate(mech, qhat, n_total, notes)
-    em, em_se, iterations, converged = nan, nan, 0, False
+    em, em_cov, iterations, converged = nan, None, 0, False
     if method in ("both", "em"):
-        em, em_se, iterations, converged = _em_estimate(
+        em, em_cov, iterations, converged = _em_estimate(
             p, c, qhat, tol=tol, max_iter=max_iter, notes=notes
         )
+    em_se = nan if em_cov is None else np.sqrt(np.maximum(np.diag(em_cov), 0.0))
 
-    for arr in (qhat, inv, inv_raw, inv_se, em, em_se):
+    for arr in (qhat, inv, inv_raw, inv_se, em, em_se, *([] if em_cov is None else [em_cov])):
         arr.setflags(write=False)
     return DistributionEstimate(
         categories=mech.categories,
@@ -191,7 +200,38 @@ def reconstruct(
         inversion_ok=inv_ok,
         em_converged=converged,
         notes=tuple(notes),
+        em_cov=em_cov,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class Renormalised:
+    """EM shares over the categories but one (the missing category: an analyst compares
+    shares among the answers given), π_i / (1 − π_left_out), and their delta-method SEs."""
+
+    categories: tuple[str, ...]
+    shares: NDArray[np.float64]
+    se: NDArray[np.float64]
+
+
+def renormalise(est: DistributionEstimate, left_out: str) -> Renormalised:
+    """``est``'s EM estimate without ``left_out``, rescaled to sum to 1. The SE maps the EM
+    covariance Σ through the Jacobian of π ↦ π_S / (1 − π_o): ∂r_i/∂π_j = δ_ij / (1 − π_o),
+    ∂r_i/∂π_o = π_i / (1 − π_o)²."""
+    if left_out not in est.categories or est.em_cov is None:
+        keep = tuple(est.categories)
+        return Renormalised(keep, np.asarray(est.em), np.asarray(est.em_se))
+    o = est.categories.index(left_out)
+    idx = [i for i in range(len(est.categories)) if i != o]
+    rest = float(est.em[idx].sum())  # 1 − π_o, without the cancellation when π_o ≈ 1
+    shares = est.em[idx] / rest if rest > 0.0 else np.full(len(idx), np.nan)
+    jac = np.zeros((len(idx), len(est.categories)))
+    jac[np.arange(len(idx)), idx] = 1.0 / rest
+    jac[:, o] = est.em[idx] / rest**2
+    with np.errstate(invalid="ignore"):
+        cov = jac @ est.em_cov @ jac.T
+    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    return Renormalised(tuple(est.categories[i] for i in idx), shares, se)
 
 
 # -- internals ----------------------------------------------------------------------------------
@@ -230,16 +270,16 @@ def _em_estimate(
     max_iter: int,
     notes: list[str],
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], int, bool]:
-    """The EM estimate, its SE, the iterations taken and whether it converged; what the caller
-    should know goes to ``notes``."""
+    """The EM estimate, its covariance, the iterations taken and whether it converged; what the
+    caller should know goes to ``notes``."""
     em, iterations, converged = _em(p, qhat, tol, max_iter)
-    em_se = _em_se(p, c, em)
+    em_cov = _em_cov(p, c, em)
     if not converged:
         notes.append(
             f"EM stopped after max_iter={max_iter} iterations without moving less than "
             f"tol={tol:g}; raise max_iter or tol"
         )
-    if not bool(np.all(np.isfinite(em_se))):
+    if not bool(np.all(np.isfinite(em_cov))):
         notes.append(
             "the observed information is singular: the data cannot identify π "
             "(P not invertible), so em_se is inf"
@@ -249,7 +289,7 @@ def _em_estimate(
             "the EM estimate is on the simplex boundary (some category ≈ 0); its SE is "
             "only indicative there"
         )
-    return em, em_se, iterations, converged
+    return em, em_cov, iterations, converged
 
 
 def _json_list(x: NDArray[np.float64]) -> list[float]:
@@ -309,10 +349,11 @@ def _em(
     return pi, max_iter, False
 
 
-def _em_se(
+def _em_cov(
     p: NDArray[np.float64], c: NDArray[np.float64], pi: NDArray[np.float64]
 ) -> NDArray[np.float64]:
-    """SE from the observed information of Σ_j c_j log (Pπ)_j in coordinates π_1..π_{m-1}."""
+    """Covariance from the observed information of Σ_j c_j log (Pπ)_j in coordinates
+    π_1..π_{m-1}, mapped to all m categories (inf where the data cannot identify π)."""
     m = p.shape[0]
     q = p @ pi
     used = (c > 0.0) & (q > 0.0)
@@ -322,9 +363,8 @@ def _em_se(
     with np.errstate(divide="ignore", invalid="ignore"):
         cond = float(np.linalg.cond(info)) if info.size else math.inf
     if not (math.isfinite(cond) and cond < _INFO_COND):
-        return np.full(m, math.inf)
+        return np.full((m, m), math.inf)
     cov_free = np.linalg.inv(info)
     jac = np.vstack([np.eye(m - 1), -np.ones((1, m - 1))])
-    cov = jac @ cov_free @ jac.T
-    se: NDArray[np.float64] = np.sqrt(np.maximum(np.diag(cov), 0.0))
-    return se
+    cov: NDArray[np.float64] = jac @ cov_free @ jac.T
+    return cov

@@ -10,7 +10,15 @@ import orjson
 from pydantic import Field, model_validator
 
 from gateway.policy.attribute import K_CLAIM_METHODS, Attribute, published_categories
-from gateway.policy.enums import AttrType, Method, MicroaggAlgorithm, Pseudonym, Role
+from gateway.policy.enums import (
+    AttrType,
+    GroupingPool,
+    Method,
+    MicroaggAlgorithm,
+    Pseudonym,
+    RepublicationMode,
+    Role,
+)
 from gateway.policy.sections import (
     ConsistencySpec,
     InputSpec,
@@ -73,6 +81,7 @@ class Policy(StrictModel):
         wave = self.republication.wave_attribute
         if wave is None:
             return
+        self._default_to_panel()
         attr = self.attributes.get(wave)
         if attr is None:
             close = difflib.get_close_matches(wave, list(self.attributes), n=1)
@@ -87,6 +96,25 @@ class Policy(StrictModel):
                 f"republication.wave_attribute '{wave}' must be a numeric attribute of role "
                 f"other (the wave number), not a {attr.type.value} {attr.role.value}"
             )
+        weight = self.republication.weight_name
+        if self.republication.mode is RepublicationMode.PANEL and weight in self.attributes:
+            raise ValueError(
+                f"republication.weight_field '{weight}' is also an attribute: the panel "
+                "publishes its analysis weight under that name; choose another field name"
+            )
+
+    def _default_to_panel(self) -> None:
+        """A policy with waves that names no mode is a panel (since 0.3): unless it groups by
+        window (``pool: window``) or recodes instead of microaggregating."""
+        rep = self.republication
+        if (
+            "mode" in rep.model_fields_set
+            or self.microaggregation.algorithm is not MicroaggAlgorithm.MDAV
+            or ("pool" in rep.model_fields_set and rep.pool is GroupingPool.WINDOW)
+        ):
+            return
+        panel = rep.model_copy(update={"mode": RepublicationMode.PANEL})
+        object.__setattr__(self, "republication", panel)  # the model is frozen once built
 
     def _check_edit_rules(self) -> None:
         for i, rule in enumerate(self.microaggregation.edit_rules):
@@ -246,13 +274,21 @@ class Policy(StrictModel):
         for section, name in _ADDED_SETTINGS:
             if form[section].get(name) is None:
                 del form[section][name]
+        if form["risk"].get("max_linked_below_k") is None:  # its default before 0.3
+            form["risk"]["max_linked_below_k"] = 1.0
         canonical = orjson.dumps(form, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(canonical).hexdigest()[:16]
 
 
 # settings added after policies were deployed: left out of the version while unset, so that a
 # policy keeps its version (and the output headers and metadata that carry it) across upgrades
-_ADDED_SETTINGS = (("window", "max_idle_seconds"),)
+_ADDED_SETTINGS = (
+    ("window", "max_idle_seconds"),
+    ("republication", "retire_after_waves"),
+    ("republication", "close_grace_seconds"),
+    ("republication", "max_wave_seconds"),
+    ("republication", "weight_field"),
+)
 
 
 # why a topic may not serve a second role, by the role it has first: input, output, dead

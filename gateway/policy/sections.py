@@ -120,6 +120,33 @@ class RepublicationSpec(StrictModel):
     # or skip a release before the group has to be re-formed (cohorts: suppressed)
     slack: SInt = 0
     pool: GroupingPool = GroupingPool.WINDOW
+    # panel (settings added in 0.3: None means the default, and leaves the policy's version
+    # as it was): a member absent this many waves in a row retires (stops being imputed), when
+    # that leaves every other member's linked candidate set >= k (default 3)
+    retire_after_waves: SInt | None = None
+    # a wave closes once the next wave's records have been arriving this long (event time or
+    # arrival; default 10 s), when an operator closes it (privgw wave close), or at
+    # max_wave_seconds after its first record (default 7 days)
+    close_grace_seconds: SFloat | None = None
+    max_wave_seconds: SFloat | None = None
+    # the published analysis weight's field (default weight)
+    weight_field: str | None = None
+
+    @property
+    def retire_after(self) -> int:
+        return 3 if self.retire_after_waves is None else self.retire_after_waves
+
+    @property
+    def close_grace(self) -> float:
+        return 10.0 if self.close_grace_seconds is None else self.close_grace_seconds
+
+    @property
+    def max_wave(self) -> float:
+        return 7 * 86400.0 if self.max_wave_seconds is None else self.max_wave_seconds
+
+    @property
+    def weight_name(self) -> str:
+        return "weight" if self.weight_field is None else self.weight_field
 
     @field_validator("slack")
     @classmethod
@@ -128,14 +155,49 @@ class RepublicationSpec(StrictModel):
             raise ValueError(f"republication.slack must be between 0 and {MAX_K:_}, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _panel(self) -> Self:
+        if self.retire_after < 1:
+            raise ValueError(
+                f"republication.retire_after_waves must be >= 1, got {self.retire_after}"
+            )
+        if not 0 <= self.close_grace <= self.max_wave:
+            raise ValueError(
+                "republication.close_grace_seconds must be between 0 and "
+                f"republication.max_wave_seconds ({self.max_wave:g}), got {self.close_grace:g}"
+            )
+        if not self.weight_name.isidentifier():
+            raise ValueError(
+                f"republication.weight_field must be a plain field name, got {self.weight_name!r}"
+            )
+        if self.mode is RepublicationMode.PANEL:
+            if self.wave_attribute is None:
+                raise ValueError(
+                    "republication.mode panel publishes waves: name the wave number's attribute "
+                    "in republication.wave_attribute"
+                )
+            if self.pool is GroupingPool.WINDOW and "pool" in self.model_fields_set:
+                raise ValueError(
+                    "republication.mode panel decides a wave whole when it closes: leave "
+                    "republication.pool out or set it to release"
+                )
+        return self
+
 
 class RiskSpec(StrictModel):
     interval_pct: SFloat = 10.0  # p% of n around each rank for interval disclosure
     max_dld: SFloat = 0.5  # alert threshold on record-linkage risk (share 0..1)
     max_interval_disclosure: SFloat = 0.9
     # alert threshold on the share of published respondents whose linked candidate set
-    # (followed across releases) is below k; 1.0: never (regroup lets movers fall below k)
-    max_linked_below_k: SFloat = 1.0
+    # (followed across releases) is below k. Unset: 0, any (panel and cohort keep every set
+    # >= k; choosing regroup raises the alert unless the operator sets a threshold on purpose).
+    # Before 0.3 the unset threshold was 1.0 (never): the version still reads it so
+    max_linked_below_k: SFloat | None = None
+
+    @property
+    def linked_below_k_threshold(self) -> float:
+        return 0.0 if self.max_linked_below_k is None else self.max_linked_below_k
+
     sample_every: SInt = 1  # compute risk on every n-th window
 
     @model_validator(mode="after")
@@ -144,7 +206,7 @@ class RiskSpec(StrictModel):
             raise ValueError(f"risk.interval_pct must be in (0, 100], got {self.interval_pct}")
         check_probability("risk.max_dld", self.max_dld)
         check_probability("risk.max_interval_disclosure", self.max_interval_disclosure)
-        check_probability("risk.max_linked_below_k", self.max_linked_below_k)
+        check_probability("risk.max_linked_below_k", self.linked_below_k_threshold)
         if self.sample_every < 1:
             raise ValueError(f"risk.sample_every must be ≥ 1, got {self.sample_every}")
         return self

@@ -5,11 +5,19 @@ own section."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import io
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from gateway.cli import EXIT_OK, EXIT_REFUSED, build_parser
 from stream_jobs.shutdown import EXIT_BROKER_AWAY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +113,156 @@ def test_the_docs_say_what_is_true_and_date_findings_by_version() -> None:
         assert not re.search(r"\b(first|second|third|fourth|fifth|sixth|seventh) session", text), (
             doc.name
         )
+
+
+# -- the runbook matches the code (issue 45): read from the docs and the code, not listed here
+README = ROOT / "README.md"
+ALERT_NAME = re.compile(r"\bPrivgw[A-Z]\w+")
+
+
+def table_rows(markdown: str, heading: str) -> list[list[str]]:
+    """The cells of the first table under ``heading`` (a line of the document)."""
+    lines = markdown.splitlines()
+    start = lines.index(heading)
+    rows: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if not set("".join(cells)) <= set("-: "):  # not the separator row
+                rows.append(cells)
+        elif rows:
+            break
+    return rows[1:]  # the header row left out
+
+
+def test_every_alert_of_the_rules_is_in_the_alert_table_and_the_runbook_and_back() -> None:
+    rules = {rule["alert"] for rule in ALERTS}
+    table = {
+        row[0]
+        for row in table_rows(README.read_text(), "### Alerts (`deploy/prometheus/alerts.yml`)")
+    }
+    assert table == rules, (sorted(rules - table), sorted(table - rules))
+    named = set(ALERT_NAME.findall(RUNBOOK.read_text())) | set(
+        ALERT_NAME.findall(README.read_text())
+    )
+    assert named <= rules, f"named in the docs, not in alerts.yml: {sorted(named - rules)}"
+    headings = set(re.findall(r"^### (Privgw\w+)$", RUNBOOK.read_text(), re.MULTILINE))
+    assert headings == rules, (sorted(rules - headings), sorted(headings - rules))
+
+
+def exit_constants() -> dict[str, int]:
+    """Every module-level ``EXIT_* = N`` of the code."""
+    found: dict[str, int] = {}
+    for package in ("gateway", "state", "stream_jobs"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, int)
+                ):
+                    for target in node.targets:
+                        if isinstance(target, ast.Name) and target.id.startswith("EXIT_"):
+                            found[f"{path.stem}.{target.id}"] = node.value.value
+    return found
+
+
+def runbook_exit_codes() -> dict[int, str]:
+    rows = table_rows(RUNBOOK.read_text(), "## Exit codes")
+    return {int(row[0]): row[1] for row in rows}
+
+
+def test_every_exit_code_of_the_runbook_is_a_constant_of_the_code_and_back() -> None:
+    documented = runbook_exit_codes()
+    constants = exit_constants()
+    assert len(documented) >= 5
+    assert set(documented) == set(constants.values()), (documented, constants)
+
+
+def privgw(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_exit_codes_the_runbook_gives_are_observed(tmp_path: Path) -> None:
+    """The cheap ones: a clean command and a refusal (141, a reader that went away, is observed
+    by tests/gateway/test_cli_manners.py; the worker's own, 1 and 75, by tests/stream_jobs)."""
+    documented = runbook_exit_codes()
+    ok = privgw("check-policy", "deploy/policies/adult.yaml")
+    assert ok.returncode == EXIT_OK and "cleanly" in documented[ok.returncode]
+    refused = privgw("check-policy", tmp_path / "missing.yaml")
+    assert refused.returncode == EXIT_REFUSED, refused.stderr
+    assert "privgw: error:" in refused.stderr and "privgw: error:" in documented[EXIT_REFUSED]
+
+
+def runbook_commands() -> list[list[str]]:
+    """The words after ``privgw`` in every code span and block of the runbook."""
+    text = RUNBOOK.read_text()
+    spans = re.findall(r"```[^\n]*\n(.*?)```", text, re.DOTALL)
+    spans += re.findall(r"(?<!`)`([^`]+)`(?!`)", re.sub(r"```.*?```", "", text, flags=re.DOTALL))
+    commands = []
+    for span in spans:
+        for match in re.finditer(r"(?:^|[\s(;])privgw((?:[ \t]+|\n[ \t]*)[^\s`]+)+", span):
+            words = match.group(0).split()[1:]
+            if words and re.fullmatch(r"[a-z][a-z-]*", words[0]):
+                commands.append(words)
+    return commands
+
+
+def test_every_privgw_command_of_the_runbook_exists_with_its_options() -> None:
+    parser = build_parser()
+
+    def help_of(path: list[str]) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            parser.parse_args([*path, "--help"])
+        return out.getvalue()
+
+    commands = runbook_commands()
+    assert len(commands) >= 6, commands
+    for words in commands:
+        path: list[str] = []
+        text = help_of(path)
+        for word in words:
+            # the subcommands a help lists: indented by 4 (options by 2, wrapped text by more)
+            choices = re.findall(r"^ {4}([a-z][\w-]*)(?: {2,}|$)", text, re.MULTILINE)
+            if not choices or word.startswith("-"):
+                break
+            assert word in choices, f"privgw {' '.join(words)}: no {word!r} in {choices}"
+            path.append(word)
+            text = help_of(path)
+        assert path, f"privgw {' '.join(words)}: not a command"
+        for word in words:
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--"):
+                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), (
+                    f"privgw {' '.join(path)} has no {flag}"
+                )
+
+
+def test_the_secret_rotation_panel_says_the_count_is_kept_on_the_metadata_topic() -> None:
+    """privgw_secret_rotations_total starts from the rotations the metadata topic announces
+    (stream_jobs.secret_announce): the panel and the README must not call it a count since
+    the workers started."""
+    board = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "privgw.json").read_text())
+    (panel,) = [
+        p
+        for p in board["panels"]
+        if "privgw_secret_rotations_total" in json.dumps(p.get("targets", []))
+    ]
+    (row,) = [
+        r
+        for r in table_rows(README.read_text(), '### The dashboard ("privgw — privacy gateway")')
+        if r[0] == "Secret rotations"
+    ]
+    for text in (panel["title"], panel["description"], row[1]):
+        assert "since the workers started" not in text
+        assert "restart" in text.lower() or "history" in text
+    assert "metadata topic" in panel["description"] and "metadata topic" in row[1]
+    assert "metadata topic" in (ROOT / "stream_jobs" / "secret_announce.py").read_text()

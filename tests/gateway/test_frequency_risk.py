@@ -10,6 +10,7 @@ Every expected figure here comes from outside gateway.measures.frequency_risk an
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from itertools import combinations
@@ -270,3 +271,77 @@ def test_risk_command_refuses_bad_settings(argv, message, tmp_path, capsys) -> N
     ).to_csv(src, index=False)
     assert main(["risk", str(src), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+WITHOUT_EACH_KEY = (
+    Path(__file__).resolve().parent / "data" / "sdcmicro" / ("testdata_risk_without_each_key.json")
+)
+
+
+def test_risk_by_variable_gives_the_reduced_keys_figures(testdata, tmp_path, capsys) -> None:
+    # stored figures of each reduced key (their provenance is in the file)
+    reference = json.loads(WITHOUT_EACH_KEY.read_text())["without"]
+    src, out = DATA / "testdata.csv", tmp_path / "r.csv"
+    combos = [["roof", "sex"], ["water", "relat", "sex"]]
+    argv = ["risk", str(src), "--keys", ",".join(KEYS), "--weight", "sampling_weight"]
+    assert main([*argv, "--by-variable", "--combinations", "roof+sex,water+relat+sex",
+                 "--json", "-o", str(out)]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    full = report["full"]
+    assert [e["left_out"] for e in report["by_variable"]] == KEYS
+    for entry in report["by_variable"]:
+        want = reference[entry["left_out"]]
+        assert {name: entry[name] for name in want} == want  # exactly
+        d = entry["change"]
+        assert d["sample_uniques"] == want["sample_uniques"] - full["sample_uniques"]
+        assert d["expected_reidentifications"] == pytest.approx(
+            want["expected_reidentifications"] - full["expected_reidentifications"], abs=1e-12
+        )
+        for kk, v in want["k_anonymity_violations"].items():
+            assert d["k_anonymity_violations"][kk] == v - full["k_anonymity_violations"][kk]
+    # a combination is reported as the plain command reports its key set
+    for entry, combo in zip(report["combinations"], combos, strict=True):
+        assert main(["risk", str(src), "--keys", ",".join(combo), "--weight",
+                     "sampling_weight", "--json"]) == 0  # fmt: skip
+        assert entry == json.loads(capsys.readouterr().out)
+    # per record: each key set's columns; fk of a reduced key by pandas group sizes
+    table = pd.read_csv(out)
+    assert len(table) == len(testdata)
+    assert list(table.columns[:5]) == ["fk", "Fk", "risk", "suda2_score", "suda2_dis"]
+    for name in KEYS:
+        rest = [c for c in KEYS if c != name]
+        fk = testdata.groupby(rest)[rest[0]].transform("size").to_numpy()
+        np.testing.assert_array_equal(table[f"fk[without {name}]"], fk)
+    fk = testdata.groupby(["roof", "sex"])["roof"].transform("size").to_numpy()
+    np.testing.assert_array_equal(table["fk[roof+sex]"], fk)
+    assert main([*argv, "--by-variable"]) == 0
+    text = capsys.readouterr().out
+    relat = reference["relat"]
+    assert (
+        f"without relat: sample uniques {relat['sample_uniques']} "
+        f"({relat['sample_uniques'] - full['sample_uniques']:+d})"
+    ) in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--keys", "urbrur", "--by-variable"], "--by-variable needs at least 2"),
+        (["--keys", "urbrur,sex", "--combinations", "urbrur+income"], "not in --keys"),
+        (["--keys", "urbrur,sex", "--combinations", "urbrur+urbrur"], "twice"),
+    ],
+)
+def test_risk_by_variable_refuses_bad_settings(argv, message, tmp_path, capsys) -> None:
+    src = tmp_path / "in.csv"
+    pd.DataFrame({"urbrur": [1, 2, 1], "sex": [1, 1, 2], "income": [1, 2, 3]}).to_csv(src)
+    assert main(["risk", str(src), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_tokens_match_any_category(tmp_path) -> None:
+    src, out = tmp_path / "in.csv", tmp_path / "r.csv"
+    pd.DataFrame({"a": ["x", "x", "?"], "b": [1, 2, 1]}).to_csv(src, index=False)
+    assert main(["risk", str(src), "--keys", "a,b", "-o", str(out)]) == 0
+    assert pd.read_csv(out)["fk"].tolist() == [1, 1, 1]  # "?" a category of its own
+    assert main(["risk", str(src), "--keys", "a,b", "--missing", "?", "-o", str(out)]) == 0
+    assert pd.read_csv(out)["fk"].tolist() == [2, 1, 2]  # "?" matches x

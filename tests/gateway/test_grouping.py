@@ -11,6 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.cli import main
 from gateway.engine import Engine
 from gateway.errors import PolicyError
 from gateway.files.protect import protect_file
@@ -103,7 +104,7 @@ def adult_sample(tmp_path_factory) -> Path:
     return out
 
 
-def test_protect_with_strata_and_l_diversity(adult_sample: Path, tmp_path: Path) -> None:
+def test_protect_with_strata_and_l_diversity(adult_sample: Path, tmp_path: Path, capsys) -> None:
     spec = yaml.safe_load((ROOT / "deploy/policies/adult.yaml").read_text())
     spec["microaggregation"].update(strata=["race"], l_diversity={"attribute": "income", "l": 2})
     pol = tmp_path / "p.yaml"
@@ -111,6 +112,14 @@ def test_protect_with_strata_and_l_diversity(adult_sample: Path, tmp_path: Path)
     policy = load_policy(pol)
     out = tmp_path / "out.csv"
     summary = protect_file(adult_sample, policy, out, seed=4)
+    # the first line reports the groups formed (here, not by the engine), not "0 groups"
+    assert main(["protect", str(adult_sample), "--policy", str(pol), "-o",
+                 str(tmp_path / "cli.csv"), "--seed", "4"]) == 0  # fmt: skip
+    first = capsys.readouterr().out.splitlines()[0]
+    report = summary["whole_key"]["grouping"]
+    assert report["groups"] > 0 and report["smallest_group"] >= 5
+    assert f"{report['groups']} groups, smallest {report['smallest_group']};" in first
+    assert f"; {report['suppressed_records']} suppressed)" in first
     raw = pd.read_csv(adult_sample, dtype=str, keep_default_na=False)
     prot = pd.read_csv(out, dtype=str, keep_default_na=False)
     claim = policy.k_claim
@@ -121,7 +130,8 @@ def test_protect_with_strata_and_l_diversity(adult_sample: Path, tmp_path: Path)
     # no class crosses a race stratum: every published class holds one original race
     raws = raw.assign(_cls=classes.ngroup().to_numpy())
     assert (raws.groupby("_cls")["race"].nunique() == 1).all()
-    report = summary["whole_key"]["grouping"]
+    sizes = raws.groupby("_cls").size()  # a published class holds whole groups
+    assert sizes.min() >= report["smallest_group"] and sizes.size <= report["groups"]
     assert report["l_diversity"]["groups_below_l_before"] > 0  # enforcement had work to do
     assert report["l_diversity"]["merges"] > 0
 

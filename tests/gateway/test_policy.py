@@ -301,7 +301,7 @@ PANEL = (
     [
         (
             "republication: {mode: fresh}\n",
-            "republication.mode: Input should be 'regroup', 'cohort' or 'deferred'",
+            "republication.mode: Input should be 'regroup', 'cohort', 'deferred' or 'panel'",
         ),
         (
             "republication: {wave_attribute: wav}\n",

@@ -74,3 +74,4 @@ def test_adult_release_has_no_wrong_value_and_every_key_matches_k(tmp_path: Path
     assert key["min_matches"] >= 5
     assert key["suppressed_cells"] == sum(key["suppressed_per_key"].values()) > 0
     assert np.isin(prot.columns, list(raw.columns)).all()
+    assert summary["groups"] is None and summary["min_group_size"] is None  # no "0 groups"

@@ -23,9 +23,11 @@ from gateway.measures.reconstruction import (
     count_codes,
     project_to_simplex,
     reconstruct,
+    renormalise,
 )
 from gateway.mechanisms.randomized_response import RRMechanism, from_matrix
 from gateway.mechanisms.rr_constructions import fine_grain, uniform
+from gateway.policy import MISSING_LABEL
 
 CATS4 = ("a", "b", "c", "d")
 PI4 = np.array([0.4, 0.3, 0.2, 0.1])
@@ -100,6 +102,70 @@ def test_standard_errors_are_calibrated() -> None:
     mean_raw = np.array(inv_raw).mean(axis=0)
     sd_raw = np.array(inv_raw).std(axis=0, ddof=1)
     np.testing.assert_array_less(np.abs(mean_raw - PI4), 4.5 * sd_raw / math.sqrt(reps))
+
+
+def test_renormalised_shares_have_calibrated_standard_errors() -> None:
+    """The shares among the answered categories, π_i / (1 − π_missing), spread over R
+    replications as their delta-method SE says (the same bounds as above)."""
+    mech = uniform(("a", "b", "c", MISSING_LABEL), retention=0.6)
+    n, reps = 5_000, 400
+    rng = np.random.default_rng(12)
+    pi = np.array([0.3, 0.1, 0.1, 0.5])  # half missing: the rescaling's own variance shows
+    q = mech.matrix @ pi
+    truth = pi[:3] / (1 - pi[3])
+    shares, ses = [], []
+    for _ in range(reps):
+        r = renormalise(
+            reconstruct(mech, rng.multinomial(n, q), counts=True, tol=1e-12), MISSING_LABEL
+        )
+        assert r.categories == ("a", "b", "c")
+        shares.append(r.shares)
+        ses.append(r.se)
+    values, se = np.array(shares), np.array(ses)
+    ratio = values.std(axis=0, ddof=1) / se.mean(axis=0)
+    np.testing.assert_array_less(np.abs(ratio - 1.0), 4.5 / math.sqrt(2 * (reps - 1)))
+    cover = (np.abs(values - truth) <= 1.959964 * se).mean(axis=0)
+    np.testing.assert_array_less(np.abs(cover - 0.95), 4.5 * math.sqrt(0.95 * 0.05 / reps))
+
+
+def test_renormalised_standard_errors_are_the_reparametrised_information() -> None:
+    """The MLE is invariant to reparametrisation: in (r_a, r_b, π_missing), with
+    π = ((1 − π_m)·r, π_m), the inverse of minus the numerical Hessian of the log-likelihood
+    gives the renormalised shares' covariance directly, with no delta method."""
+    mech = uniform(("a", "b", "c", MISSING_LABEL), retention=0.6)
+    counts = np.round(mech.matrix @ np.array([0.6, 0.05, 0.05, 0.3]) * 5000)
+    est = reconstruct(mech, counts, counts=True, tol=1e-13)
+    r = renormalise(est, MISSING_LABEL)
+
+    def ll(t: np.ndarray) -> float:
+        shares = np.array([t[0], t[1], 1 - t[0] - t[1]])
+        return loglik(mech, counts, np.append(shares * (1 - t[2]), t[2]))
+
+    t0, h = np.array([r.shares[0], r.shares[1], est.em[3]]), 1e-5
+    hess = np.empty((3, 3))
+    for a, b in itertools.product(range(3), repeat=2):
+        ea, eb = np.eye(3)[a] * h, np.eye(3)[b] * h
+        hess[a, b] = (ll(t0 + ea + eb) - ll(t0 + ea - eb) - ll(t0 - ea + eb) + ll(t0 - ea - eb)) / (
+            4 * h * h
+        )
+    cov = np.linalg.inv(-hess)[:2, :2]
+    jac = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
+    np.testing.assert_allclose(r.se, np.sqrt(np.diag(jac @ cov @ jac.T)), rtol=1e-3)
+
+
+@given(st.lists(st.integers(1, 500), min_size=4, max_size=4))
+@settings(max_examples=40, deadline=None)
+def test_renormalised_shares_sum_to_one_and_rescale_em(counts: list[int]) -> None:
+    mech = fine_grain(("a", "b", "c", MISSING_LABEL), gamma=4.0, weights=[1, 2, 3, 4])
+    est = reconstruct(mech, np.array(counts, dtype=float), counts=True)
+    r = renormalise(est, MISSING_LABEL)
+    assert math.isclose(float(r.shares.sum()), 1.0, abs_tol=1e-9)
+    np.testing.assert_allclose(r.shares, est.em[:3] / est.em[:3].sum(), rtol=1e-12)
+    if est.em[3] < 0.99:  # π_i / (1 − π_missing), where the subtraction loses no digits
+        np.testing.assert_allclose(r.shares, est.em[:3] / (1 - est.em[3]), rtol=1e-9)
+    assert bool(np.all(r.se >= 0))
+    plain = renormalise(est, "no such category")  # nothing to leave out: the EM as it is
+    np.testing.assert_array_equal(plain.shares, est.em)
 
 
 def test_exact_counts_are_recovered_exactly() -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from gateway.engine import Engine
 from gateway.grouping.release import ReleaseClock
 from gateway.keyed import Keyring
-from gateway.policy import load_policy
+from gateway.policy import Policy, load_policy, parse_policy
 from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
@@ -52,8 +54,16 @@ def _window(
     return out, list(result.held)
 
 
+def _regroup() -> Policy:
+    """The shipped policy as it was before the panel mode: regroup, one pool per wave, decided
+    when the watermark closes it (what these tests are about)."""
+    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
+    data["republication"] = {"mode": "regroup", "wave_attribute": "wave", "pool": "release"}
+    return parse_policy(data)
+
+
 def _engine(tmp_path: Path) -> Engine:
-    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")  # window.max_seconds 2
+    policy = _regroup()  # window.max_seconds 2
     store = SQLiteStore(tmp_path / "state.db")
     return Engine(policy, keyring=Keyring(b"release-clock-secret-0123"), store=store)
 

@@ -26,6 +26,13 @@ from pathlib import Path
 
 import pytest
 from streamkit import create_input_topic, produce, small_window_policy, start_worker
+from test_metrics_prometheus import (
+    dashboard_exprs,
+    health_colours,
+    needs_prometheus,
+    query,
+    start_prometheus,
+)
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker, free_port
@@ -37,6 +44,7 @@ from stream_jobs.shutdown import EXIT_BROKER_AWAY, BrokerAway, StopDeadline, giv
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 STALL_S = 6.0
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 PERIOD_S = 3.0
 
 
@@ -150,6 +158,72 @@ def test_a_broker_lost_under_an_idle_input_turns_readyz_503_and_back(
         f"timeout {STALL_S:g} s), 200 again {back:.1f} s after it came back; "
         f"{len(lines)} Kafka client log lines over the outage"
     )
+
+
+@pytest.mark.broker
+@pytest.mark.prometheus
+@needs_prometheus
+def test_a_broker_outage_turns_the_dashboards_health_row_red(
+    unique_name: str, secret_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Prometheus scrapes `privgw run` and evaluates the dashboard's Health row: green
+    with the broker, "Stream health", "Ready" and "Broker reachable" red within the stall
+    timeout of losing it (the exporter still answers, so "Workers up" alone stays green), green
+    again once it is back, red again once the worker is gone. The lag panel says the lag is
+    unknown rather than go blank."""
+    _env(monkeypatch, PRIVGW_STALL_TIMEOUT_SECONDS=str(STALL_S), PRIVGW_LAG_INTERVAL_SECONDS="1")
+    policy = small_window_policy(tmp_path, 500)
+    broker = EmbeddedBroker(log_dir=tmp_path / "broker").start()
+    port = free_port()
+    log = tmp_path / "worker.log"
+    worker = start_worker(
+        broker.bootstrap, unique_name, policy, tmp_path / "state", log,
+        "--metrics-port", str(port),
+    )  # fmt: skip
+    prom, base = start_prometheus(tmp_path, f"127.0.0.1:{port}", RULES)
+
+    def red() -> set[str]:
+        return {title for title, colours in health_colours(base).items() if "red" in colours}
+
+    try:
+        _wait("ready", lambda: _get(port, "/readyz")[0] == 200, 60, worker, log)
+        _wait("the Health row green", lambda: not red() and health_colours(base), 30, worker, log)
+        assert health_colours(base)["Stream health"] == ["green"]
+        broker.stop()
+        t_down = time.monotonic()
+        _wait("the Health row red", lambda: "Stream health" in red(), STALL_S + 5, worker, log)
+        turned = time.monotonic() - t_down
+        assert {"Stream health", "Ready (/readyz)", "Broker reachable"} <= red(), red()
+        assert "Workers up" not in red()  # the exporter answers: up alone says nothing
+        # the lag panel is not blank: it counts the partitions whose lag is unknown
+        (unknown,) = [e for e in dashboard_exprs() if "lag_records != " in e]
+        _wait(
+            "the lag unknown", lambda: query(base, unknown)[0]["value"][1] == "3", 10, worker, log
+        )
+        broker.start()
+        settings = WorkerSettings(
+            bootstrap=broker.bootstrap,
+            input_topic=f"{unique_name}.in",
+            output_topic=f"{unique_name}.out",
+            partitions=3,
+            replication_factor=1,
+        )
+        asyncio.run(ensure_topics(settings, settings.topics(load_policy(policy)), input_too=True))
+        _wait("the Health row green again", lambda: not red(), 60, worker, log)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        deadline = time.monotonic() + 10  # a worker that cannot be scraped is red too
+        while "Stream health" not in red():
+            assert time.monotonic() < deadline, health_colours(base)
+            time.sleep(0.2)
+    finally:
+        prom.terminate()
+        prom.wait(10)
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+        broker.stop()
+    print(f"broker outage: the dashboard's Health row red {turned:.1f} s after the broker stopped")
 
 
 @pytest.mark.broker

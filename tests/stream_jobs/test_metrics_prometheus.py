@@ -68,6 +68,35 @@ def dashboard_exprs() -> list[str]:
     return sorted(set(walk(board)))
 
 
+def health_row() -> list[dict[str, Any]]:
+    """The stat panels of the dashboard's Health row (up to the next row)."""
+    board = json.loads((DEPLOY / "grafana" / "dashboards" / "privgw.json").read_text())
+    panels = board["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Health")
+    end = next(i for i, p in enumerate(panels) if p["type"] == "row" and i > start)
+    return [p for p in panels[start + 1 : end] if p["type"] == "stat"]
+
+
+def colour(panel: dict[str, Any], value: float) -> str:
+    """The colour Grafana gives ``value`` by the panel's absolute thresholds (NaN: the base)."""
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    chosen = steps[0]["color"]
+    for step in steps[1:]:
+        if value >= step["value"]:  # False for NaN
+            chosen = step["color"]
+    return str(chosen)
+
+
+def health_colours(base: str) -> dict[str, list[str]]:
+    """Each Health-row panel's colours now, per target, as Prometheus evaluates them."""
+    out: dict[str, list[str]] = {}
+    for panel in health_row():
+        for target in panel["targets"]:
+            for sample in query(base, target["expr"]):
+                out.setdefault(panel["title"], []).append(colour(panel, float(sample["value"][1])))
+    return out
+
+
 def alert_rules() -> list[dict[str, Any]]:
     doc = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
     return [rule for group in doc["groups"] for rule in group["rules"]]
@@ -140,6 +169,7 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
         tmp_path / "state",
         metrics_port=port,
         partitions=2,
+        lag_interval_seconds=0.5,
     )
     topics = settings.topics(policy)
     create_topics(policy, settings)
@@ -160,6 +190,7 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
     texts: list[str] = []
     finished: list[bool] = []
     firing: list[dict[str, Any]] = []
+    colours: dict[str, list[str]] = {}
 
     def scenario() -> None:
         produce(broker.bootstrap, topics.input, first)
@@ -177,12 +208,17 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
             assert time.monotonic() < deadline, "prometheus never saw the final count"
             time.sleep(0.2)
         time.sleep(2.0)  # a few more scrapes and rule evaluations
+        idle_since = time.time()
+        while metric_sum(scrape(port), "privgw_lag_measured_timestamp_seconds") < idle_since:
+            assert time.monotonic() < deadline + 30, "the lag was not measured again"
+            time.sleep(0.2)
         texts.append(scrape(port))
         for expr in dashboard_exprs():
             results[expr] = query(base, expr)
         for rule in alert_rules():
             results[rule["alert"]] = query(base, as_signal(rule["expr"]))
         firing.extend(query(base, 'ALERTS{alertstate="firing"}'))
+        colours.update(health_colours(base))
         finished.append(True)
 
     try:
@@ -197,6 +233,8 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
     assert not empty, f"no data for: {empty}"
     assert len(results) == len(dashboard_exprs()) + len(alert_rules())
     assert not firing, "a healthy worker raised alerts"
+    assert len(colours) == len(health_row())
+    assert not [t for t, c in colours.items() if "red" in c], colours
 
     text = texts[0]
     # promtool's linter has nothing to say about names, units and types
@@ -215,6 +253,29 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
     assert 'privgw_records_dlq_total{reason="unknown_category"} 1.0' in text
     assert 'privgw_records_dlq_total{reason="invalid_json"} 1.0' in text
     assert "privgw_k_violations_total 0.0" in text
+    # idle and keeping up, with the open wave held (pool: release): the lag is all held on
+    # purpose, none of it behind, nothing waits undecided, and the hold has a deadline
+    held = metric_sum(text, "privgw_records_held")
+    assert held > 0, "the last wave is held until it closes or max_hold_seconds"
+    assert metric_sum(text, "privgw_consumer_lag_behind_records") == 0
+    lag = metric_sum(text, "privgw_consumer_lag_records")
+    assert metric_sum(text, "privgw_consumer_lag_held_records") == lag >= held
+    assert metric_sum(text, "privgw_oldest_undecided_age_seconds") == 0
+    until = metric_sum(text, "privgw_hold_deadline_timestamp_seconds")
+    assert time.time() < until < time.time() + policy.window.max_hold_seconds
+    print(
+        f"idle with a wave open: consumer lag {lag:.0f} = {lag:.0f} held on purpose + 0 behind "
+        f"({held:.0f} records held, released at the latest {until - time.time():.0f} s later)"
+    )
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of a metric's samples in an exposition (0 without any)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((f"{name} ", f"{name}{{"))
+    )
 
 
 @needs_prometheus
@@ -352,7 +413,15 @@ def test_a_stopped_engine_is_seen_stalled_alerted_and_recovers(
             seen["ready_while_stalled"] = http_status(port, "/readyz")
             wait("the stall alert", lambda: "PrivgwWorkerStalled" in firing())
             wait("lag measured", lambda: lag_total(scrape(port)) >= len(second))
+            # the waiting records are behind (not decided), and their delay grows
+            behind = "privgw_consumer_lag_behind_records"
+            wait("lag behind", lambda: metric_sum(scrape(port), behind) >= len(second))
+            delay = "privgw_oldest_undecided_age_seconds"
+            ages = [metric_sum(scrape(port), delay)]
+            time.sleep(1.0)
             text = scrape(port)
+            ages.append(metric_sum(text, delay))
+            seen["delay_grows"] = 0 < ages[0] < ages[1]
             seen["stalled_metric"] = "privgw_stalled 1.0" in text
             seen["consumed_while_stalled"] = worker.stats.consumed
         finally:
@@ -375,6 +444,7 @@ def test_a_stopped_engine_is_seen_stalled_alerted_and_recovers(
     assert seen["healthy"] == 200
     assert seen["ready_while_stalled"] == 503
     assert seen["stalled_metric"] and seen["stalled_after"]
+    assert seen["delay_grows"]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("worker stalled: a window has been in the engine" in m for m in warnings), warnings
     assert sum("worker stalled" in m for m in warnings) == 1  # once per stall, not per check

@@ -96,6 +96,27 @@ def test_hold_policy_never_expires_held_records() -> None:
     assert buf.due(1e9) is None
 
 
+def test_decided_runs_past_the_held_records_that_keep_the_commit_back() -> None:
+    """The consumer lag's split (stream_jobs.monitor): offsets between the commit and
+    ``decided`` wait only because a record is held on purpose; a revoked or rewound partition
+    forgets it."""
+    buf = WindowBuffer(SPEC)
+    for i in range(3):
+        buf.add(rec(i, 0.0))
+    flush = buf.take(FlushReason.COUNT)
+    assert buf.decided() == {}  # taken is not decided: the window is in the engine
+    assert buf.complete(flush, [flush.records[0]]) == {("in", 0): 0}  # offset 0 held
+    assert buf.decided() == {("in", 0): 3}
+    buf.add(rec(3, 1.0))
+    assert buf.decided() == {("in", 0): 3}  # consumed, not decided
+    assert buf.rewind(("in", 0), 0) and buf.decided() == {}
+    buf.add(rec(0, 2.0, partition=1))
+    buf.complete(buf.take(FlushReason.TIME), held=())
+    assert buf.decided() == {("in", 0): 0, ("in", 1): 1}  # partition 0 from its new start
+    buf.forget([("in", 1)])
+    assert buf.decided() == {("in", 0): 0}
+
+
 def test_revocation_hands_over_held_and_unflushed_records() -> None:
     buf = WindowBuffer(SPEC)
     buf.add(rec(0, 0.0, partition=0))
@@ -121,7 +142,8 @@ def test_commits_never_pass_an_unpublished_record_and_never_go_back(
 ) -> None:
     """Random interleavings of arrivals and flushes, the engine holding arbitrary records:
     a committed offset never exceeds the oldest record still held or not yet flushed on its
-    partition, and per partition commits only increase."""
+    partition, and per partition commits only increase. Every flushed record is decided:
+    ``decided`` is the next offset, never below a commit (the lag behind it is not held)."""
     buf = WindowBuffer(SPEC)
     next_offset = [0, 0, 0]
     committed: dict[tuple[str, int], int] = {}
@@ -150,6 +172,9 @@ def test_commits_never_pass_an_unpublished_record_and_never_go_back(
             assert offset <= oldest
             committed[tp] = offset
         buf.committed(commits)
+        decided = buf.decided()
+        assert decided[("in", partition)] == next_offset[partition]
+        assert all(decided[tp] >= offset for tp, offset in committed.items())
 
 
 def test_a_log_that_restarts_below_consumed_offsets_is_rewound() -> None:

@@ -1,0 +1,396 @@
+"""One wave of a panel, decided whole: cohorts, imputation, tuples, weights, linked sets.
+
+* **Cohorts.** Whole-key MDAV groups formed among new respondents are cohorts for good: never
+  split, only merged whole. A wave's new entrants form cohorts among themselves when there are
+  at least k of them; fewer join their nearest cohort (a joiner's candidate set is its cohort;
+  the others' sets, which never held it, are unchanged).
+* **Every active member in every release.** A member absent from the wave is published in it:
+  numbers carried forward, categories aged (:mod:`gateway.panel.ageing`), sensitive values its
+  sticky draws. So every respondent's chain of records, followed by its sticky values, is in
+  every release, and knowing who took part tells an intruder nothing about which record of a
+  class is whose.
+* **Retirement.** A member absent ``retire_after`` waves in a row stops being published, but
+  only when every other member's linked candidate set stays >= k without it: the survivors'
+  sets are intersections over the history, and no later merge could grow them back.
+* **What a cohort publishes.** The mean of its members' current and imputed numbers, one
+  combination of their categories that the edit rules allow (the claim's centroids), and a
+  weight raked so that every category's weighted share is its share among the release's current
+  and imputed values (:mod:`gateway.panel.weights`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gateway.panel.ageing import Transitions, split_row, with_combo
+from gateway.panel.roster import Roster
+from gateway.panel.weights import RakingSpec, kish_deff, rake
+from gateway.policy import MISSING_LABEL
+
+Partition = Callable[[list[list[object]], int], tuple[list[list[object]], NDArray[np.int64]]]
+Centroids = Callable[[list[list[object]], NDArray[np.int64]], list[list[Any]]]
+# (purpose, keys) -> one keyed uniform in [0, 1) per key
+Uniforms = Callable[[str, Sequence[bytes]], list[float]]
+
+
+@dataclass(frozen=True, slots=True)
+class PanelRules:
+    k: int
+    slack: int
+    retire_after: int
+    numeric: tuple[bool, ...]
+    raking: RakingSpec = field(default_factory=RakingSpec)
+
+    def __post_init__(self) -> None:
+        if self.k < 2:
+            raise ValueError(f"k must be >= 2, got {self.k}")
+        if self.retire_after < 1:
+            raise ValueError(f"retire_after must be >= 1, got {self.retire_after}")
+
+
+@dataclass(frozen=True, slots=True)
+class Present:
+    """A wave's respondents that answered (their first record), with complete claim rows."""
+
+    keys: Sequence[bytes]
+    rows: Sequence[list[object]]
+    carry: Sequence[dict[str, Any]]  # the values an absent member is carried forward with
+    sampling: Sequence[float]  # sampling weights (1.0 without one)
+
+
+@dataclass(slots=True)
+class WaveOutcome:
+    """Per present respondent (in :class:`Present` order) and per imputed roster row: the
+    class it publishes (-1: not grouped, published with its quasi-identifiers suppressed)."""
+
+    present_class: list[int]
+    imputed_rows: list[int]
+    imputed_class: list[int]
+    tuples: list[list[Any]]
+    weights: list[float]
+    class_of_row: NDArray[np.int32]
+    measures: dict[str, float] = field(default_factory=dict)
+
+
+def decide_wave(
+    roster: Roster,
+    wave: int,
+    present: Present,
+    rules: PanelRules,
+    *,
+    partition: Partition,
+    centroids: Centroids,
+    uniforms: Uniforms,
+) -> WaveOutcome:
+    """Decide ``wave`` and update ``roster`` in place."""
+    numeric = rules.numeric
+    rows_of = [roster.row_of(key) for key in present.keys]
+    transitions = Transitions()
+    returned = 0
+    for row, claim, carry, sw in zip(
+        rows_of, present.rows, present.carry, present.sampling, strict=True
+    ):
+        if row is None:
+            continue
+        last = roster.carried[row]
+        if roster.seen[row] == wave - 1 and int(last[3]) == wave - 1:
+            transitions.observe(split_row(last[0], numeric), split_row(claim, numeric))
+        returned += not roster.active[row]
+        roster.active[row] = True
+        roster.streak[row] = 0
+        roster.seen[row] = wave
+        roster.carried[row] = [list(claim), carry, sw, wave]
+    transitions.freeze()
+    here = {row for row in rows_of if row is not None}
+    absent = [r for r in range(len(roster.keys)) if roster.active[r] and r not in here]
+    _age(roster, absent, transitions=transitions, numeric=numeric, uniforms=uniforms, wave=wave)
+    retired = _retire(roster, absent, rules)
+    new_idx = [i for i, row in enumerate(rows_of) if row is None]
+    members = roster.members()
+    joined = _enter(
+        roster,
+        wave,
+        present,
+        new_idx=new_idx,
+        rows_of=rows_of,
+        members=members,
+        rules=rules,
+        partition=partition,
+    )
+    members = roster.members()
+    _merge_small(roster, members, rules.k)
+    members = roster.members()
+    out = _publish(roster, members, rules, centroids)
+    outcome = WaveOutcome(
+        present_class=[-1 if r is None else int(out.class_of_row[r]) for r in rows_of],
+        imputed_rows=[r for r in absent if roster.active[r]],
+        imputed_class=[int(out.class_of_row[r]) for r in absent if roster.active[r]],
+        tuples=out.tuples,
+        weights=out.weights,
+        class_of_row=out.class_of_row,
+    )
+    m = outcome.measures
+    m.update(out.measures)
+    m["panel_present"] = float(sum(r is not None for r in rows_of))
+    m["panel_imputed"] = float(len(outcome.imputed_rows))
+    m["panel_retired"] = float(retired)
+    m["panel_returned"] = float(returned)
+    m["panel_joined"] = float(joined)
+    m["panel_transition_pairs"] = float(transitions.pairs)
+    m["panel_stale_ratio"] = _stale(present, rows_of, out, numeric)
+    return outcome
+
+
+def _age(
+    roster: Roster,
+    absent: list[int],
+    *,
+    transitions: Transitions,
+    numeric: Sequence[bool],
+    uniforms: Uniforms,
+    wave: int,
+) -> None:
+    if not absent:
+        return
+    draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
+    last = [split_row(roster.carried[r][0], numeric) for r in absent]
+    for r, combo in zip(absent, transitions.age(last, draws), strict=True):
+        roster.streak[r] += 1
+        carried = roster.carried[r]
+        carried[0] = with_combo(carried[0], numeric, combo)
+
+
+def _retire(roster: Roster, absent: list[int], rules: PanelRules) -> int:
+    """Retire the long-absent members whose going leaves every other member's linked set
+    >= k (each retirement is checked against those already made)."""
+    retired = 0
+    active = {c: set(rows) for c, rows in roster.members().items()}
+    for r in absent:
+        if roster.streak[r] < rules.retire_after:
+            continue
+        staying = active[roster.cohort[r]] - {r}
+        # each member's set as it will be: what it held, among those still published
+        if all(len(roster.linked[j] & staying) >= rules.k for j in staying):
+            roster.active[r] = False
+            active[roster.cohort[r]] = staying
+            retired += 1
+    return retired
+
+
+def _enter(
+    roster: Roster,
+    wave: int,
+    present: Present,
+    *,
+    new_idx: list[int],
+    rows_of: list[int | None],
+    members: dict[int, list[int]],
+    rules: PanelRules,
+    partition: Partition,
+) -> int:
+    """New respondents: cohorts of their own once >= k, else each joins its nearest cohort.
+    Returns how many joined an existing cohort."""
+    if not new_idx:
+        return 0
+    k = rules.k
+    if len(new_idx) >= k:
+        sub = [[present.rows[i][j] for i in new_idx] for j in range(len(rules.numeric))]
+        size = k + rules.slack if len(new_idx) >= k + rules.slack else len(new_idx)
+        _, labels = partition(sub, size)
+        base = roster.next_cohort
+        for i, label in zip(new_idx, labels.tolist(), strict=True):
+            rows_of[i] = roster.add(
+                present.keys[i],
+                base + int(label),
+                wave,
+                [list(present.rows[i]), present.carry[i], present.sampling[i], wave],
+            )
+        roster.next_cohort = base + int(labels.max()) + 1
+        return 0
+    if not members:  # fewer than k respondents in all: nothing to hide them in
+        return 0
+    cohorts = sorted(members)
+    centres = _centres(roster, cohorts, members, rules.numeric)
+    for i in new_idx:
+        c = cohorts[_nearest(present.rows[i], centres, rules.numeric)]
+        rows_of[i] = roster.add(
+            present.keys[i],
+            c,
+            wave,
+            [list(present.rows[i]), present.carry[i], present.sampling[i], wave],
+        )
+    return len(new_idx)
+
+
+def _merge_small(roster: Roster, members: dict[int, list[int]], k: int) -> None:
+    """A cohort below k active members (a policy whose k rose) joins its nearest cohort whole."""
+    small = [c for c, rows in members.items() if len(rows) < k]
+    if not small or len(members) < 2:
+        return
+    for c in small:
+        members = roster.members()
+        if c not in members or len(members[c]) >= k or len(members) < 2:
+            continue
+        others = sorted(x for x in members if x != c)
+        numeric = tuple(isinstance(v, float) for v in roster.carried[members[c][0]][0])
+        centres = _centres(roster, others, members, numeric)
+        mine = _centres(roster, [c], members, numeric)
+        target = others[_nearest(mine.rows[0], centres, numeric)]
+        for r in range(len(roster.keys)):
+            if roster.cohort[r] == c:
+                roster.cohort[r] = target
+
+
+@dataclass(frozen=True, slots=True)
+class _Centres:
+    rows: list[list[object]]
+    scale: NDArray[np.float64]
+
+
+def _centres(
+    roster: Roster, cohorts: list[int], members: dict[int, list[int]], numeric: Sequence[bool]
+) -> _Centres:
+    """Each cohort's mean numbers and most frequent categories (for nearness only)."""
+    rows: list[list[object]] = []
+    allnum: list[list[float]] = []
+    for c in cohorts:
+        vals = [roster.carried[r][0] for r in members[c]]
+        centre: list[object] = []
+        for j, is_num in enumerate(numeric):
+            col = [v[j] for v in vals]
+            if is_num:
+                centre.append(float(np.mean(np.asarray(col, dtype=np.float64))))
+            else:
+                counts = Counter(col)
+                centre.append(max(counts, key=lambda x: (counts[x], repr(x))))
+        rows.append(centre)
+        allnum.append([float(v) for v, n in zip(centre, numeric, strict=True) if n])  # type: ignore[arg-type]
+    arr = np.asarray(allnum, dtype=np.float64)
+    scale = (
+        arr.std(axis=0)
+        if len(arr) > 1 and arr.size
+        else np.ones(arr.shape[1] if arr.ndim > 1 else 0)
+    )
+    return _Centres(rows, np.where(scale > 0, scale, 1.0))
+
+
+def _nearest(row: Sequence[object], centres: _Centres, numeric: Sequence[bool]) -> int:
+    best, best_d = 0, float("inf")
+    num_j = [j for j, n in enumerate(numeric) if n]
+    cat_j = [j for j, n in enumerate(numeric) if not n]
+    x = np.asarray([float(row[j]) for j in num_j], dtype=np.float64)  # type: ignore[arg-type]
+    for t, centre in enumerate(centres.rows):
+        c = np.asarray([float(centre[j]) for j in num_j], dtype=np.float64)  # type: ignore[arg-type]
+        d = float(np.square((x - c) / centres.scale).sum()) + sum(
+            row[j] != centre[j] for j in cat_j
+        )
+        if d < best_d:
+            best, best_d = t, d
+    return best
+
+
+@dataclass(slots=True)
+class _Published:
+    class_of_row: NDArray[np.int32]
+    tuples: list[list[Any]]
+    weights: list[float]
+    measures: dict[str, float]
+
+
+def _publish(
+    roster: Roster, members: dict[int, list[int]], rules: PanelRules, centroids: Centroids
+) -> _Published:
+    """Every active member's tuple and weight, linked sets updated."""
+    n_rows = len(roster.keys)
+    class_of_row = np.full(n_rows, -1, dtype=np.int32)
+    cohorts = sorted(members)
+    if not cohorts:
+        return _Published(class_of_row, [], [], {})
+    rows = [r for c in cohorts for r in members[c]]
+    labels = np.repeat(np.arange(len(cohorts)), [len(members[c]) for c in cohorts])
+    width = len(rules.numeric)
+    cols = [[roster.carried[r][0][j] for r in rows] for j in range(width)]
+    tuples = centroids(cols, labels)
+    # one class per distinct published tuple (two cohorts publishing the same are one class)
+    class_index: dict[tuple[Any, ...], int] = {}
+    cohort_class = [class_index.setdefault(tuple(t), len(class_index)) for t in tuples]
+    classes = [list(t) for t in class_index]
+    for c, cls in zip(cohorts, cohort_class, strict=True):
+        for r in members[c]:
+            class_of_row[r] = cls
+    for c in cohorts:
+        group = set(members[c])
+        for r in members[c]:
+            roster.linked[r] = roster.linked[r] & group if roster.linked[r] else set(group)
+    weights, measures = _weights(roster, rows, class_of_row, classes, rules)
+    linked = [len(roster.linked[r]) for r in rows]
+    measures["linked_records"] = float(len(linked))
+    measures["linked_below_k"] = float(sum(s < rules.k for s in linked))
+    measures["linked_smallest"] = float(min(linked))
+    sizes = np.bincount(class_of_row[rows], minlength=len(classes))
+    measures["release_smallest_class"] = float(sizes.min())
+    return _Published(class_of_row, classes, weights, measures)
+
+
+def _weights(
+    roster: Roster,
+    rows: list[int],
+    class_of_row: NDArray[np.int32],
+    classes: list[list[Any]],
+    rules: PanelRules,
+) -> tuple[list[float], dict[str, float]]:
+    """Raked weights per class, and what they achieve."""
+    cls = class_of_row[rows]
+    n_classes = len(classes)
+    sw = np.asarray([float(roster.carried[r][2]) for r in rows], dtype=np.float64)
+    sizes = np.bincount(cls, minlength=n_classes).astype(np.float64)
+    base = np.bincount(cls, weights=sw, minlength=n_classes) / np.maximum(sizes, 1)
+    margins: list[NDArray[np.int64]] = []
+    targets: list[NDArray[np.float64]] = []
+    for j, is_num in enumerate(rules.numeric):
+        if is_num:
+            continue
+        current = [roster.carried[r][0][j] for r in rows]
+        # a missing category is published as None
+        published = [MISSING_LABEL if t[j] is None else t[j] for t in classes]
+        cats = sorted({*map(repr, current), *map(repr, published)})
+        code = {c: i for i, c in enumerate(cats)}
+        margins.append(np.asarray([code[repr(v)] for v in published], dtype=np.int64))
+        counted: NDArray[np.float64] = np.bincount(
+            np.asarray([code[repr(v)] for v in current], dtype=np.int64),
+            weights=sw,
+            minlength=len(cats),
+        ).astype(np.float64)
+        targets.append(counted)
+    raked = rake(sizes, base, margins, targets, rules.raking)
+    record_weights = raked.weights[cls]
+    measures = {
+        "panel_weight_deff": kish_deff(record_weights),
+        "panel_calibration_deff": kish_deff(raked.factors[cls]),
+        "panel_marginal_gap": raked.max_gap,
+        "panel_raking_converged": float(raked.converged),
+    }
+    return [float(w) for w in raked.weights], measures
+
+
+def _stale(
+    present: Present, rows_of: list[int | None], out: _Published, numeric: Sequence[bool]
+) -> float:
+    """Share of present respondents whose published categories differ from their current."""
+    n = stale = 0
+    for i, r in enumerate(rows_of):
+        if r is None or out.class_of_row[r] < 0:
+            continue
+        n += 1
+        published = [
+            MISSING_LABEL if v is None else v for v in out.tuples[int(out.class_of_row[r])]
+        ]
+        if split_row(published, numeric) != split_row(present.rows[i], numeric):
+            stale += 1
+    return stale / n if n else 0.0

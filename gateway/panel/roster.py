@@ -1,0 +1,197 @@
+"""A panel's state, one entry per scope: its members as columns, and the last wave's outcome.
+
+Members are rows that are never removed (a retired member keeps its row and its cohort, so a
+return finds them). Per row: the respondent's state key (a keyed digest, never an id), its
+cohort, whether it is active, how many waves in a row it was absent, the last wave it answered,
+its linked candidate set (roster rows that published its tuple in every release it published
+in) and the values it is carried forward with. Those values are true values, so they are kept
+sealed (AES-GCM under a key derived from the secret, :class:`Sealer`): the entry holds them only
+as ciphertext, and the canary scans of state files find nothing.
+
+The last wave's outcome (each row's class, the classes' tuples and weights, and the imputed
+records as published) lets a record of that wave read again after a crash, or arriving late,
+republish what was published for its respondent, byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from gateway.state_keys import group_key
+
+NONCE_BYTES = 12
+_encode = msgspec.msgpack.Encoder(order="sorted").encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+def roster_key(scope: int | None) -> bytes:
+    """The state entry of a scope's roster. Shaped as a group registry key (with its ``live``
+    and ``size`` counts) so that partitioned state routes it with its partition and the
+    registry's counters read it as one group."""
+    return group_key("panel" if scope is None else f"{scope}.panel")
+
+
+class Sealer:
+    """AES-256-GCM over the carried values; ``key``: 32 bytes derived from the secret."""
+
+    __slots__ = ("_aead",)
+
+    def __init__(self, key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+
+        if len(key) != 32:
+            raise ValueError(f"the carry key must be 32 bytes, got {len(key)}")
+        self._aead = AESGCM(key)
+
+    def seal(self, plain: bytes, context: bytes) -> bytes:
+        nonce = os.urandom(NONCE_BYTES)  # a fresh nonce per sealing: no reuse under one key
+        return nonce + self._aead.encrypt(nonce, plain, context)
+
+    def open(self, sealed: bytes, context: bytes) -> bytes:
+        from cryptography.exceptions import InvalidTag  # noqa: PLC0415
+
+        try:
+            return self._aead.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], context)
+        except InvalidTag:
+            raise ValueError(
+                "the panel roster's carried values do not open under this secret: the state "
+                "was written with another one (see docs/operating.md, secret rotation)"
+            ) from None
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the last decided wave published: per roster row its class (-1: none), each class's
+    tuple and weight, and the imputed records' published values."""
+
+    wave: int
+    class_of: NDArray[np.int32]
+    tuples: list[list[Any]]
+    weights: list[float]
+    imputed_rids: list[str] = field(default_factory=list)
+    imputed_rows: list[list[Any]] = field(default_factory=list)  # in ``imputed_names`` order
+    imputed_names: list[str] = field(default_factory=list)
+    imputed_members: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Roster:
+    keys: list[bytes] = field(default_factory=list)
+    cohort: list[int] = field(default_factory=list)
+    active: list[bool] = field(default_factory=list)
+    streak: list[int] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)  # last wave answered
+    linked: list[set[int]] = field(default_factory=list)
+    # per row: [claim row, {attribute: raw value} of the carried attributes, sampling weight,
+    # wave the values were observed in (an imputed row keeps its last observation's)]
+    carried: list[list[Any]] = field(default_factory=list)
+    next_cohort: int = 0
+    outcome: Outcome | None = None
+    _index: dict[bytes, int] = field(default_factory=dict)
+
+    def row_of(self, key: bytes) -> int | None:
+        if len(self._index) != len(self.keys):
+            self._index = {k: i for i, k in enumerate(self.keys)}
+        return self._index.get(key)
+
+    def add(self, key: bytes, cohort: int, wave: int, carried: list[Any]) -> int:
+        row = len(self.keys)
+        self.keys.append(key)
+        self.cohort.append(cohort)
+        self.active.append(True)
+        self.streak.append(0)
+        self.seen.append(wave)
+        self.linked.append(set())
+        self.carried.append(carried)
+        self._index[key] = row
+        return row
+
+    def members(self) -> dict[int, list[int]]:
+        """Active rows by cohort, in row order."""
+        out: dict[int, list[int]] = {}
+        for row, (c, on) in enumerate(zip(self.cohort, self.active, strict=True)):
+            if on:
+                out.setdefault(c, []).append(row)
+        return out
+
+    # -- bytes ------------------------------------------------------------------------------
+    def encode(self, sealer: Sealer, context: bytes) -> bytes:
+        n = len(self.keys)
+        linked_sizes = np.array([len(s) for s in self.linked], dtype=np.int32)
+        linked_flat = np.array([r for s in self.linked for r in sorted(s)], dtype=np.int32)
+        doc: dict[str, Any] = {
+            "live": int(sum(self.active)),
+            "size": n,
+            "panel": 1,
+            "keys": b"".join(self.keys),
+            "klen": len(self.keys[0]) if n else 0,
+            "cohort": np.asarray(self.cohort, dtype=np.int32).tobytes(),
+            "active": np.asarray(self.active, dtype=np.bool_).tobytes(),
+            "streak": np.asarray(self.streak, dtype=np.int16).tobytes(),
+            "seen": np.asarray(self.seen, dtype=np.int32).tobytes(),
+            "lsize": linked_sizes.tobytes(),
+            "lflat": linked_flat.tobytes(),
+            "carried": sealer.seal(_encode(self.carried), context),
+            "next": self.next_cohort,
+        }
+        if self.outcome is not None:
+            o = self.outcome
+            doc["out"] = {
+                "wave": o.wave,
+                "class": np.asarray(o.class_of, dtype=np.int32).tobytes(),
+                "tuples": o.tuples,
+                "weights": o.weights,
+                "irids": o.imputed_rids,
+                "irows": o.imputed_rows,
+                "inames": o.imputed_names,
+                "imembers": o.imputed_members,
+            }
+        return _encode(doc)
+
+    @classmethod
+    def decode(cls, raw: bytes, sealer: Sealer, context: bytes) -> Roster:
+        doc = _decode(raw)
+        n, klen = int(doc["size"]), int(doc["klen"])
+        keys = [doc["keys"][i * klen : (i + 1) * klen] for i in range(n)]
+        sizes = np.frombuffer(doc["lsize"], dtype=np.int32)
+        flat = np.frombuffer(doc["lflat"], dtype=np.int32).tolist()
+        linked: list[set[int]] = []
+        at = 0
+        for size in sizes.tolist():
+            linked.append(set(flat[at : at + size]))
+            at += size
+        outcome = None
+        if "out" in doc:
+            o = doc["out"]
+            outcome = Outcome(
+                wave=int(o["wave"]),
+                class_of=np.frombuffer(o["class"], dtype=np.int32).copy(),
+                tuples=[list(t) for t in o["tuples"]],
+                weights=[float(w) for w in o["weights"]],
+                imputed_rids=list(o["irids"]),
+                imputed_rows=[list(r) for r in o["irows"]],
+                imputed_names=list(o["inames"]),
+                imputed_members=list(o["imembers"]),
+            )
+        return cls(
+            keys=keys,
+            cohort=np.frombuffer(doc["cohort"], dtype=np.int32).tolist(),
+            active=np.frombuffer(doc["active"], dtype=np.bool_).tolist(),
+            streak=np.frombuffer(doc["streak"], dtype=np.int16).tolist(),
+            seen=np.frombuffer(doc["seen"], dtype=np.int32).tolist(),
+            linked=linked,
+            carried=[list(c) for c in _decode(sealer.open(doc["carried"], context))],
+            next_cohort=int(doc["next"]),
+            outcome=outcome,
+        )
+
+
+def is_roster(doc: dict[str, Any]) -> bool:
+    """Whether a registry entry's document is a panel roster."""
+    return doc.get("panel") == 1

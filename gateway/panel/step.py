@@ -1,0 +1,490 @@
+"""The engine's ``panel`` step: the due waves of a window decided whole, each active member
+published once per wave, present or imputed, with its class's tuple and analysis weight.
+
+The window holds every record of the waves due (the engine parks a wave's records until it
+closes). Per (scope, wave), oldest wave first: a wave after the roster's last one is decided
+(:func:`gateway.panel.cohorts.decide_wave`); the last one again (a replay after a crash, or a
+late record) republishes its stored outcome, imputed records included, byte for byte; an older
+one publishes its records with the quasi-identifiers suppressed.
+
+An imputed member enters the window as a record built from its carried values (sensitive
+values, sampling weight, other quasi-identifiers) and a donor's values of the policy's
+``other`` attributes (a present respondent of the same wave, drawn by keyed uniform), so it
+goes through exactly the protections a present record goes through: its randomized and noised
+values are its sticky draws, and nothing in what it publishes, nor in its record id, tells it
+from a present record. Record ids are keyed per (respondent, wave); no published record
+carries an input position, and none is sent to an input partition's counterpart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.columns import Output, PublishedColumns, WindowInputs
+from gateway.errors import PolicyError
+from gateway.grouping.claim_partition import ClaimPartition
+from gateway.grouping.decision import QIDecision
+from gateway.grouping.live_view import StateView
+from gateway.grouping.mixed_microaggregation import claim_inputs
+from gateway.keyed import Keyring
+from gateway.keyed_inputs import KeyedInputs
+from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
+from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
+from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
+from gateway.policy import Policy, RepublicationMode, Role
+from gateway.records import (
+    PublishedRecord,
+    ValidRecord,
+    WindowReport,
+    WindowResult,
+    attribute_values,
+    encode_rows,
+    output_rows,
+    window_digest,
+)
+from gateway.state_api import StateStore
+from gateway.state_codec import encode_state
+
+CARRY_SALT = b"privgw/v1/panel-carry"
+PSEUDONYM = "\x00pseudonym"  # the carried pseudonym of a member (output.pseudonym: hmac)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What each of the window's records (and each imputed member) publishes."""
+
+    tuples: dict[int, Sequence[Any]] = field(default_factory=dict)
+    weights: dict[int, float | None] = field(default_factory=dict)
+    ids: dict[int, str] = field(default_factory=dict)
+    suppressed: list[int] = field(default_factory=list)
+    dropped: set[int] = field(default_factory=set)  # stands for an imputed record re-emitted
+    # imputed members to build: (scope, wave, roster row, class tuple, weight, record id)
+    imputed: list[Imputed] = field(default_factory=list)  # absent members to publish
+    replayed: list[tuple[list[str], list[list[Any]], list[str]]] = field(default_factory=list)
+    measures: dict[str, float] = field(default_factory=dict)
+    classes: list[int] = field(default_factory=list)  # published class sizes, for the report
+
+
+def panel_record_id(key: bytes, wave: int, repeat: int = 0) -> str:
+    """A published record's id: a digest of the respondent's keyed state key and the wave, so
+    the same for a replay and unlinkable across waves without the secret."""
+    digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
+    return f"{wave}-{digest}" if repeat == 0 else f"{wave}-{digest}-{repeat}"
+
+
+def panel_step(
+    policy: Policy,
+    *,
+    store: StateStore | None,
+    keyring: Keyring | None,
+    claim: ClaimPartition | None,
+    columns: PublishedColumns,
+    inputs: KeyedInputs | None,
+) -> PanelStep | None:
+    """The engine's panel step: for a ``panel`` policy with a k claim, a state store and a
+    secret (without a store, a file is one release and the engine groups it as a whole)."""
+    if policy.republication.mode is not RepublicationMode.PANEL or store is None:
+        return None
+    spec = policy.microaggregation
+    if spec.strata or spec.l_diversity is not None:
+        raise PolicyError(
+            "republication.mode panel does not form cohorts within strata or l-diverse yet: "
+            "remove microaggregation.strata and l_diversity, or choose the cohort mode"
+        )
+    if keyring is None or inputs is None or claim is None:
+        return None
+    carry = keyring.hkdf(CARRY_SALT, b"aes-256-gcm")
+    return PanelStep(
+        policy, store=store, carry_key=carry, claim=claim, columns=columns, inputs=inputs
+    )
+
+
+class PanelStep:
+    """Decides the due waves of a window for a ``panel`` policy."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        store: StateStore,
+        carry_key: bytes,
+        claim: ClaimPartition,
+        columns: PublishedColumns,
+        inputs: KeyedInputs,
+    ) -> None:
+        rep, spec = policy.republication, policy.microaggregation
+        assert rep.wave_attribute is not None
+        self.policy = policy
+        self.wave = rep.wave_attribute
+        self.weight_field = rep.weight_name
+        self.rules = PanelRules(
+            k=spec.k,
+            slack=rep.slack,
+            retire_after=rep.retire_after,
+            numeric=tuple(claim.numeric),
+        )
+        self._store = store
+        self._sealer = Sealer(carry_key)
+        self._claim = claim
+        self._columns = columns
+        self._inputs = inputs
+        self._names = policy.k_claim
+        attrs = policy.attributes
+        self._others = [n for n, a in attrs.items() if a.role is Role.OTHER and n != self.wave]
+        self._carried = [n for n, a in attrs.items() if a.role is not Role.OTHER]
+        self._sampling = policy.weight
+        self._pseudonym = columns.pseudonym_of
+
+    # -- the window ---------------------------------------------------------------------
+    def protect(
+        self,
+        pw: PanelWindow,
+        read_states: Callable[[Sequence[bytes | None]], StateView],
+        *,
+        encode: bool,
+    ) -> WindowResult:
+        n = len(pw.records)
+        cols = [
+            claim_inputs(self.policy.attributes[name], column)
+            for name, column in zip(
+                self._names, attribute_values(pw.columns, n, self._names), strict=True
+            )
+        ]
+        rows = [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in range(n)]
+        waves = [_wave(v) for v in pw.columns.get(self.wave, [None] * n)]
+        plan = _Plan()
+        rosters: dict[int | None, Roster] = {}
+        for (scope, wave), idx in _batches(pw, waves, plan):
+            roster = rosters.get(scope)
+            if roster is None:
+                roster = rosters[scope] = self._load(scope)
+            last = roster.outcome.wave if roster.outcome is not None else None
+            if last is None or wave > last:
+                self._decide(roster, scope, wave, idx=idx, pw=pw, rows=rows, plan=plan)
+            elif wave == last:
+                self._replay(roster, wave, idx, pw, plan)
+            else:  # a late record of a wave decided before the last one
+                plan.suppressed.extend(idx)
+                for i in idx:
+                    plan.ids[i] = self._id(pw, i, wave)
+        return self._publish(pw, plan, rosters, waves, read_states, encode=encode)
+
+    def _id(self, pw: PanelWindow, i: int, wave: int | None, repeat: int = 0) -> str:
+        key = pw.rkeys[i]
+        if key is None or wave is None:
+            return "x-" + hashlib.sha256(pw.rids[i].encode()).hexdigest()[:24]
+        return panel_record_id(key, wave, repeat)
+
+    def _load(self, scope: int | None) -> Roster:
+        key = roster_key(scope)
+        raw = self._store.get_many([key]).get(key)
+        return Roster() if raw is None else Roster.decode(raw, self._sealer, key)
+
+    # -- deciding a wave ----------------------------------------------------------------
+    def _decide(
+        self,
+        roster: Roster,
+        scope: int | None,
+        wave: int,
+        *,
+        idx: list[int],
+        pw: PanelWindow,
+        rows: list[list[Any]],
+        plan: _Plan,
+    ) -> None:
+        first: dict[bytes, int] = {}
+        followers: list[tuple[int, int]] = []
+        for i in idx:
+            key = pw.rkeys[i]
+            if key is None or None in rows[i]:
+                plan.suppressed.append(i)  # cannot be followed, or cannot be grouped
+                plan.ids[i] = self._id(pw, i, wave)
+                continue
+            if key in first:
+                followers.append((i, first[key]))
+            else:
+                first[key] = i
+        lead = list(first.values())
+        present = Present(
+            keys=[pw.rkeys[i] for i in lead],  # type: ignore[misc]
+            rows=[rows[i] for i in lead],
+            carry=[self._carry(pw, i) for i in lead],
+            sampling=[self._sampling_weight(pw, i) for i in lead],
+        )
+        rand = self._columns.rand
+
+        def uniforms(purpose: str, keys: Sequence[bytes]) -> list[float]:
+            drawn: list[float] = rand.uniform(purpose, len(keys), list(keys)).tolist()
+            return drawn
+
+        out = decide_wave(
+            roster,
+            wave,
+            present,
+            self.rules,
+            partition=self._claim.partition,
+            centroids=self._claim.centroids,
+            uniforms=uniforms,
+        )
+        self._plan_wave(
+            roster, scope, wave, lead=lead, followers=followers, pw=pw, out=out, plan=plan
+        )
+
+    def _plan_wave(
+        self,
+        roster: Roster,
+        scope: int | None,
+        wave: int,
+        *,
+        lead: list[int],
+        followers: list[tuple[int, int]],
+        pw: PanelWindow,
+        out: WaveOutcome,
+        plan: _Plan,
+    ) -> None:
+        for i, cls in zip(lead, out.present_class, strict=True):
+            plan.ids[i] = self._id(pw, i, wave)
+            if cls < 0:
+                plan.suppressed.append(i)
+            else:
+                plan.tuples[i], plan.weights[i] = out.tuples[cls], out.weights[cls]
+        for n, (i, f) in enumerate(followers, 1):
+            plan.ids[i] = self._id(pw, i, wave, repeat=n)
+            if f in plan.tuples:
+                plan.tuples[i], plan.weights[i] = plan.tuples[f], plan.weights[f]
+            else:
+                plan.suppressed.append(i)
+        for row, cls in zip(out.imputed_rows, out.imputed_class, strict=True):
+            rid = panel_record_id(roster.keys[row], wave)
+            plan.imputed.append(Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid))
+        roster.outcome = Outcome(wave, out.class_of_row, out.tuples, out.weights)
+        sizes: dict[int, int] = {}
+        for cls in out.class_of_row.tolist():
+            if cls >= 0:
+                sizes[cls] = sizes.get(cls, 0) + 1
+        plan.classes.extend(sizes.values())
+        for name, value in out.measures.items():
+            plan.measures[name] = _combine(name, plan.measures.get(name), value)
+
+    def _carry(self, pw: PanelWindow, i: int) -> dict[str, Any]:
+        values = {n: pw.columns[n][i] for n in self._carried if n in pw.columns}
+        rid = pw.records[i].respondent_id
+        if self._pseudonym is not None and rid is not None:
+            values[PSEUDONYM] = self._pseudonym(rid)
+        return values
+
+    def _sampling_weight(self, pw: PanelWindow, i: int) -> float:
+        if self._sampling is None:
+            return 1.0
+        value = pw.columns.get(self._sampling, [None] * len(pw.records))[i]
+        return float(value) if isinstance(value, int | float) and value > 0 else 1.0
+
+    # -- replaying the last wave --------------------------------------------------------
+    def _replay(
+        self, roster: Roster, wave: int, idx: list[int], pw: PanelWindow, plan: _Plan
+    ) -> None:
+        """The last decided wave again: each record its member's class as published; every
+        imputed record of it again, as stored (the same ids and bytes: a consumer keeps one)."""
+        outcome = roster.outcome
+        assert outcome is not None
+        imputed = set(outcome.imputed_members)
+        seen: dict[bytes, int] = {}
+        for i in idx:
+            key = pw.rkeys[i]
+            row = None if key is None else roster.row_of(key)
+            cls = -1 if row is None or row >= len(outcome.class_of) else int(outcome.class_of[row])
+            if row is not None and row in imputed:
+                plan.dropped.add(i)  # its imputed record stands for it (re-emitted below)
+                continue
+            repeat = seen.get(key, -1) + 1 if key is not None else 0
+            if key is not None:
+                seen[key] = repeat
+            plan.ids[i] = self._id(pw, i, wave, repeat)
+            if cls < 0:
+                plan.suppressed.append(i)
+            else:
+                plan.tuples[i], plan.weights[i] = outcome.tuples[cls], outcome.weights[cls]
+        if outcome.imputed_rids:
+            plan.replayed.append(
+                (outcome.imputed_names, outcome.imputed_rows, outcome.imputed_rids)
+            )
+
+    # -- publishing ---------------------------------------------------------------------
+    def _publish(
+        self,
+        pw: PanelWindow,
+        plan: _Plan,
+        rosters: dict[int | None, Roster],
+        waves: list[int | None],
+        read_states: Callable[[Sequence[bytes | None]], StateView],
+        *,
+        encode: bool,
+    ) -> WindowResult:
+        records, rkeys, dkeys, values = extended(
+            pw,
+            plan.imputed,
+            rosters,
+            waves,
+            rand=self._columns.rand,
+            inputs=self._inputs,
+            others=self._others,
+            wave_name=self.wave,
+        )
+        n_in = len(pw.records)
+        rids = [*pw.rids, *(entry[5] for entry in plan.imputed)]
+        columns = {name: list(col) for name, col in pw.columns.items()}
+        synth_cols = columns_of(records[n_in:], list(columns))
+        for name, col in synth_cols.items():
+            columns.setdefault(name, [None] * n_in).extend(col)
+        view = read_states(rkeys)
+        qi = QIDecision()
+        for i, t in plan.tuples.items():
+            qi.tuples[i] = t
+        for j, entry in enumerate(plan.imputed):
+            qi.tuples[n_in + j] = entry[3]
+        qi.suppressed = sorted(set(plan.suppressed))
+        pub_idx = [i for i in range(len(records)) if i not in plan.dropped]
+        win = WindowInputs(records, rids, columns, rkeys, dkeys, view)
+        out = self._columns.output(win, qi, pub_idx, early=None, value_digests=values)
+        ids = {**plan.ids, **{n_in + j: e[5] for j, e in enumerate(plan.imputed)}}
+        out.columns[0] = [ids[i] for i in pub_idx]
+        weights = {**plan.weights, **{n_in + j: e[4] for j, e in enumerate(plan.imputed)}}
+        out.add(self.weight_field, [_rounded(weights.get(i)) for i in pub_idx])
+        _pseudonyms(out, records, pub_idx, n_in)
+        keep_imputed(
+            plan.imputed, rosters, names=out.names, cols=out.columns, pub_idx=pub_idx, n_in=n_in
+        )
+        names, cols = out.names, out.columns
+        suppressed = set(qi.suppressed)
+        pub_rids = list(cols[0])
+        flags = [i in suppressed for i in pub_idx]
+        respondents = [rkeys[i] for i in pub_idx]
+        for r_names, r_rows, r_rids in plan.replayed:  # the last wave's imputed, as stored
+            for row, rid in zip(r_rows, r_rids, strict=True):
+                by_name = dict(zip(r_names, row, strict=True))
+                for name, col in zip(names, cols, strict=True):
+                    col.append(by_name.get(name))
+                pub_rids.append(rid)
+                flags.append(False)
+                respondents.append(None)
+        keys = _keys_of(out.keys, len(pub_rids))
+        # oldest wave first: a backlog decided in one window is published wave by wave
+        wave_at = names.index(self.wave) if self.wave in names else None
+        if wave_at is not None:
+            order = sorted(range(len(pub_rids)), key=lambda at: _wave(cols[wave_at][at]) or -1)
+            cols = [[col[at] for at in order] for col in cols]
+            pub_rids, flags = [pub_rids[at] for at in order], [flags[at] for at in order]
+            respondents, keys = [respondents[at] for at in order], [keys[at] for at in order]
+        self._write(view, rosters)
+        rows = output_rows(names, cols) if encode else []
+        values_out = encode_rows(names, cols) if encode else [b""] * len(pub_rids)
+        published = list(
+            map(
+                PublishedRecord,
+                pub_rids,
+                keys,
+                values_out,
+                [None] * len(pub_rids),
+                flags,
+                respondents,
+            )
+        )
+        return WindowResult(
+            published=published,
+            held=[],
+            report=_report(pw, plan, out, published=len(published), suppressed=len(suppressed)),
+            rows=rows,
+            output=None if encode else (names, cols),
+        )
+
+    def _write(self, view: StateView, rosters: dict[int | None, Roster]) -> None:
+        """The respondents' states (sticky draws) and the rosters, in one durable batch."""
+        entries = {key: encode_state(view.states[key]) for key in view.touched}
+        for scope, roster in rosters.items():
+            key = roster_key(scope)
+            entries[key] = roster.encode(self._sealer, key)
+        if entries:
+            self._store.put_many(entries)
+
+
+def _wave(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if math.isfinite(value) else None
+
+
+def _batches(
+    pw: PanelWindow, waves: list[int | None], plan: _Plan
+) -> list[tuple[tuple[int | None, int], list[int]]]:
+    """The window's records by (scope, wave), oldest wave first; a record without a wave is
+    published with its quasi-identifiers suppressed."""
+    out: dict[tuple[int | None, int], list[int]] = {}
+    for i, wave in enumerate(waves):
+        if wave is None:
+            plan.suppressed.append(i)
+            plan.ids[i] = "x-" + hashlib.sha256(pw.rids[i].encode()).hexdigest()[:24]
+            continue
+        scope = pw.scopes[i] if pw.scopes is not None else None
+        out.setdefault((scope, wave), []).append(i)
+    return sorted(out.items(), key=lambda kv: (kv[0][1], -1 if kv[0][0] is None else kv[0][0]))
+
+
+def _pseudonyms(out: Output, records: Sequence[ValidRecord], pub_idx: list[int], n_in: int) -> None:
+    """An imputed record's pseudonym (output.pseudonym hmac): the one its member carries."""
+    if "pseudonym" in out.names:
+        col = out.columns[out.names.index("pseudonym")]
+        for at, i in enumerate(pub_idx):
+            if i >= n_in:
+                col[at] = records[i].values.get(PSEUDONYM)
+
+
+def _report(
+    pw: PanelWindow, plan: _Plan, out: Output, *, published: int, suppressed: int
+) -> WindowReport:
+    n_in = len(pw.records)  # every record of the window is decided (or stands for a re-sent one)
+    return WindowReport(
+        window_id=window_digest(pw.rids),
+        records_in=n_in,
+        published=n_in,
+        held=0,
+        suppressed=suppressed,
+        min_group_size=min(plan.classes) if plan.classes else None,
+        groups=len(plan.classes),
+        sticky_hits=out.hits,
+        risk_sampled=bool(plan.measures),
+        measures=dict(plan.measures),
+        retention=out.retention,
+        randomized=out.randomized,
+        imputed=published - n_in,
+    )
+
+
+def _keys_of(keys: list[bytes | None], n: int) -> list[bytes | None]:
+    return [*keys, *([None] * (n - len(keys)))]
+
+
+def _rounded(weight: float | None) -> float | None:
+    """A published weight, to 6 significant digits (every record of a class has the same)."""
+    return None if weight is None else float(f"{weight:.6g}")
+
+
+def _combine(name: str, old: float | None, new: float) -> float:
+    """A measure over several waves or scopes of one window: the worst, or the sum."""
+    if old is None:
+        return new
+    if name in ("linked_smallest", "release_smallest_class", "panel_raking_converged"):
+        return min(old, new)
+    if name.startswith("panel_") and name not in (
+        "panel_weight_deff",
+        "panel_calibration_deff",
+        "panel_marginal_gap",
+        "panel_stale_ratio",
+    ):
+        return old + new
+    if name in ("linked_records", "linked_below_k"):
+        return old + new
+    return max(old, new)

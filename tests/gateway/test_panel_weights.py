@@ -1,0 +1,102 @@
+"""Raking (gateway/panel/weights.py): weights are functions of the class, bounded, and meet
+feasible margins; Kish's design effect is >= 1 and 1 only for equal weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.panel.weights import RakingSpec, kish_deff, rake, rounded_targets
+
+
+@st.composite
+def classes(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    n = draw(st.integers(2, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    sizes = rng.integers(5, 10, n).astype(np.float64)
+    base = rng.uniform(0.5, 2.0, n) if draw(st.booleans()) else np.ones(n)
+    margins, targets = [], []
+    for _ in range(draw(st.integers(1, 3))):
+        m = int(draw(st.integers(2, 4)))
+        codes = rng.integers(0, m, n)
+        margins.append(codes)
+        # targets near what the classes publish: the shares move a little, as a wave moves them
+        have = np.bincount(codes, weights=sizes * base, minlength=m)
+        targets.append(have * rng.uniform(0.8, 1.25, m))
+    return sizes, base, margins, targets
+
+
+@settings(max_examples=150, deadline=None)
+@given(classes())
+def test_weights_are_bounded_and_per_class(
+    case: tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]],
+) -> None:
+    sizes, base, margins, targets = case
+    spec = RakingSpec()
+    raked = rake(sizes, base, margins, targets, spec)
+    assert raked.weights.shape == sizes.shape  # one weight per class: shared by its records
+    assert np.all(raked.factors >= spec.lower - 1e-12)
+    assert np.all(raked.factors <= spec.upper + 1e-12)
+    np.testing.assert_allclose(raked.weights, base * raked.factors)
+    assert kish_deff(np.repeat(raked.weights, sizes.astype(int))) >= 1.0 - 1e-12
+
+
+def test_feasible_margins_are_met() -> None:
+    """Two margins that a set of weights can meet exactly (no rounding): raking meets both."""
+    sizes = np.full(4, 10.0)
+    base = np.ones(4)
+    # classes: (a, x), (a, y), (b, x), (b, y)
+    margins = [np.array([0, 0, 1, 1]), np.array([0, 1, 0, 1])]
+    truth = np.array([[12.0, 8.0], [11.0, 9.0]])  # a joint table: its margins are consistent
+    targets = [truth.sum(axis=1), truth.sum(axis=0)]
+    raked = rake(sizes, base, margins, targets, RakingSpec(round_to=0))
+    assert raked.converged
+    mass = sizes * raked.weights
+    for codes, target in zip(margins, targets, strict=True):
+        have = np.bincount(codes, weights=mass)
+        np.testing.assert_allclose(have / have.sum(), target / target.sum(), atol=1e-6)
+    assert raked.max_gap < 1e-6
+
+
+def test_targets_move_in_steps_of_round_to() -> None:
+    counts = np.array([3.0, 7.0, 12.0, 978.0])
+    rounded = rounded_targets(counts, 5.0)
+    assert rounded.sum() == pytest.approx(counts.sum())
+    steps = rounded / (counts.sum() / np.round(counts / 5.0 * 5.0).sum()) / 5.0
+    np.testing.assert_allclose(steps, np.round(steps))
+
+
+def test_kish() -> None:
+    assert kish_deff(np.ones(10)) == pytest.approx(1.0)
+    w = np.array([1.0, 3.0])
+    assert kish_deff(w) == pytest.approx(2 * 10 / 16)
+
+
+def test_bad_bounds_name_the_setting() -> None:
+    with pytest.raises(ValueError, match="lower <= 1 <= upper"):
+        RakingSpec(lower=1.5)
+
+
+def test_weighted_reconstruction_counts_the_weights() -> None:
+    """Equal weights give the unweighted estimate (with the same standard errors); unequal
+    weights estimate the weighted shares, with the effective sample size's larger errors."""
+    from gateway.measures.published import reconstruct_column  # noqa: PLC0415
+    from gateway.mechanisms.rr_constructions import uniform  # noqa: PLC0415
+
+    mech = uniform(["a", "b", "c"], retention=0.7)
+    rng = np.random.default_rng(5)
+    values = rng.choice(["a", "b", "c"], 3000, p=[0.5, 0.3, 0.2]).tolist()
+    plain = reconstruct_column("x", values, mech)
+    equal = reconstruct_column("x", values, mech, [2.0] * len(values))
+    assert plain is not None and equal is not None
+    np.testing.assert_allclose(equal.em, plain.em, atol=1e-9)
+    np.testing.assert_allclose(equal.em_se, plain.em_se, rtol=1e-6)
+    # weight the a's up: the weighted observed share of a rises, and so does its estimate
+    weights = [3.0 if v == "a" else 1.0 for v in values]
+    heavy = reconstruct_column("x", values, mech, weights)
+    assert heavy is not None
+    assert heavy.observed[0] > plain.observed[0]
+    assert heavy.em[0] > plain.em[0]
+    assert heavy.n < plain.n  # Kish's effective size
