@@ -18,12 +18,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
 import orjson
 
+from gateway.mechanisms.masking import TimestampFault, parse_timestamp, timestamp_fault
 from gateway.policy import Attribute, AttrType, ExtraFields, Policy
 
 
@@ -391,18 +391,19 @@ def _slow_categorical(v: object, spec: _Spec, missing: frozenset[str]) -> object
 
 
 def _is_timestamp(text: str) -> bool:
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
+    return parse_timestamp(text) is not None
 
 
 def _slow_timestamp(v: object, spec: _Spec, missing: frozenset[str]) -> object:
-    """A timestamp that is not ISO 8601 text: missing, or the wrong type."""
+    """A timestamp that is not accepted ISO 8601 text: missing, the wrong type, or a valid
+    local time whose instant falls outside what UTC represents (coarsening would overflow)."""
     checked = _slow_categorical(v, spec, missing)
-    if checked.__class__ is str and not _is_timestamp(checked):
-        return Rejection(_R.WRONG_TYPE, spec[0], "TypeError")
+    if checked.__class__ is str:
+        fault = timestamp_fault(checked)
+        if fault is TimestampFault.OUT_OF_RANGE:
+            return Rejection(_R.OUT_OF_RANGE, spec[0], "OverflowError")
+        if fault is not None:
+            return Rejection(_R.WRONG_TYPE, spec[0], "TypeError")
     return checked
 
 

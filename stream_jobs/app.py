@@ -25,7 +25,7 @@ import faust
 import mode
 from faust.app.base import BootStrategy
 
-from gateway.cli import EXIT_FAILED, EXIT_OK
+from gateway.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from gateway.errors import PrivgwError
 from gateway.launch import sigterm_received
 from stream_jobs.settings import WorkerSettings
@@ -124,18 +124,25 @@ async def serve(
 
     Returns an exit code: 0 after a clean stop, 1 when the worker failed, 75
     (``EXIT_BROKER_AWAY``) when it stopped without the broker confirming everything (what it
-    left uncommitted is read again at the next start; the log line names it).
+    left uncommitted is read again at the next start; the log line names it), 130
+    (``EXIT_INTERRUPTED``) after a clean stop on SIGINT (Ctrl-C).
     """
     stop = stop or asyncio.Event()
     app = make_app(worker.settings)
     service = GatewayService(worker)
     loop = asyncio.get_running_loop()
     installed: list[tuple[int, Any]] = []  # (signal, the Python handler it had before)
+    received: set[int] = set()
+
+    def on_signal(sig: int) -> None:
+        received.add(sig)
+        stop.set()
+
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 previous = signal.getsignal(sig)
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal, sig)
                 installed.append((sig, previous))
         if sigterm_received():  # came before, and a library swallowed the CLI's exception
             stop.set()
@@ -170,7 +177,10 @@ async def serve(
         _close_idle_consumer_loop(app)
     if service.error is not None:
         return EXIT_FAILED
-    return EXIT_BROKER_AWAY if worker.left_uncommitted else EXIT_OK
+    if worker.left_uncommitted:
+        return EXIT_BROKER_AWAY
+    # stopped as cleanly as after SIGTERM, but a shell (or a script) is told it was interrupted
+    return EXIT_INTERRUPTED if signal.SIGINT in received else EXIT_OK
 
 
 def _close_idle_consumer_loop(app: GatewayApp) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from gateway.command_kit import add_command
 from gateway.errors import PrivgwError
 from gateway.policy import load_policy
+from stream_jobs.shutdown import EXIT_BROKER_AWAY
 from stream_jobs.worker_build import (
     build_worker,
     keyring_from_environment,
@@ -355,7 +357,10 @@ def _summary(worker: Any, elapsed: float) -> None:
 
 # -- simulate --------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from stream_jobs.kafka import check_bootstrap, make_producer  # noqa: PLC0415
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
+    from stream_jobs.kafka import check_bootstrap  # noqa: PLC0415
+    from stream_jobs.shutdown import BrokerAway  # noqa: PLC0415
     from stream_jobs.simulator import PanelSurvey, load_rows, parse_rate  # noqa: PLC0415
 
     try:
@@ -374,18 +379,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         rows=load_rows(args.data),
     )
 
+    progress = [0]
+
     async def main() -> int:
-        from stream_jobs.simulator import produce_panel  # noqa: PLC0415
+        from stream_jobs.simulator import simulate_to  # noqa: PLC0415
 
         await check_bootstrap(settings)
-        producer = make_producer(settings)
-        await producer.start()
-        try:
-            return await produce_panel(producer, args.topic, survey.records(), rate=rate)
-        finally:
-            await producer.stop()
+        return await simulate_to(
+            settings, args.topic, survey.records(), rate=rate, progress=progress
+        )
 
-    sent = asyncio.run(main())
+    try:
+        sent = asyncio.run(main())
+    except (KafkaError, BrokerAway):  # the broker went away mid-run (it was there at the start)
+        print(
+            f"privgw: error: the broker at {settings.bootstrap} stopped answering after "
+            f"{progress[0]} records were handed to the producer; "
+            f"the latest of them may be missing from {args.topic}: run simulate again once "
+            "the broker is back",
+            file=sys.stderr,
+        )
+        return EXIT_BROKER_AWAY
     print(f"sent {sent} records to {args.topic} ({args.waves} waves, key = respondent_id)")
     return 0
 

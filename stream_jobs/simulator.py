@@ -15,6 +15,7 @@ missing). Everything is drawn from ``numpy.random.default_rng(seed)``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import datetime as dt
 import importlib.resources
@@ -27,6 +28,12 @@ from typing import Any
 
 import numpy as np
 import orjson
+from aiokafka.errors import KafkaError
+
+from stream_jobs.broker_watch import BrokerTiming, BrokerWatch
+from stream_jobs.kafka import make_producer
+from stream_jobs.settings import WorkerSettings
+from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +194,45 @@ async def produce_panel(
     return sent
 
 
+async def simulate_to(
+    settings: WorkerSettings,
+    topic: str,
+    records: Iterator[dict[str, Any]],
+    *,
+    rate: float,
+    progress: list[int],
+) -> int:
+    """``privgw simulate``'s sending: :func:`produce_panel` with a producer of ``settings``,
+    the broker probed beside it. The producer alone retries for ever once the broker is gone
+    (or ends in NodeNotReadyError); here :class:`BrokerAway` is raised once the broker has
+    not answered for the watch's timeout (half the stall timeout: 15 s by default)."""
+    watch = BrokerWatch(
+        BrokerTiming.for_stall_timeout(
+            settings.stall_timeout_seconds, settings.lag_interval_seconds
+        )
+    )
+    producer = make_producer(settings)
+    await producer.start()
+    sending = asyncio.create_task(
+        produce_panel(producer, topic, records, rate=rate, progress=progress)
+    )
+    try:
+        while not (await asyncio.wait({sending}, timeout=watch.timing.interval))[0]:
+            try:
+                await asyncio.wait_for(producer.client.fetch_all_metadata(), watch.timing.timeout)
+                watch.answered()
+            except (TimeoutError, KafkaError):
+                if not watch.reachable():
+                    raise BrokerAway from None
+        return sending.result()
+    finally:
+        sending.cancel()
+        with contextlib.suppress(BaseException):
+            await sending
+        with contextlib.suppress(KafkaError, TimeoutError):  # nothing to flush to: let go
+            await asyncio.wait_for(producer.stop(), CLIENT_STOP_S)
+
+
 def parse_rate(text: str) -> float:
     """'500/s', '500' or '0' (as fast as possible) → records per second."""
     value = text.strip().removesuffix("/s")
@@ -216,6 +262,9 @@ def poison_corpus(good: dict[str, Any]) -> list[tuple[str, bytes | None, bytes |
         ("extra_field", key, with_(favourite_colour="blue")),  # the policy: extra_fields error
         ("unknown_category", key, with_(race="Martian")),
         ("out_of_range", key, with_(age=131)),
+        # valid local times with no UTC instant: converting them (coarsen to an hour) overflowed
+        ("out_of_range", key, with_(submitted_at="9999-12-31T23:00:00-01:00")),
+        ("out_of_range", key, with_(submitted_at="0001-01-01T00:30:00+01:00")),
         ("non_finite", key, raw.replace(b'"age":', b'"age":NaN,"_":', 1)),
         ("non_finite", key, raw.replace(b'"age":', b'"age":Infinity,"_":', 1)),
         ("integer_too_large", key, with_(age=2**53 + 1)),

@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 
 _BATCH = 5_000
 _TOPIC_WAIT_S = 3.0  # a topic that exists is in the first metadata; a bit more for a new one
+# what a missing topic is blamed on: the setting that named it, and the fix
+PROTECTED_TOPIC = ("--topic", "give the protected topic (the policy's output.topic)")
+META_TOPIC = (
+    "--meta-topic",
+    "give the metadata topic beside the protected one (the policy's output.meta_topic, by "
+    "default <output.topic>.meta)",
+)
 
 
 class TopicReadError(PrivgwError):
@@ -41,10 +48,13 @@ async def read_topic(
     timeout: float = 10.0,
     quiet: float = 1.0,
     settings: WorkerSettings | None = None,
+    named_by: tuple[str, str] = PROTECTED_TOPIC,
 ) -> list[Any]:
     """Every record of ``topic`` (aiokafka ConsumerRecords, in partition/offset order)."""
     records: dict[int, list[Any]] = {}
-    batches = iter_topic(bootstrap, topic, timeout=timeout, quiet=quiet, settings=settings)
+    batches = iter_topic(
+        bootstrap, topic, timeout=timeout, quiet=quiet, settings=settings, named_by=named_by
+    )
     async with contextlib.aclosing(batches):
         async for batch in batches:
             for tp, msgs in batch.items():
@@ -59,9 +69,11 @@ async def iter_topic(
     timeout: float = 10.0,
     quiet: float = 1.0,
     settings: WorkerSettings | None = None,
+    named_by: tuple[str, str] = PROTECTED_TOPIC,
 ) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
     """``topic`` from the beginning, batch by batch as fetched (each partition in offset
-    order), so a reader can fold it without holding it."""
+    order), so a reader can fold it without holding it. ``named_by``: the setting that named
+    the topic and the fix, for the error when it does not exist."""
     settings = settings or WorkerSettings(bootstrap=bootstrap)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -82,9 +94,9 @@ async def iter_topic(
             partitions = consumer.partitions_for_topic(topic)
             if partitions is None:
                 if time.monotonic() > deadline:
+                    setting, fix = named_by
                     raise TopicReadError(
-                        f"--topic: topic {topic} does not exist on --bootstrap {bootstrap}; "
-                        "give the protected topic (the policy's output.topic)"
+                        f"{setting}: topic {topic} does not exist on --bootstrap {bootstrap}; {fix}"
                     )
                 await asyncio.sleep(0.2)
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
@@ -137,7 +149,9 @@ async def read_protected_async(
             f"--topic: topic {topic} does not exist on --bootstrap {bootstrap}; give the "
             "protected topic (the policy's output.topic)"
         )
-    meta_records = await read_topic(bootstrap, f"{topic}.meta", timeout=timeout, quiet=quiet)
+    meta_records = await read_topic(
+        bootstrap, f"{topic}.meta", timeout=timeout, quiet=quiet, named_by=META_TOPIC
+    )
     if not meta_records:
         raise TopicReadError(
             f"--topic {topic}: no metadata in {topic}.meta; has the gateway started on it?"
@@ -165,7 +179,10 @@ async def read_metas_async(
 ) -> dict[str, dict[str, object]]:
     """Every policy version's metadata in ``meta_topic`` (the newest record of each)."""
     metas: dict[str, tuple[tuple[int, int], dict[str, object]]] = {}
-    for m in await read_topic(bootstrap, meta_topic, timeout=timeout, quiet=quiet):
+    records = await read_topic(
+        bootstrap, meta_topic, timeout=timeout, quiet=quiet, named_by=META_TOPIC
+    )
+    for m in records:
         if m.value is None or is_announcement(m.key):  # a key fingerprint, not a policy
             continue
         try:

@@ -48,7 +48,13 @@ from stream_jobs.partition_state import PartitionStateGuard
 from stream_jobs.rebalancing import Rebalancing, is_partitioned
 from stream_jobs.secret_announce import announce_fingerprint, read_announced
 from stream_jobs.settings import Topics, WorkerSettings
-from stream_jobs.shutdown import CLIENT_STOP_S, BrokerAway, StopDeadline, describe_uncommitted
+from stream_jobs.shutdown import (
+    CLIENT_STOP_S,
+    BrokerAway,
+    StopDeadline,
+    cancel_left_tasks,
+    describe_uncommitted,
+)
 from stream_jobs.state_routing import PartitionCountError, wire_routing
 from stream_jobs.window_lifecycle import (
     ProtectsWindows,
@@ -385,6 +391,10 @@ class GatewayWorker:
             log.debug("%s stopped with its own tasks cancelled", client.__class__.__name__)
         except Exception as err:  # stopping anyway
             log.debug("%s stop failed: %s", client.__class__.__name__, err.__class__.__name__)
+        finally:
+            left = await cancel_left_tasks(client)
+            if left:
+                log.debug("%s left %d tasks pending: cancelled", client.__class__.__name__, left)
 
     def key_fingerprint_checked(self, result: KeyFingerprintResult, where: str) -> None:
         """Log what the state's key fingerprint check found; count an accepted rotation."""

@@ -118,24 +118,40 @@ def check_output(
 def check_not_an_input(
     outputs: tuple[Path, ...], inputs: tuple[str | Path, ...], *, setting: str = "-o"
 ) -> None:
-    """Refuse outputs that are, once every symlink and ``..`` is resolved (also through
-    directories that do not exist yet), an input file or one another."""
-    real_inputs = {os.path.realpath(src): str(src) for src in inputs}
-    seen: dict[str, Path] = {}
+    """Refuse outputs that are an input file or one another: the same path once every symlink
+    and ``..`` is resolved (also through directories that do not exist yet), or the same file
+    by device and inode (a hard link, a bind mount: ``os.path.samefile``)."""
+    real_inputs: dict[_FileKey, str] = {}
+    for src in inputs:
+        real_inputs.update(dict.fromkeys(_file_keys(src), str(src)))
+    seen: dict[_FileKey, Path] = {}
     for target in outputs:
-        real = os.path.realpath(target)
-        if real in real_inputs:
+        keys = _file_keys(target)
+        if (hit := next((k for k in keys if k in real_inputs), None)) is not None:
             raise InputDataError(
-                f"{setting} {outputs[0]}: {target} is the input file {real_inputs[real]} "
-                "(resolved, symlinks followed): it would be overwritten; write the output to "
-                "another file"
+                f"{setting} {outputs[0]}: {target} is the input file {real_inputs[hit]} "
+                "(resolved, symlinks and hard links followed): it would be overwritten; write "
+                "the output to another file"
             )
-        if real in seen:
+        if (hit := next((k for k in keys if k in seen), None)) is not None:
             raise InputDataError(
-                f"{setting} {outputs[0]}: {target} and {seen[real]} are the same file; choose "
+                f"{setting} {outputs[0]}: {target} and {seen[hit]} are the same file; choose "
                 "another output name"
             )
-        seen[real] = target
+        seen.update(dict.fromkeys(keys, target))
+
+
+_FileKey = str | tuple[int, int]
+
+
+def _file_keys(path: str | Path) -> tuple[_FileKey, ...]:
+    """What identifies a file: its resolved path, and its (device, inode) when it exists."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return (real,)
+    return (real, (st.st_dev, st.st_ino))
 
 
 def _check_csv_shape(p: Path) -> None:
@@ -255,16 +271,7 @@ def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> li
                         "the data"
                     )
             if attr.type is AttrType.TIMESTAMP:
-                bad = [
-                    i
-                    for i in range(n)
-                    if not is_missing[i] and masking.parse_timestamp(raw[i]) is None
-                ]
-                if bad:
-                    raise InputDataError(
-                        f"{path}: column '{name}' is a timestamp in the policy but has "
-                        f"{len(bad)} value(s) that are not ISO 8601, first at data row {bad[0] + 1}"
-                    )
+                _check_timestamps(path, name, raw, is_missing)
             columns[name] = [None if is_missing[i] else raw[i] for i in range(n)]
     rid = policy.input.respondent_id
     ids = (
@@ -280,6 +287,23 @@ def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> li
         )
         for i in range(n)
     ]
+
+
+def _check_timestamps(path: str | Path, name: str, raw: list[str], is_missing: list[bool]) -> None:
+    """Every present value of timestamp column ``name`` is one the gateway accepts; else the
+    first fault, with its count and first data row (never the value)."""
+    faults = [
+        (i, fault)
+        for i, text in enumerate(raw)
+        if not is_missing[i] and (fault := masking.timestamp_fault(text)) is not None
+    ]
+    for kind in masking.TimestampFault:
+        rows = [i for i, fault in faults if fault is kind]
+        if rows:
+            raise InputDataError(
+                f"{path}: column '{name}' is a timestamp in the policy but has {len(rows)} "
+                f"value(s) {kind.value}, first at data row {rows[0] + 1}"
+            )
 
 
 def _int_if_whole(v: float) -> int | float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,18 +25,50 @@ def noise_sd(values: NDArray[np.float64], spec: NoiseSpec) -> float:
 
 
 def parse_timestamp(text: str) -> datetime | None:
-    """An ISO 8601 timestamp (``datetime.fromisoformat``), or None if it is not one."""
+    """An ISO 8601 timestamp (``datetime.fromisoformat``) whose instant is representable in UTC,
+    or None if it is not one."""
     try:
-        return datetime.fromisoformat(text)
+        ts = datetime.fromisoformat(text)
     except (TypeError, ValueError):
         return None
+    return None if _beyond_utc(ts) else ts
+
+
+class TimestampFault(Enum):
+    """Why a text is not a timestamp the gateway accepts (names no value)."""
+
+    NOT_ISO_8601 = "not ISO 8601"
+    OUT_OF_RANGE = "outside the representable range (years 1 to 9999 in UTC)"
+
+
+def timestamp_fault(text: str) -> TimestampFault | None:
+    """None for an accepted timestamp: ISO 8601 text whose instant exists in UTC. A valid local
+    time on the first or last representable day can fall outside it once its offset is applied
+    (``9999-12-31T23:00:00-01:00``): coarsening to a minute or an hour converts to UTC."""
+    try:
+        ts = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return TimestampFault.NOT_ISO_8601
+    return TimestampFault.OUT_OF_RANGE if _beyond_utc(ts) else None
+
+
+def _beyond_utc(ts: datetime) -> bool:
+    # an offset is under 24 h, so only the first and last representable day can overflow
+    if ts.tzinfo is None or 1 < ts.year < 9999:
+        return False
+    try:
+        ts.astimezone(UTC)
+    except OverflowError:
+        return True
+    return False
 
 
 def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
     """ISO 8601 timestamps truncated to the start of their ``unit`` (a week starts on Monday).
-    Minute and hour publish a zoned timestamp in UTC: its offset as given may carry seconds and
-    microseconds (``+05:30:17.424242``), finer than the unit. Day, week and month publish the
-    local date, without an offset. Unparseable text becomes None: never passed through."""
+        Minute and hour publish a zoned timestamp in UTC: its offset as given may carry seconds and
+        microseconds (``+05:30:17.424242``), finer than the unit. Day, week and month publish the
+        local date, without an offset. Unparseable text, and a timestamp with no UTC instant (which
+    validation dead-letters first), become None: never passed through."""
     out: list[str | None] = []
     for v in values:
         ts = parse_timestamp(v) if v is not None else None

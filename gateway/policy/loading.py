@@ -87,10 +87,22 @@ def policy_from_yaml(text: str) -> Policy:
     return parse_policy(data)
 
 
+#: A policy is a few kilobytes (the Adult one, 6 KB): anything past this is the wrong file, and
+#: reading it whole (``/dev/zero``, a data file) would exhaust memory.
+MAX_POLICY_BYTES = 1_048_576
+
+
 def load_policy(path: str | Path) -> Policy:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_POLICY_BYTES + 1)
+        if len(raw) > MAX_POLICY_BYTES:
+            raise PolicyError(
+                f"policy file {p} is larger than the {MAX_POLICY_BYTES // 1024} KiB a policy "
+                "may take (a policy is a few KB of YAML): give the policy file, not another"
+            )
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise PolicyError(f"policy file not found: {p}") from None
     except (OSError, UnicodeDecodeError) as err:

@@ -291,11 +291,14 @@ _ADDED_SETTINGS = (
 )
 
 
-# why a topic may not serve a second role, by the role it has first
+# why a topic may not serve a second role, by the role it has first: input, output, dead
+# letters, metadata, repartition (the changelog comes last, never first)
 _TOPIC_CLASH = (
     "its records would be read back as input (a feedback loop)",
     "they would land in the protected stream, where raw values must never go",
     "they would mix with the raw dead letters",
+    "they would mix with the policy metadata and key announcements analysts and workers read",
+    "they would mix with the raw records re-routed to their partition",
 )
 
 
@@ -307,6 +310,6 @@ def topic_clash(named: list[tuple[str, str]]) -> str | None:
             if topic == other:
                 return (
                     f"{second} names the same topic as {first} ('{topic}'): "
-                    f"{_TOPIC_CLASH[min(i, 2)]}; give each its own topic"
+                    f"{_TOPIC_CLASH[min(i, len(_TOPIC_CLASH) - 1)]}; give each its own topic"
                 )
     return None

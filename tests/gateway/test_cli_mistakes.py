@@ -72,7 +72,7 @@ def test_an_output_that_cannot_be_written_is_refused_up_front(
     assert_clear(code, err, *needles)
 
 
-@pytest.mark.parametrize("how", ["same", "relative", "symlink", "missing-dir"])
+@pytest.mark.parametrize("how", ["same", "relative", "symlink", "hardlink", "missing-dir"])
 @pytest.mark.parametrize("command", ["protect", "microaggregate"])
 def test_an_output_that_is_the_input_is_refused(
     capsys: pytest.CaptureFixture[str], adult: Path, how: str, command: str
@@ -80,6 +80,9 @@ def test_an_output_that_is_the_input_is_refused(
     before = adult.read_bytes()
     if how == "symlink":
         (adult.parent / "link.csv").symlink_to(adult)
+    if how == "hardlink":  # issue 45, item 2: the same inode under another name was rewritten
+        (adult.parent / "link.csv").hardlink_to(adult)
+        assert (adult.parent / "link.csv").stat().st_ino == adult.stat().st_ino
     out = {
         "same": adult.name,
         "relative": f"../{adult.parent.name}/./adult.csv",
@@ -254,3 +257,30 @@ def test_secret_create_under_a_file_names_it(
     (adult.parent / "afile").write_text("")
     code, err = run(capsys, "secret", "create", "afile/x.key")
     assert_clear(code, err, "afile is not a directory", "x.key")
+
+
+# -- issue 45, item 1: a valid timestamp with no UTC instant ended as "internal error" ---------
+
+
+@pytest.mark.parametrize("text", ["9999-12-31T23:00:00-01:00", "0001-01-01T00:30:00+01:00"])
+def test_protect_refuses_a_timestamp_outside_utc_naming_column_and_row(
+    capsys: pytest.CaptureFixture[str], adult: Path, tmp_path: Path, text: str
+) -> None:
+    policy = tmp_path / "hourly.yaml"
+    policy.write_text(POLICY.read_text().replace("coarsen: {unit: day}", "coarsen: {unit: hour}"))
+    lines = adult.read_text().splitlines()
+    stamps = ["2024-05-06T04:10:00+02:00"] * (len(lines) - 1)
+    stamps[6] = text  # data row 7
+    rows = [f"{a},{s}" for a, s in zip(lines[1:], stamps, strict=True)]
+    adult.write_text("\n".join([f"{lines[0]},submitted_at", *rows]) + "\n")
+    code, err = run(capsys, "protect", adult, "--policy", policy, "-o", "out.csv")
+    assert_clear(code, err, "column 'submitted_at'", "representable range", "first at data row 7")
+    assert text not in err and not (adult.parent / "out.csv").exists()
+
+
+def test_a_policy_read_from_dev_zero_is_refused_naming_the_cap(
+    capsys: pytest.CaptureFixture[str], adult: Path
+) -> None:
+    """Issue 45, item 9: it ran out of memory (exit 70, or killed)."""
+    code, err = run(capsys, "protect", adult, "--policy", "/dev/zero", "-o", "out.csv")
+    assert_clear(code, err, "policy file /dev/zero is larger than the 1024 KiB")

@@ -107,6 +107,17 @@ def test_missing_policy_file_is_a_clear_error(tmp_path: Path) -> None:
         load_policy(tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize("source", ["/dev/zero", "oversized"])
+def test_a_policy_file_past_the_size_cap_is_refused_unread(tmp_path: Path, source: str) -> None:
+    """Issue 45, item 9: a policy read from /dev/zero ran out of memory (exit 70, or killed)."""
+    path = Path(source)
+    if source == "oversized":  # a valid policy behind 1.1 MB of comments: still refused
+        path = tmp_path / "big.yaml"
+        path.write_text("# padding\n" * 110_000 + ADULT.read_text())
+    with pytest.raises(PolicyError, match=f"policy file {path} is larger than the 1024 KiB"):
+        load_policy(path)
+
+
 def test_missing_category_extends_domain() -> None:
     p = load_policy(ADULT)
     occ = p.attributes["occupation"]

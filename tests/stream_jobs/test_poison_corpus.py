@@ -8,6 +8,7 @@ import asyncio
 import random
 from pathlib import Path
 
+import orjson
 import pytest
 from streamkit import (
     accounted,
@@ -19,7 +20,7 @@ from streamkit import (
     settings_for,
 )
 
-from gateway.policy import load_policy
+from gateway.policy import load_policy, policy_from_yaml
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.dlq import TRUNCATED_PREFIX_BYTES
 from stream_jobs.simulator import PanelSurvey, encode, load_rows, poison_corpus
@@ -82,3 +83,35 @@ def test_every_poison_class_is_dead_lettered_with_its_reason_and_coordinates(
     assert published == {c for c, r in expected.items() if r is None}
     assert worker.stats.dlq_total == len(bad)
     print(f"poison corpus: {len(mixed)} in, {len(published)} out, {len(got)} DLQ, 0 lost")
+
+
+def test_a_timestamp_outside_utc_is_dead_lettered_and_the_stream_goes_on(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    """Issue 45, item 1: under `coarsen: {unit: hour}` one such record made the engine raise
+    OverflowError, and every restart failed the same way (0 published, 0 dead-lettered)."""
+    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
+    policy = policy_from_yaml(text.replace("coarsen: {unit: day}", "coarsen: {unit: hour}"))
+    settings = settings_for(broker.bootstrap, unique_name, tmp_path, flush_held_on_shutdown=True)
+    topics = settings.topics(policy)
+    create_topics(policy, settings)
+    panel = list(PanelSurvey(respondents=200, waves=1, seed=5, rows=load_rows()).records())
+    extreme = (b'"9999-12-31T23:00:00-01:00"', b'"0001-01-01T00:30:00+01:00"')
+    bad = [item for item in poison_corpus(panel[0]) if any(e in (item[2] or b"") for e in extreme)]
+    assert len(bad) == 2
+    mixed = [*bad, *((None, *encode(r)) for r in panel), *bad]  # first in the first window
+    worker = make_worker(policy, settings, secret_env)
+
+    def feed() -> None:
+        produce(broker.bootstrap, topics.input, [(k, v) for _, k, v in mixed])
+
+    code = asyncio.run(run_until(worker, lambda w: accounted(w, len(mixed)), during=feed))
+    assert code == 0
+    dlq = consume_all(broker.bootstrap, topics.dlq, expected=len(bad) * 2, timeout=60)
+    out = consume_all(broker.bootstrap, topics.output, expected=len(panel), timeout=60)
+    headers = [{k: v.decode() for k, v in m.headers.items()} for m in dlq]
+    assert [(h["reason"], h["field"]) for h in headers] == [("out_of_range", "submitted_at")] * 4
+    assert all("9999-12-31" not in str(h) and "0001-01-01" not in str(h) for h in headers)
+    assert len(out) == len(panel) and worker.stats.dlq_total == 4
+    hours = {orjson.loads(m.value or b"{}").get("submitted_at") for m in out}
+    assert all(h is None or h.endswith("+00:00") for h in hours)  # published in UTC, hourly

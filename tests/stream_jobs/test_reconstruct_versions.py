@@ -161,3 +161,6 @@ def test_a_missing_metadata_topic_is_a_clear_error(
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("privgw: error:") and f"{unique_name}.nothing" in proc.stderr
+    # issue 45, item 9: it was blamed on --topic, which names a topic that exists
+    assert proc.stderr.startswith(f"privgw: error: --meta-topic: topic {unique_name}.nothing")
+    assert "--topic:" not in proc.stderr and "output.meta_topic" in proc.stderr

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from streamkit import create_input_topic
+from streamkit import create_input_topic, high_watermarks
 
 from stream_jobs.broker import EmbeddedBroker, free_port
 from stream_jobs.settings import WorkerSettings
@@ -179,6 +179,9 @@ def test_a_topic_on_the_group_changelog_is_refused(
     args[args.index("--policy") + 1] = str(policy)
     code, err, _ = privgw(*args)
     assert_one_line(code, err, "changelog topic", "g.state-changelog", "give each its own topic")
+    # issue 45, item 9: the metadata case spoke of "raw dead letters"
+    mixed = {"dlq_topic": "the raw dead letters", "meta_topic": "the policy metadata"}[role]
+    assert f"they would mix with {mixed}" in err, err
 
 
 def test_reconstruct_from_an_unreachable_bootstrap_is_one_line() -> None:
@@ -216,3 +219,34 @@ def test_sigterm_at_any_moment_of_the_start_exits_cleanly(
         code = proc.wait(60)
     assert code == 0, log.read_text()[-2000:]
     assert "Traceback" not in log.read_text()
+
+
+def test_simulate_says_the_broker_went_away_and_exits_75(tmp_path: Path) -> None:
+    """Issue 45, item 9: a broker lost in the middle of `privgw simulate` ended in "internal
+    error (NodeNotReadyError)", exit 70. Its own broker: this one is stopped."""
+    with EmbeddedBroker(log_dir=tmp_path / "broker") as own:
+        create_input_topic(own.bootstrap, "sim.in", partitions=3)
+        cmd = ["simulate", "--bootstrap", own.bootstrap, "--topic", "sim.in"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", *cmd, "--rate", "200/s", "--waves", "50"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while high_watermarks(own.bootstrap, "sim.in") < 100:  # sending
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            own.stop()
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 75, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("privgw: error: ")]
+    assert len(errors) == 1 and "internal error" not in err, err[-3000:]
+    assert f"the broker at {own.bootstrap} stopped answering after" in errors[0]
+    assert "run simulate again once the broker is back" in errors[0]
