@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.state_codec import decode_state, registry_counts, registry_value
-from gateway.state_keys import group_id, group_key, is_group_key
+from gateway.state_keys import group_id, group_key, is_group_key, is_roster_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,8 @@ def audit_live_counts(entries: Iterable[tuple[bytes, bytes]]) -> LiveCountAudit:
     actual: dict[str, int] = {}
     respondents = 0
     for key, raw in entries:
+        if is_roster_key(key):
+            continue  # a panel's roster, not a group
         if is_group_key(key):
             gid = group_id(key)
             stored[gid], size = registry_counts(raw)

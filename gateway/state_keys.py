@@ -30,6 +30,20 @@ def is_group_key(key: bytes) -> bool:
     return key.startswith(GROUP_KEY_PREFIX)
 
 
+PANEL_ROSTER = "panel"  # a panel's roster: group id ``panel`` or ``<partition>.panel``
+
+
+def roster_group_id(scope: int | None) -> str:
+    """The group id of a scope's panel roster (gateway.panel.roster)."""
+    return PANEL_ROSTER if scope is None else f"{scope}.{PANEL_ROSTER}"
+
+
+def is_roster_key(key: bytes) -> bool:
+    """Whether a registry key holds a panel roster, not one group (its ``live`` and ``size``
+    count members; migrations and live-count audits leave it alone)."""
+    return is_group_key(key) and group_id(key).rsplit(".", 1)[-1] == PANEL_ROSTER
+
+
 def scoped_key(partition: int, key: bytes) -> bytes:
     """A respondent key in partition scope: the partition it belongs to, then its digest."""
     return partition.to_bytes(PARTITION_BYTES, "big") + key

@@ -55,8 +55,8 @@ def republication_statement(policy: Policy) -> dict[str, Any]:
         return _recoding(policy, release)
     panel = rep.mode is RepublicationMode.PANEL
     pool = (
-        "when their wave closes (the next wave arriving for close_grace_seconds, an operator's "
-        "wave close, or max_wave_seconds)"
+        "when their wave closes (the next wave arriving for close_grace_seconds, or "
+        "max_wave_seconds after its first record)"
         if panel
         else "when its release closes (a later wave, its hold time, or the last flush)"
         if rep.pool is GroupingPool.RELEASE and wave is not None and not deferred

@@ -35,7 +35,7 @@ class Parking:
     # a panel's close grace (None: a wave is due once closed): how long the next wave's records
     # must have been arriving; ``max_hold_seconds`` is then the wave's maximum
     grace: float | None = None
-    # waves an operator closed (privgw wave close)
+    # waves closed by the caller (an operator's command: not wired to the worker yet)
     closed_by_operator: set[str] = field(default_factory=set)
     records: list[object] = field(default_factory=list)  # parked last time, in order
     rids: list[str] = field(default_factory=list)

@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.state_keys import group_key
+from gateway.state_keys import group_key, roster_group_id
 
 NONCE_BYTES = 12
 _encode = msgspec.msgpack.Encoder(order="sorted").encode
@@ -35,7 +35,7 @@ def roster_key(scope: int | None) -> bytes:
     """The state entry of a scope's roster. Shaped as a group registry key (with its ``live``
     and ``size`` counts) so that partitioned state routes it with its partition and the
     registry's counters read it as one group."""
-    return group_key("panel" if scope is None else f"{scope}.panel")
+    return group_key(roster_group_id(scope))
 
 
 class Sealer:

@@ -34,7 +34,7 @@ from typing import Any
 
 from gateway.policy.upgrade import Upgrade
 from gateway.state_codec import decode_state, encode_state, registry_counts, registry_value
-from gateway.state_keys import group_id, is_group_key
+from gateway.state_keys import group_id, is_group_key, is_roster_key
 
 __all__ = [
     "MigrationPlan",
@@ -110,7 +110,7 @@ def groups_to_drop(
     rows: dict[bytes, bytes] = {}
     seen = 0
     for key, raw in registry:
-        if not is_group_key(key):
+        if not is_group_key(key) or is_roster_key(key):
             continue
         seen += 1
         if not plan.regroups:

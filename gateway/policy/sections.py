@@ -125,8 +125,7 @@ class RepublicationSpec(StrictModel):
     # that leaves every other member's linked candidate set >= k (default 3)
     retire_after_waves: SInt | None = None
     # a wave closes once the next wave's records have been arriving this long (event time or
-    # arrival; default 10 s), when an operator closes it (privgw wave close), or at
-    # max_wave_seconds after its first record (default 7 days)
+    # arrival; default 10 s), or at max_wave_seconds after its first record (default 7 days)
     close_grace_seconds: SFloat | None = None
     max_wave_seconds: SFloat | None = None
     # the published analysis weight's field (default weight)

@@ -211,7 +211,7 @@ def test_the_stack_fires_an_alert_that_reaches_the_receiver(tmp_path: Path) -> N
             "--rate",
             "5000/s",
             "--waves",
-            "2",
+            "3",  # the shipped panel policy publishes a wave once the next one has arrived
             "--respondents",
             "300",
         ]

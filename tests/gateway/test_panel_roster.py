@@ -51,3 +51,16 @@ def test_another_secret_is_named() -> None:
         Roster.decode(raw, Sealer(b"j" * 32), roster_key(3))
     with pytest.raises(ValueError, match="another one"):  # bound to its entry's key too
         Roster.decode(raw, Sealer(b"k" * 32), roster_key(4))
+
+
+def test_a_migration_and_a_live_count_audit_leave_the_roster_alone() -> None:
+    """The roster is shaped as a registry entry (so partitioned state routes it) but is no
+    group: a migration that re-forms every group, or a live-count repair, never rewrites it."""
+    from gateway.live_counts import audit_live_counts  # noqa: PLC0415
+    from gateway.policy.migration import MigrationPlan, groups_to_drop  # noqa: PLC0415
+
+    key = roster_key(2)
+    raw = _roster().encode(Sealer(b"k" * 32), key)
+    dropped, rows, seen = groups_to_drop([(key, raw)], MigrationPlan(regroup_all=True))
+    assert (dropped, rows, seen) == (set(), {}, 0)
+    assert not audit_live_counts([(key, raw)]).drifted

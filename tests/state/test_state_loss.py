@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import yaml
+
 from gateway.engine import Engine
 from gateway.keyed import Keyring
 from gateway.policy import load_policy
@@ -45,7 +47,11 @@ def protect(policy_path: Path, db: Path, records: list[ValidRecord]) -> dict[str
 
 
 def test_state_loss_keeps_rr_and_regroups_only_in_groups_of_k(tmp_path: Path) -> None:
-    policy_path = ROOT / "deploy" / "policies" / "adult.yaml"
+    # the regroup mode this was written for: a lost state is grouped afresh, wave by wave
+    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
+    data["republication"] = {"mode": "regroup", "wave_attribute": "wave", "pool": "release"}
+    policy_path = tmp_path / "adult_regroup.yaml"
+    policy_path.write_text(yaml.safe_dump(data, sort_keys=False))
     k = load_policy(policy_path).microaggregation.k
     panel = list(
         PanelSurvey(

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import orjson
 import pytest
-from streamkit import accounted, consume_all, create_topics, make_worker, produce, run_until
+from streamkit import (
+    accounted,
+    consume_all,
+    create_topics,
+    make_worker,
+    produce,
+    regroup_policy_path,
+    run_until,
+)
 from streamkit import settings_for as _settings_for
 
 from gateway.policy import load_policy
@@ -21,7 +29,7 @@ from stream_jobs.simulator import PanelSurvey, encode, load_rows
 pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
-ADULT = ROOT / "deploy" / "policies" / "adult.yaml"
+ADULT = regroup_policy_path()
 
 
 def _panel_with_wrong_keys() -> tuple[list[tuple[bytes, bytes]], set[int]]:

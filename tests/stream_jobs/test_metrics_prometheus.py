@@ -28,7 +28,15 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from streamkit import accounted, create_topics, make_worker, produce, run_until, settings_for
+from streamkit import (
+    accounted,
+    create_topics,
+    make_worker,
+    produce,
+    regroup_policy_path,
+    run_until,
+    settings_for,
+)
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker, free_port
@@ -161,7 +169,7 @@ def scrape(port: int) -> str:
 def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
     broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
-    policy = load_policy(DEPLOY / "policies" / "adult.yaml")
+    policy = load_policy(regroup_policy_path())
     port = free_port()
     settings = settings_for(
         broker.bootstrap,
@@ -357,7 +365,7 @@ def test_a_stopped_engine_is_seen_stalled_alerted_and_recovers(
     apart from the loop shows the waiting records, a WARNING is logged; after SIGCONT all of
     it recovers and every record is accounted for. ``for:`` is shortened to 0 s (promtool's
     unit test covers the timing), the stall timeout to 2 s."""
-    policy = load_policy(DEPLOY / "policies" / "adult.yaml")
+    policy = load_policy(regroup_policy_path())
     port = free_port()
     settings = settings_for(
         broker.bootstrap,

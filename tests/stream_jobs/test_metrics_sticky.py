@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
-from streamkit import validated_panel
+from streamkit import regroup_policy_path, validated_panel
 
 from gateway.engine import Engine
 from gateway.keyed import Keyring
@@ -19,7 +19,7 @@ from stream_jobs.settings import WorkerSettings
 from stream_jobs.windows import Flush, FlushReason
 from stream_jobs.worker import GatewayWorker
 
-ADULT = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yaml"
+ADULT = regroup_policy_path()
 
 
 def test_sticky_hits_never_exceed_the_lookups_counted(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from streamkit import validated_panel
+from streamkit import regroup_policy_path, validated_panel
 
 from gateway.engine import Engine
 from gateway.keyed import Keyring
@@ -21,7 +21,7 @@ from stream_jobs.settings import WorkerSettings
 from stream_jobs.windows import Flush, FlushReason
 from stream_jobs.worker import GatewayWorker
 
-ADULT = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yaml"
+ADULT = regroup_policy_path()
 SECRET = Keyring(b"whole-key-metrics-secret-0123456789")
 NO_FLUSH = Flush([], 0, {}, FlushReason.COUNT)
 

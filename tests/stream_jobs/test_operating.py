@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient
-from streamkit import create_input_topic, create_topics, produce, settings_for
+from streamkit import create_input_topic, create_topics, produce, regroup_policy_path, settings_for
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker, free_port
@@ -30,7 +30,7 @@ from stream_jobs.simulator import PanelSurvey, encode, load_rows
 pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
-POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
+POLICY = regroup_policy_path()
 
 
 def topics_on(bootstrap: str) -> set[str]:

@@ -82,9 +82,10 @@ def _run(
     waves: list[list[tuple[bytes, bytes]]],
     *,
     backlog: bool,
+    shards: int | None = None,
 ) -> tuple[list[Message], Any]:
     policy = _policy(grace=1.0, max_wave=6.0)
-    settings = settings_for(broker.bootstrap, name, tmp_path)
+    settings = settings_for(broker.bootstrap, name, tmp_path, engine_shards=shards)
     topics = settings.topics(policy)
     create_topics(policy, settings)
     total = sum(len(w) for w in waves)
@@ -106,11 +107,13 @@ def _run(
     return consume_all(broker.bootstrap, topics.output), worker
 
 
+@pytest.mark.parametrize("shards", [None, 2])
 def test_every_member_is_published_every_wave_and_imputed_records_look_the_same(
-    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path, shards: int | None
 ) -> None:
+    """With engine shards too: each shard keeps the cohorts of its respondents."""
     waves = _waves(160, 3, skip=0.3, seed=43)
-    out, _ = _run(broker, unique_name, tmp_path, secret_env, waves, backlog=False)
+    out, _ = _run(broker, unique_name, tmp_path, secret_env, waves, backlog=False, shards=shards)
     keyring = Keyring(secret_env.encode())
     by_id: dict[str, Message] = {}
     for m in out:

@@ -25,6 +25,7 @@ from streamkit import (
     make_worker,
     produce,
     published_qi_groups,
+    regroup_policy_path,
     run_until,
     settings_for,
 )
@@ -38,7 +39,7 @@ from stream_jobs.simulator import PanelSurvey, encode, load_rows
 pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
-ADULT = ROOT / "deploy" / "policies" / "adult.yaml"
+ADULT = regroup_policy_path()
 QIS = k_claim()  # the whole quasi-identifier tuple the k claim covers
 
 

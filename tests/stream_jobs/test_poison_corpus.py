@@ -16,6 +16,7 @@ from streamkit import (
     create_topics,
     make_worker,
     produce,
+    regroup_policy_path,
     run_until,
     settings_for,
 )
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_poison_class_is_dead_lettered_with_its_reason_and_coordinates(
     broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
-    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    policy = load_policy(regroup_policy_path())
     settings = settings_for(broker.bootstrap, unique_name, tmp_path, flush_held_on_shutdown=True)
     topics = settings.topics(policy)
     create_topics(policy, settings)
@@ -90,7 +91,7 @@ def test_a_timestamp_outside_utc_is_dead_lettered_and_the_stream_goes_on(
 ) -> None:
     """Issue 45, item 1: under `coarsen: {unit: hour}` one such record made the engine raise
     OverflowError, and every restart failed the same way (0 published, 0 dead-lettered)."""
-    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
+    text = (regroup_policy_path()).read_text()
     policy = policy_from_yaml(text.replace("coarsen: {unit: day}", "coarsen: {unit: hour}"))
     settings = settings_for(broker.bootstrap, unique_name, tmp_path, flush_held_on_shutdown=True)
     topics = settings.topics(policy)

@@ -19,6 +19,7 @@ from streamkit import (
     k_claim,
     make_worker,
     produce,
+    regroup_policy_path,
     run_until,
     settings_for,
 )
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _keyed_by_field_policy(tmp: Path) -> Path:
-    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
+    text = (regroup_policy_path()).read_text()
     old = (
         "  respondent_id: respondent_id        # the record key; never published (pseudonym: drop)"
     )

@@ -20,6 +20,7 @@ from streamkit import (
     k_claim,
     make_worker,
     produce,
+    regroup_policy_path,
     run_until,
     settings_for,
 )
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _policy(tmp: Path) -> Any:
-    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
+    text = (regroup_policy_path()).read_text()
     path = tmp / "policy.yaml"
     path.write_text(text.replace("max_hold_seconds: 30", "max_hold_seconds: 2"))
     return load_policy(path)

@@ -31,6 +31,7 @@ from streamkit import (
     k_claim,
     make_worker,
     produce,
+    regroup_policy_path,
     run_until,
     settings_for,
     start_worker,
@@ -52,7 +53,7 @@ RR = ("occupation", "income")
 
 def _policy(tmp: Path) -> Path:
     """The Adult policy re-keying by respondent id, short windows and holds."""
-    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
+    text = (regroup_policy_path()).read_text()
     old = (
         "  respondent_id: respondent_id        # the record key; never published (pseudonym: drop)"
     )

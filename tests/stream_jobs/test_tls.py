@@ -28,7 +28,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from confluent_kafka import Consumer, Producer, TopicPartition
-from streamkit import accounted, make_worker, run_until
+from streamkit import accounted, make_worker, regroup_policy_path, run_until
 
 from gateway.policy import load_policy
 from stream_jobs.broker import EmbeddedBroker, free_port
@@ -150,7 +150,7 @@ def test_worker_protects_records_over_mutual_tls(
     tmp_path: Path,
 ) -> None:  # fmt: skip
     bootstrap, certs, _ = tls_broker
-    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    policy = load_policy(regroup_policy_path())
     settings = WorkerSettings(
         bootstrap=bootstrap,
         group_id=f"{unique_name}-g",
