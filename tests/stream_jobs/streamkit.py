@@ -8,6 +8,7 @@ import asyncio
 import functools
 import itertools
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -406,10 +407,13 @@ def regroup_adult(tmp: Path) -> Path:
     """deploy/policies/adult.yaml as it shipped before the panel mode (regroup, one pool per
     wave), for the tests of what that mode keeps (replay entries, strata, l-diversity)."""
     root = Path(__file__).resolve().parents[2]
-    data = yaml.safe_load((root / "deploy" / "policies" / "adult.yaml").read_text())
-    data["republication"] = {"mode": "regroup", "wave_attribute": "wave", "pool": "release"}
+    text = (root / "deploy" / "policies" / "adult.yaml").read_text()
+    # the text as shipped (its comments too, which some tests edit by), but for the mode
+    regroup = "republication: {mode: regroup, wave_attribute: wave, pool: release}\n"
+    text, n = re.subn(r"^republication: \{mode: panel.*?\}\n", regroup, text, flags=re.M | re.S)
+    assert n == 1, "the Adult policy's republication line changed: update regroup_adult"
     path = tmp / "adult_regroup.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(text)
     return path
 
 
