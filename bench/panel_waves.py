@@ -57,7 +57,12 @@ from gateway.engine import Engine
 from gateway.files.fileio import read_table, records_from_frame
 from gateway.keyed import Keyring
 from gateway.measures import quality
-from gateway.measures.attack import linked_sets, value_keys, value_linkage
+from gateway.measures.attack import (
+    linked_sets,
+    sticky_chain_linkage,
+    value_keys,
+    value_linkage,
+)
 from gateway.policy import Method, Policy, RepublicationMode, Role, parse_policy
 from gateway.records import SourceRef, ValidRecord
 from state.memory_store import MemoryStore
@@ -386,6 +391,17 @@ def report(
             f"{fit.deff if fit.weighted else float('nan'):>5.3f} {imputed:>5} "
             f"{100 * present_suppressed / max(len(present_truth), 1):>5.2f}%"
         )
+    chains = sticky_chain_linkage(
+        [[row for _, row in tally.rows.get(w, [])] for w in range(1, len(waves) + 1)],
+        sensitive,
+        (*NUMERIC, *CATEGORICAL),
+        k,
+    )
+    print(
+        f"{mode:>13}  sticky-value intruder (follows by {', '.join(sensitive)}; knows who took "
+        f"part): {chains.below_k} of {chains.chains} followed respondents linked below k, "
+        f"{chains.isolated} isolated"
+    )
     overall = value_linkage(sensitive_releases)
     print(
         f"{mode:>13}  value linkage over all pairs of releases: {overall.linked} of "

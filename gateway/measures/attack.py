@@ -282,30 +282,34 @@ def sticky_chain_linkage(
     mates skip a release, or that moves to another class, loses candidates. Rows of
     combinations that repeat within a release are not followed (the intruder cannot tell
     them apart), nor counted."""
-    followed: dict[tuple[Hashable, ...], list[tuple[int, tuple[Hashable, ...]]]] = defaultdict(list)
+    followed: dict[tuple[Hashable, ...], list[tuple[int, tuple[Hashable, ...]]]] = defaultdict(
+        list
+    )
     repeated: set[tuple[Hashable, ...]] = set()
-    classes: list[dict[tuple[Hashable, ...], set[tuple[Hashable, ...]]]] = []
+    # per release, per class: how many records carry each combination (records that share a
+    # combination are one indistinguishable group of candidates, counted by their number)
+    classes: list[dict[tuple[Hashable, ...], Counter[tuple[Hashable, ...]]]] = []
     for t, rows in enumerate(releases):
         counts = Counter(tuple(row.get(a) for a in sticky) for row in rows)
         repeated.update(key for key, n in counts.items() if n > 1)
-        by_class: dict[tuple[Hashable, ...], set[tuple[Hashable, ...]]] = defaultdict(set)
+        by_class: dict[tuple[Hashable, ...], Counter[tuple[Hashable, ...]]] = defaultdict(Counter)
         for row in rows:
             key = tuple(row.get(a) for a in sticky)
             tup = tuple(row.get(c) for c in qi)
             if any(v is None for v in tup):
                 continue
-            by_class[tup].add(key)
+            by_class[tup][key] += 1
             followed[key].append((t, tup))
         classes.append(by_class)
     sizes = []
     for key, seen in followed.items():
         if key in repeated:
             continue
-        candidates: set[tuple[Hashable, ...]] | None = None
+        candidates: Counter[tuple[Hashable, ...]] | None = None
         for t, tup in seen:
             here = classes[t][tup]
-            candidates = set(here) if candidates is None else candidates & here
-        sizes.append(len(candidates or ()))
+            candidates = Counter(here) if candidates is None else candidates & here
+        sizes.append(sum((candidates or Counter()).values()))
     ordered = sorted(sizes)
     return ChainLinkage(
         chains=len(ordered),

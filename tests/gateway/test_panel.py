@@ -236,3 +236,25 @@ def test_panel_needs_a_wave_and_a_whole_wave() -> None:
         policy_from_yaml(_text(3).replace("wave_attribute: wave, ", ""))
     with pytest.raises(PolicyError, match=r"republication\.pool"):
         policy_from_yaml(_text(3).replace("slack: 0,", "slack: 0, pool: window,"))
+
+
+def test_the_sticky_value_intruder_counts_respondents_it_cannot_tell_apart() -> None:
+    """A chain followed by its sticky values loses the class-mates that skip a release (what
+    regroup publishes) and keeps them when they are published anyway (what panel publishes);
+    records sharing a combination are candidates by their number."""
+    from gateway.measures.attack import sticky_chain_linkage  # noqa: PLC0415
+
+    def rows(keys: list[str], qi: str) -> list[dict[str, Any]]:
+        return [{"occ": key, "age": qi} for key in keys]
+
+    every_wave = [rows(["x", "a", "b", "b", "c"], "t1"), rows(["x", "a", "b", "b", "c"], "t2")]
+    res = sticky_chain_linkage(every_wave, ["occ"], ["age"], k=5)
+    assert (res.chains, res.below_k, res.isolated) == (3, 0, 0)  # b, b: one pair, two people
+    skipped = [rows(["x", "a", "b", "b", "c"], "t1"), rows(["x", "a"], "t2")]
+    res = sticky_chain_linkage(skipped, ["occ"], ["age"], k=5)
+    assert res.below_k == 2 and res.smallest[:2] == [2, 2]  # x and a: linked to each other only
+    moved = [
+        rows(["x", "a", "b", "b", "c"], "t1"),
+        [*rows(["a", "b", "b", "c"], "t2"), {"occ": "x", "age": "t3"}],
+    ]
+    assert sticky_chain_linkage(moved, ["occ"], ["age"], k=5).isolated == 1  # x moved alone
