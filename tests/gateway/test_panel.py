@@ -258,3 +258,53 @@ def test_the_sticky_value_intruder_counts_respondents_it_cannot_tell_apart() -> 
         [*rows(["a", "b", "b", "c"], "t2"), {"occ": "x", "age": "t3"}],
     ]
     assert sticky_chain_linkage(moved, ["occ"], ["age"], k=5).isolated == 1  # x moved alone
+
+
+def test_a_wave_trickling_in_forms_the_cohorts_it_forms_fed_at_once() -> None:
+    """A wave arriving 4 records at a time over two and a half minutes of a virtual clock (far
+    past the policy's 5 s hold time, which cut waves into slices before) is decided whole when
+    it closes: the same bytes as the same wave fed at once."""
+    rng = np.random.default_rng(20)
+    people = [
+        {
+            "age": int(rng.integers(18, 90)),
+            "sex": "FM"[i % 2],
+            "rel": "other",
+            "occ": "abc"[int(rng.integers(3))],
+        }
+        for i in range(300)
+    ]
+
+    def wave(w: int, at: float, rate: float | None) -> list[ValidRecord]:
+        return [
+            ValidRecord(
+                f"p{i}",
+                {**v, "wave": w},
+                SourceRef("in", 0, (w - 1) * 1000 + i),
+                at + (i / rate if rate else 0.0),
+            )
+            for i, v in enumerate(people)
+        ]
+
+    def run(rate: float | None) -> list[bytes]:
+        engine = Engine(_policy(3), keyring=KEY, store=MemoryStore())
+        held: list[ValidRecord] = []
+        out: list[bytes] = []
+        first = wave(1, 0.0, rate)
+        second = wave(2, 1000.0, rate)[:1]  # the next wave's first record closes it
+        size = 4 if rate else len(first)
+        for start in range(0, len(first), size):
+            batch = first[start : start + size]
+            res = engine.protect_window([*held, *batch], now=batch[-1].arrived_at)
+            held = list(res.held)
+            out.extend(r.value for r in res.published)
+        assert not out, "a wave published before it closed"
+        for batch, now in ((second, 1000.0), ([], 1000.0 + GRACE)):
+            res = engine.protect_window([*held, *batch], now=now)
+            held = list(res.held)
+            out.extend(r.value for r in res.published)
+        return out
+
+    trickled, at_once = run(2.0), run(None)
+    assert len(at_once) == len(people)
+    assert trickled == at_once
