@@ -282,9 +282,7 @@ def sticky_chain_linkage(
     mates skip a release, or that moves to another class, loses candidates. Rows of
     combinations that repeat within a release are not followed (the intruder cannot tell
     them apart), nor counted."""
-    followed: dict[tuple[Hashable, ...], list[tuple[int, tuple[Hashable, ...]]]] = defaultdict(
-        list
-    )
+    followed: dict[tuple[Hashable, ...], list[tuple[int, tuple[Hashable, ...]]]] = defaultdict(list)
     repeated: set[tuple[Hashable, ...]] = set()
     # per release, per class: how many records carry each combination (records that share a
     # combination are one indistinguishable group of candidates, counted by their number)

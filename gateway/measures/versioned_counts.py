@@ -65,6 +65,18 @@ class VersionedCounts:
             v: {a: np.zeros(m.m, dtype=np.int64) for a, m in mechs.items()}
             for v, mechs in self.mechanisms.items()
         }
+        # a panel release's analysis weight (its metadata names the field): weighted counts
+        # and the sum of squared weights beside the plain counts, for Kish's effective size
+        self._weight = {
+            v: (metas[v].get("republication") or {}).get("weight_field") for v in self.mechanisms
+        }
+        self.weighted = {
+            v: {a: np.zeros(m.m) for a, m in mechs.items()}
+            for v, mechs in self.mechanisms.items()
+            if self._weight[v]
+        }
+        self.squares: dict[str, dict[str, float]] = {v: {} for v in self.weighted}
+        self.weighed: dict[str, Counter[str]] = {v: Counter() for v in self.weighted}
         self.outside: Counter[tuple[str, str]] = Counter()  # values no category names
         self.unknown_matrix: Counter[tuple[str, str]] = Counter()  # stamps naming no matrix
         self.unreadable = 0  # records that are not JSON objects (the reader counts them)
@@ -91,6 +103,13 @@ class VersionedCounts:
                 self.outside[(version, name)] += 1
             elif code is not None:
                 self.counts[target][name][code] += 1
+                field = self._weight.get(target)
+                weight = row.get(field) if field else None
+                if isinstance(weight, int | float) and target in self.weighted:
+                    self.weighted[target][name][code] += weight
+                    squares = self.squares[target]
+                    squares[name] = squares.get(name, 0.0) + float(weight) ** 2
+                    self.weighed[target][name] += 1
 
     def without_meta(self) -> dict[str, int]:
         """Rows per policy version that has no metadata record (left out of the estimates)."""
@@ -105,6 +124,19 @@ class VersionedCounts:
             "unusable_metadata_versions": len(self.bad_metas),
         }
         return {k: v for k, v in out.items() if v}
+
+    def _effective(
+        self, name: str, versions: Sequence[str], counts: NDArray[np.int64]
+    ) -> NDArray[np.float64]:
+        """A pool's counts, weighted when every version of it is a weighted panel release whose
+        rows all carried their weight."""
+        if not versions or any(v not in self.weighted for v in versions):
+            return counts.astype(np.float64)
+        if sum(self.weighed[v][name] for v in versions) != int(counts.sum()):
+            return counts.astype(np.float64)  # some rows without their weight: unweighted
+        weighted = sum(self.weighted[v][name] for v in versions)
+        squares = sum(self.squares[v].get(name, 0.0) for v in versions)
+        return _effective_counts(np.asarray(weighted, dtype=np.float64), squares, counts)
 
     def reconstruct(self) -> dict[str, Any]:
         """Per attribute: one estimate per group of versions with equal mechanisms (their
@@ -137,7 +169,7 @@ class VersionedCounts:
                 continue
             groups = []
             for mech, versions, counts in pools.values():
-                est = reconstruct(mech, counts, counts=True)
+                est = reconstruct(mech, self._effective(name, versions, counts), counts=True)
                 groups.append({"policy_versions": versions, **est.to_dict()})
             entry = _combine(groups)
             entry["groups"] = groups
@@ -153,6 +185,17 @@ class VersionedCounts:
             entry["skipped_values"] = {k: v for k, v in left_out.items() if v}
             out[name] = entry
         return out
+
+
+def _effective_counts(
+    weighted: NDArray[np.float64], squares: float, counts: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """Weighted shares over Kish's effective sample size (Σw)² / Σw²."""
+    total = float(weighted.sum())
+    if total <= 0 or squares <= 0:
+        return counts.astype(np.float64)
+    effective: NDArray[np.float64] = weighted / total * (total**2 / squares)
+    return effective
 
 
 def _combine(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

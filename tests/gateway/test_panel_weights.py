@@ -100,3 +100,23 @@ def test_weighted_reconstruction_counts_the_weights() -> None:
     assert heavy.observed[0] > plain.observed[0]
     assert heavy.em[0] > plain.em[0]
     assert heavy.n < plain.n  # Kish's effective size
+
+
+def test_the_topic_reader_weights_a_panel_release() -> None:
+    """A panel release read from its topic (``privgw reconstruct --bootstrap``): the counts are
+    weighted by the metadata's weight field, the unweighted release is not."""
+    from gateway.mechanisms.rr_constructions import uniform  # noqa: PLC0415
+    from gateway.measures.versioned_counts import VersionedCounts  # noqa: PLC0415
+
+    mech = uniform(["a", "b"], retention=0.8)
+    meta = {"randomized_response": {"x": mech.to_dict()}, "policy_version": "v1"}
+    panel_meta = {**meta, "republication": {"weight_field": "weight"}}
+    rows = [{"x": "a", "weight": 3.0}] * 50 + [{"x": "b", "weight": 1.0}] * 50
+    plain, weighted = VersionedCounts({"v1": meta}), VersionedCounts({"v1": panel_meta})
+    for row in rows:
+        plain.add("v1", row)
+        weighted.add("v1", row)
+    p, w = plain.reconstruct()["x"], weighted.reconstruct()["x"]
+    assert p["observed"][0] == pytest.approx(0.5)
+    assert w["observed"][0] == pytest.approx(0.75)
+    assert w["n"] < p["n"]  # Kish's effective size
