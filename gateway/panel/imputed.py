@@ -106,19 +106,19 @@ def keep_imputed(
     pub_idx: list[int],
     n_in: int,
 ) -> None:
-    """Store each roster's last wave's imputed records as published, for a replay."""
+    """Store the imputed records of each wave decided here, as published, for a replay."""
     at_of = {i: at for at, i in enumerate(pub_idx)}
     for scope, roster in rosters.items():
-        outcome = roster.outcome
-        if outcome is None:
-            continue
-        entries = [(j, e) for j, e in enumerate(imputed) if e[0] == scope and e[1] == outcome.wave]
-        if not entries:
-            continue
-        outcome.imputed_names = list(names)
-        outcome.imputed_rids = [e[5] for _, e in entries]
-        outcome.imputed_members = [e[2] for _, e in entries]
-        outcome.imputed_rows = [[col[at_of[n_in + j]] for col in cols] for j, _ in entries]
+        for outcome in roster.outcomes:
+            entries = [
+                (j, e) for j, e in enumerate(imputed) if e[0] == scope and e[1] == outcome.wave
+            ]
+            if not entries:
+                continue
+            outcome.imputed_names = list(names)
+            outcome.imputed_rids = [e[5] for _, e in entries]
+            outcome.imputed_members = [e[2] for _, e in entries]
+            outcome.imputed_rows = [[col[at_of[n_in + j]] for col in cols] for j, _ in entries]
 
 
 def _donors(pw: PanelWindow, waves: list[int | None]) -> dict[int, list[int]]:

@@ -1,4 +1,4 @@
-"""A panel's state, one entry per scope: its members as columns, and the last wave's outcome.
+"""A panel's state, one entry per scope: its members as columns, and the last waves' outcomes.
 
 Members are rows that are never removed (a retired member keeps its row and its cohort, so a
 return finds them). Per row: the respondent's state key (a keyed digest, never an id), its
@@ -8,9 +8,9 @@ in) and the values it is carried forward with. Those values are true values, so 
 sealed (AES-GCM under a key derived from the secret, :class:`Sealer`): the entry holds them only
 as ciphertext, and the canary scans of state files find nothing.
 
-The last wave's outcome (each row's class, the classes' tuples and weights, and the imputed
-records as published) lets a record of that wave read again after a crash, or arriving late,
-republish what was published for its respondent, byte for byte.
+The newest decided waves' outcomes (each row's class, the classes' tuples and weights, and the
+imputed records as published) let a record of such a wave read again after a crash, or
+arriving late, republish what was published for its respondent, byte for byte.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from gateway.state_keys import group_key, roster_group_id
 
 NONCE_BYTES = 12
+OUTCOMES_KEPT = 4  # decided waves a replay can republish (a backlog decides several at once)
 _encode = msgspec.msgpack.Encoder(order="sorted").encode
 _decode = msgspec.msgpack.Decoder().decode
 
@@ -101,7 +102,9 @@ class Roster:
     # wave the values were observed in (an imputed row keeps its last observation's)]
     carried: list[list[Any]] = field(default_factory=list)
     next_cohort: int = 0
-    outcome: Outcome | None = None
+    # the newest decided waves' outcomes, oldest first: a crash can lose the outputs of the
+    # last windows (a backlog decides several waves in one), which a replay publishes again
+    outcomes: list[Outcome] = field(default_factory=list)
     _index: dict[bytes, int] = field(default_factory=dict)
 
     def row_of(self, key: bytes) -> int | None:
@@ -120,6 +123,18 @@ class Roster:
         self.carried.append(carried)
         self._index[key] = row
         return row
+
+    @property
+    def last_wave(self) -> int | None:
+        """The newest wave decided (None: none yet)."""
+        return self.outcomes[-1].wave if self.outcomes else None
+
+    def outcome_of(self, wave: int) -> Outcome | None:
+        return next((o for o in self.outcomes if o.wave == wave), None)
+
+    def decided(self, outcome: Outcome) -> None:
+        """Keep a decided wave's outcome (the newest OUTCOMES_KEPT)."""
+        self.outcomes = [*self.outcomes, outcome][-OUTCOMES_KEPT:]
 
     def members(self) -> dict[int, list[int]]:
         """Active rows by cohort, in row order."""
@@ -149,9 +164,8 @@ class Roster:
             "carried": sealer.seal(_encode(self.carried), context),
             "next": self.next_cohort,
         }
-        if self.outcome is not None:
-            o = self.outcome
-            doc["out"] = {
+        doc["outs"] = [
+            {
                 "wave": o.wave,
                 "class": np.asarray(o.class_of, dtype=np.int32).tobytes(),
                 "tuples": o.tuples,
@@ -161,6 +175,8 @@ class Roster:
                 "inames": o.imputed_names,
                 "imembers": o.imputed_members,
             }
+            for o in self.outcomes
+        ]
         return _encode(doc)
 
     @classmethod
@@ -175,10 +191,8 @@ class Roster:
         for size in sizes.tolist():
             linked.append(set(flat[at : at + size]))
             at += size
-        outcome = None
-        if "out" in doc:
-            o = doc["out"]
-            outcome = Outcome(
+        outcomes = [
+            Outcome(
                 wave=int(o["wave"]),
                 class_of=np.frombuffer(o["class"], dtype=np.int32).copy(),
                 tuples=[list(t) for t in o["tuples"]],
@@ -188,6 +202,8 @@ class Roster:
                 imputed_names=list(o["inames"]),
                 imputed_members=list(o["imembers"]),
             )
+            for o in doc.get("outs", ())
+        ]
         return cls(
             keys=keys,
             cohort=np.frombuffer(doc["cohort"], dtype=np.int32).tolist(),
@@ -197,7 +213,7 @@ class Roster:
             linked=linked,
             carried=[list(c) for c in _decode(sealer.open(doc["carried"], context))],
             next_cohort=int(doc["next"]),
-            outcome=outcome,
+            outcomes=outcomes,
         )
 
 

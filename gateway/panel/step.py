@@ -160,10 +160,10 @@ class PanelStep:
             roster = rosters.get(scope)
             if roster is None:
                 roster = rosters[scope] = self._load(scope)
-            last = roster.outcome.wave if roster.outcome is not None else None
+            last = roster.last_wave
             if last is None or wave > last:
                 self._decide(roster, scope, wave, idx=idx, pw=pw, rows=rows, plan=plan)
-            elif wave == last:
+            elif roster.outcome_of(wave) is not None:
                 self._replay(roster, wave, idx, pw, plan)
             else:  # a late record of a wave decided before the last one
                 plan.suppressed.extend(idx)
@@ -259,7 +259,7 @@ class PanelStep:
         for row, cls in zip(out.imputed_rows, out.imputed_class, strict=True):
             rid = panel_record_id(roster.keys[row], wave)
             plan.imputed.append(Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid))
-        roster.outcome = Outcome(wave, out.class_of_row, out.tuples, out.weights)
+        roster.decided(Outcome(wave, out.class_of_row, out.tuples, out.weights))
         sizes: dict[int, int] = {}
         for cls in out.class_of_row.tolist():
             if cls >= 0:
@@ -295,7 +295,7 @@ class PanelStep:
     ) -> None:
         """The last decided wave again: each record its member's class as published; every
         imputed record of it again, as stored (the same ids and bytes: a consumer keeps one)."""
-        outcome = roster.outcome
+        outcome = roster.outcome_of(wave)
         assert outcome is not None
         imputed = set(outcome.imputed_members)
         seen: dict[bytes, int] = {}

@@ -22,7 +22,10 @@ def _roster() -> Roster:
     r.active[6] = False
     r.streak[3] = 2
     r.next_cohort = 2
-    r.outcome = Outcome(1, np.array([0, 0, 0, 0, 0, 1, -1], dtype=np.int32), [[40.0, "x"]], [1.5])
+    for wave in range(1, 7):  # the newest four are kept
+        r.decided(
+            Outcome(wave, np.array([0, 0, 0, 0, 0, 1, -1], dtype=np.int32), [[40.0, "x"]], [1.5])
+        )
     return r
 
 
@@ -32,8 +35,9 @@ def test_round_trip_keeps_every_column() -> None:
     back = Roster.decode(r.encode(sealer, key), sealer, key)
     for name in ("keys", "cohort", "active", "streak", "seen", "linked", "carried", "next_cohort"):
         assert getattr(back, name) == getattr(r, name), name
-    assert back.outcome is not None and r.outcome is not None
-    assert back.outcome.class_of.tolist() == r.outcome.class_of.tolist()
+    assert [o.wave for o in back.outcomes] == [3, 4, 5, 6] and back.last_wave == 6
+    kept = back.outcome_of(5)
+    assert kept is not None and kept.class_of.tolist() == [0, 0, 0, 0, 0, 1, -1]
     assert back.row_of(bytes([3]) * 32) == 3
 
 

@@ -105,8 +105,8 @@ def test_weighted_reconstruction_counts_the_weights() -> None:
 def test_the_topic_reader_weights_a_panel_release() -> None:
     """A panel release read from its topic (``privgw reconstruct --bootstrap``): the counts are
     weighted by the metadata's weight field, the unweighted release is not."""
-    from gateway.mechanisms.rr_constructions import uniform  # noqa: PLC0415
     from gateway.measures.versioned_counts import VersionedCounts  # noqa: PLC0415
+    from gateway.mechanisms.rr_constructions import uniform  # noqa: PLC0415
 
     mech = uniform(["a", "b"], retention=0.8)
     meta = {"randomized_response": {"x": mech.to_dict()}, "policy_version": "v1"}
