@@ -169,8 +169,11 @@ class VersionedCounts:
                 continue
             groups = []
             for mech, versions, counts in pools.values():
-                est = reconstruct(mech, self._effective(name, versions, counts), counts=True)
-                groups.append({"policy_versions": versions, **est.to_dict()})
+                effective = self._effective(name, versions, counts)
+                est = reconstruct(mech, effective, counts=True).to_dict()
+                if not np.array_equal(effective, counts):  # weighted: n stays the rows read
+                    est["n_effective"], est["n"] = est["n"], int(counts.sum())
+                groups.append({"policy_versions": versions, **est})
             entry = _combine(groups)
             entry["groups"] = groups
             entry["skipped_versions"] = skipped

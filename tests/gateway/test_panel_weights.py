@@ -119,4 +119,5 @@ def test_the_topic_reader_weights_a_panel_release() -> None:
     p, w = plain.reconstruct()["x"], weighted.reconstruct()["x"]
     assert p["observed"][0] == pytest.approx(0.5)
     assert w["observed"][0] == pytest.approx(0.75)
-    assert w["n"] < p["n"]  # Kish's effective size
+    assert w["n"] == p["n"] == 100  # the rows read
+    assert w["groups"][0]["n_effective"] < 100  # Kish's effective size, which the SEs use
