@@ -35,8 +35,6 @@ class Parking:
     # a panel's close grace (None: a wave is due once closed): how long the next wave's records
     # must have been arriving; ``max_hold_seconds`` is then the wave's maximum
     grace: float | None = None
-    # waves closed by the caller (an operator's command: not wired to the worker yet)
-    closed_by_operator: set[str] = field(default_factory=set)
     records: list[object] = field(default_factory=list)  # parked last time, in order
     rids: list[str] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
@@ -80,12 +78,12 @@ class Parking:
                 oldest[r] = at
         if flush_all:
             due = set(oldest)
-        elif self.grace is not None:  # a panel: grace, operator, or the wave's maximum
-            hold, grace, told = self.max_hold_seconds, self.grace, self.closed_by_operator
+        elif self.grace is not None:  # a panel: the close grace, or the wave's maximum
+            hold, grace = self.max_hold_seconds, self.grace
             due = {
                 r
                 for r, at in oldest.items()
-                if r in told or now - at >= hold or clock.closed_after(r, now, grace)
+                if now - at >= hold or clock.closed_after(r, now, grace)
             }
         else:
             hold = self.max_hold_seconds

@@ -124,7 +124,7 @@ def decide_wave(
         partition=partition,
     )
     members = roster.members()
-    _merge_small(roster, members, rules.k)
+    _merge_small(roster, members, rules)
     members = roster.members()
     out = _publish(roster, members, rules, centroids)
     outcome = WaveOutcome(
@@ -228,8 +228,9 @@ def _enter(
     return len(new_idx)
 
 
-def _merge_small(roster: Roster, members: dict[int, list[int]], k: int) -> None:
+def _merge_small(roster: Roster, members: dict[int, list[int]], rules: PanelRules) -> None:
     """A cohort below k active members (a policy whose k rose) joins its nearest cohort whole."""
+    k, numeric = rules.k, rules.numeric
     small = [c for c, rows in members.items() if len(rows) < k]
     if not small or len(members) < 2:
         return
@@ -238,7 +239,6 @@ def _merge_small(roster: Roster, members: dict[int, list[int]], k: int) -> None:
         if c not in members or len(members[c]) >= k or len(members) < 2:
             continue
         others = sorted(x for x in members if x != c)
-        numeric = tuple(isinstance(v, float) for v in roster.carried[members[c][0]][0])
         centres = _centres(roster, others, members, numeric)
         mine = _centres(roster, [c], members, numeric)
         target = others[_nearest(mine.rows[0], centres, numeric)]
