@@ -75,6 +75,7 @@ class WaveOutcome:
     tuples: list[list[Any]]
     weights: list[float]
     class_of_row: NDArray[np.int32]
+    sizes: list[int] = field(default_factory=list)  # records in each class
     measures: dict[str, float] = field(default_factory=dict)
 
 
@@ -134,6 +135,7 @@ def decide_wave(
         tuples=out.tuples,
         weights=out.weights,
         class_of_row=out.class_of_row,
+        sizes=out.sizes.tolist(),
     )
     m = outcome.measures
     m.update(out.measures)
@@ -301,6 +303,7 @@ class _Published:
     tuples: list[list[Any]]
     weights: list[float]
     measures: dict[str, float]
+    sizes: NDArray[np.int64]  # records in each class
 
 
 def _publish(
@@ -311,7 +314,7 @@ def _publish(
     class_of_row = np.full(n_rows, -1, dtype=np.int32)
     cohorts = sorted(members)
     if not cohorts:
-        return _Published(class_of_row, [], [], {})
+        return _Published(class_of_row, [], [], {}, np.zeros(0, dtype=np.int64))
     rows = [r for c in cohorts for r in members[c]]
     labels = np.repeat(np.arange(len(cohorts)), [len(members[c]) for c in cohorts])
     width = len(rules.numeric)
@@ -328,14 +331,16 @@ def _publish(
         group = set(members[c])
         for r in members[c]:
             roster.linked[r] = roster.linked[r] & group if roster.linked[r] else set(group)
-    weights, measures = _weights(roster, rows, class_of_row, classes, rules)
+    sizes = np.bincount(class_of_row[rows], minlength=len(classes))
+    weights, measures = _weights(
+        roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules
+    )
     linked = [len(roster.linked[r]) for r in rows]
     measures["linked_records"] = float(len(linked))
     measures["linked_below_k"] = float(sum(s < rules.k for s in linked))
     measures["linked_smallest"] = float(min(linked))
-    sizes = np.bincount(class_of_row[rows], minlength=len(classes))
     measures["release_smallest_class"] = float(sizes.min())
-    return _Published(class_of_row, classes, weights, measures)
+    return _Published(class_of_row, classes, weights, measures, sizes)
 
 
 def _weights(
@@ -343,13 +348,15 @@ def _weights(
     rows: list[int],
     class_of_row: NDArray[np.int32],
     classes: list[list[Any]],
+    *,
+    class_sizes: NDArray[np.int64],
     rules: PanelRules,
 ) -> tuple[list[float], dict[str, float]]:
     """Raked weights per class, and what they achieve."""
     cls = class_of_row[rows]
-    n_classes = len(classes)
+    n_classes = len(class_sizes)
     sw = np.asarray([float(roster.carried[r][2]) for r in rows], dtype=np.float64)
-    sizes = np.bincount(cls, minlength=n_classes).astype(np.float64)
+    sizes = class_sizes.astype(np.float64)
     base = np.bincount(cls, weights=sw, minlength=n_classes) / np.maximum(sizes, 1)
     margins: list[NDArray[np.int64]] = []
     targets: list[NDArray[np.float64]] = []

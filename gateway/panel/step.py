@@ -101,6 +101,12 @@ def panel_step(
     )
 
 
+def unfollowed_record_id(rid: str) -> str:
+    """The published id of a record no panel member stands behind (no respondent id, or no
+    wave): a digest of its input position, so the same on a replay."""
+    return "x-" + hashlib.sha256(rid.encode()).hexdigest()[:24]
+
+
 class PanelStep:
     """Decides the due waves of a window for a ``panel`` policy."""
 
@@ -174,7 +180,7 @@ class PanelStep:
     def _id(self, pw: PanelWindow, i: int, wave: int | None, repeat: int = 0) -> str:
         key = pw.rkeys[i]
         if key is None or wave is None:
-            return "x-" + hashlib.sha256(pw.rids[i].encode()).hexdigest()[:24]
+            return unfollowed_record_id(pw.rids[i])
         return panel_record_id(key, wave, repeat)
 
     def _load(self, scope: int | None) -> Roster:
@@ -260,11 +266,7 @@ class PanelStep:
             rid = panel_record_id(roster.keys[row], wave)
             plan.imputed.append(Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid))
         roster.decided(Outcome(wave, out.class_of_row, out.tuples, out.weights))
-        sizes: dict[int, int] = {}
-        for cls in out.class_of_row.tolist():
-            if cls >= 0:
-                sizes[cls] = sizes.get(cls, 0) + 1
-        plan.classes.extend(sizes.values())
+        plan.classes.extend(out.sizes)
         for name, value in out.measures.items():
             plan.measures[name] = _combine(name, plan.measures.get(name), value)
 
@@ -414,7 +416,7 @@ def _batches(
     for i, wave in enumerate(waves):
         if wave is None:
             plan.suppressed.append(i)
-            plan.ids[i] = "x-" + hashlib.sha256(pw.rids[i].encode()).hexdigest()[:24]
+            plan.ids[i] = unfollowed_record_id(pw.rids[i])
             continue
         scope = pw.scopes[i] if pw.scopes is not None else None
         out.setdefault((scope, wave), []).append(i)
