@@ -18,6 +18,8 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_republication import CLAIM
+from test_republication import POLICY as REPUBLICATION_POLICY
 
 from gateway.engine import Engine
 from gateway.errors import PolicyError
@@ -28,28 +30,14 @@ from gateway.records import PublishedRecord, SourceRef, ValidRecord
 from state.memory_store import MemoryStore
 
 KEY = Keyring(b"panel-mode-property-secret-01234")
-POLICY = """
-input: {respondent_id: rid}
-window: {max_records: 1000, max_seconds: 1, max_hold_seconds: 5, on_hold_timeout: suppress}
-microaggregation:
-  k: K
-  edit_rules: [{rel: [husband], sex: [F]}, {rel: [wife], sex: [M]}]
-republication: {mode: panel, wave_attribute: wave, slack: SLACK, retire_after_waves: RETIRE,
-                close_grace_seconds: 10}
-attributes:
-  age:  {role: quasi_identifier, type: numeric, method: microaggregation}
-  sex:  {role: quasi_identifier, type: categorical, method: microaggregation, categories: [F, M]}
-  rel:  {role: quasi_identifier, type: categorical, method: microaggregation,
-         categories: [husband, wife, other]}
-  occ:
-    role: sensitive
-    type: categorical
-    method: randomized_response
-    categories: [a, b, c]
-    rr: {mode: uniform, retention: 0.6}
-  wave: {role: other, type: numeric, method: keep}
-"""
-CLAIM = ("age", "sex", "rel")
+# the random panels' policy of test_republication, as a panel: a short hold time (which must
+# not decide a panel wave), retirement and the close grace
+POLICY = REPUBLICATION_POLICY.replace("max_hold_seconds: 1000000", "max_hold_seconds: 5").replace(
+    "republication: {mode: MODE, wave_attribute: wave, pool: POOL, slack: SLACK}",
+    "republication: {mode: panel, wave_attribute: wave, slack: SLACK,\n"
+    "                retire_after_waves: RETIRE, close_grace_seconds: 10}",
+)
+assert "panel" in POLICY and "max_hold_seconds: 5" in POLICY
 GRACE = 10.0
 
 
