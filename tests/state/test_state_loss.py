@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
+from test_policy_upgrade import ADULT as ADULT_REGROUP
 
 from gateway.engine import Engine
 from gateway.keyed import Keyring
@@ -48,10 +48,8 @@ def protect(policy_path: Path, db: Path, records: list[ValidRecord]) -> dict[str
 
 def test_state_loss_keeps_rr_and_regroups_only_in_groups_of_k(tmp_path: Path) -> None:
     # the regroup mode this was written for: a lost state is grouped afresh, wave by wave
-    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
-    data["republication"] = {"mode": "regroup", "wave_attribute": "wave", "pool": "release"}
     policy_path = tmp_path / "adult_regroup.yaml"
-    policy_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    policy_path.write_text(ADULT_REGROUP)
     k = load_policy(policy_path).microaggregation.k
     panel = list(
         PanelSurvey(
