@@ -16,8 +16,10 @@ from gateway.grouping.mixed_microaggregation import (
     QIKind,
     claim_columns,
     mixed_centroids,
+    embed,
     mixed_microaggregate,
 )
+from gateway.grouping.refine import refine_groups
 from gateway.policy import MicroaggAlgorithm, Policy
 
 
@@ -48,6 +50,16 @@ class ClaimPartition:
         return mixed_microaggregate(
             self.columns, sub, size, standardize=spec.standardize, rules=self.rules
         )
+
+    def cohorts(self, sub: list[list[object]], k: int) -> NDArray[np.int64]:
+        """Groups of ``k``..2k-1 rows meant to last (the panel's cohorts): MDAV's partition
+        improved by exchanges and moves between neighbouring groups (``refine``), worth the
+        extra pass because the groups are published for many waves."""
+        _, labels = self.partition(sub, k)
+        if self.spec.algorithm is MicroaggAlgorithm.RANKING:
+            return labels
+        x = embed(self.columns, sub, standardize=self.spec.standardize)
+        return refine_groups(x, labels, k)
 
     def centroids(self, rows: list[list[object]], labels: NDArray[np.int64]) -> list[list[Any]]:
         """The tuple each group of rows (groups labelled 0..n-1) publishes."""

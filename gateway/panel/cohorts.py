@@ -33,7 +33,7 @@ from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
 from gateway.policy import MISSING_LABEL
 
-Partition = Callable[[list[list[object]], int], tuple[list[list[object]], NDArray[np.int64]]]
+Partition = Callable[[list[list[object]], int], NDArray[np.int64]]  # rows, k -> cohort labels
 Centroids = Callable[[list[list[object]], NDArray[np.int64]], list[list[Any]]]
 # (purpose, keys) -> one keyed uniform in [0, 1) per key
 Uniforms = Callable[[str, Sequence[bytes]], list[float]]
@@ -204,7 +204,7 @@ def _enter(
     if len(new_idx) >= k:
         sub = [[present.rows[i][j] for i in new_idx] for j in range(len(rules.numeric))]
         size = k + rules.slack if len(new_idx) >= k + rules.slack else len(new_idx)
-        _, labels = partition(sub, size)
+        labels = partition(sub, size)
         base = roster.next_cohort
         for i, label in zip(new_idx, labels.tolist(), strict=True):
             rows_of[i] = roster.add(

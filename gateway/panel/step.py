@@ -230,7 +230,7 @@ class PanelStep:
             wave,
             present,
             self.rules,
-            partition=self._claim.partition,
+            partition=self._claim.cohorts,
             centroids=self._claim.centroids,
             uniforms=uniforms,
         )
