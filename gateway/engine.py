@@ -202,6 +202,7 @@ class Engine:
         encode: bool = True,
         keys: WindowKeys | None = None,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> WindowResult:
         """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
         ``records``, from a caller that holds the window as columns (the engine process); they
@@ -215,7 +216,9 @@ class Engine:
         policy and secret (computed here when not given).
         ``committed``: the input offsets the caller has committed, (topic, partition) -> offset;
         what records below them published need not be kept for a replay
-        (:mod:`gateway.grouping.replay`)."""
+        (:mod:`gateway.grouping.replay`).
+        ``closed_through``: the newest wave an operator closed (``privgw wave close``): it and
+        the waves before it are decided now, with the records in hand."""
         if keys is not None and len(keys.respondents) != len(records):
             raise ValueError(
                 f"keys for {len(keys.respondents)} records given with a window of "
@@ -223,6 +226,8 @@ class Engine:
             )
         if committed is not None:  # every partition the caller reads: the release clock
             self._claims.releases.own(committed, now)  # waits for those not heard from yet
+        if closed_through is not None:
+            self._claims.releases.close_through(closed_through)
         wave = self.policy.republication.wave_attribute
         waves = values_at(records, by_attribute, wave)  # parking reads only a few of them
         parked = self._claims.parked(records, waves, now=now, flush_all=flush_all)

@@ -247,11 +247,16 @@ class ShardedEngine(ShardDraws):
         now: float,
         flush_all: bool = False,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> WindowResult:
         parts = route(records, len(self.engines))
         results = [
             engine.protect_window(
-                [records[i] for i in idx], now=now, flush_all=flush_all, committed=committed
+                [records[i] for i in idx],
+                now=now,
+                flush_all=flush_all,
+                committed=committed,
+                closed_through=closed_through,
             )
             for engine, idx in zip(self.engines, parts, strict=True)
         ]

@@ -49,6 +49,8 @@ class DLQReason(StrEnum):
     # on a partition its key does not pick (partitioned state: a producer with another
     # partitioner than Kafka's default murmur2, and no input.key_field to re-route it)
     WRONG_PARTITION = "wrong_partition"
+    # an operator's control record (``privgw wave close``) the worker cannot read
+    BAD_CONTROL = "bad_control"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,7 @@ _ERROR_CLASS: Final[dict[DLQReason, str]] = {
     _R.DUPLICATE_KEY: "ValueError",
     _R.KEY_MISMATCH: "ValueError",
     _R.WRONG_PARTITION: "ValueError",
+    _R.BAD_CONTROL: "ValueError",
 }
 
 

@@ -38,9 +38,11 @@ def register(sub: Any) -> None:
     _register_state_check(sub)
     from stream_jobs.offsets_cli import register as register_offsets  # noqa: PLC0415
     from stream_jobs.upgrade_cli import register as register_upgrades  # noqa: PLC0415
+    from stream_jobs.wave_control import register as register_wave  # noqa: PLC0415
 
     register_upgrades(sub)
     register_offsets(sub)
+    register_wave(sub)
 
 
 def _register_run(sub: Any) -> None:

@@ -103,7 +103,8 @@ def _answer(
         # (benches send neither offsets nor held records)
         _, blobs, now, flush_all, *rest = request
         committed = rest[0] if rest else None
-        kept = rest[1] if len(rest) > 1 else 0
+        kept = rest[-1] if len(rest) > 1 else 0  # held records kept here: always last
+        closed_through = rest[1] if len(rest) > 2 else None
         records, by_attribute, keys = held.join(kept, *decode_window(blobs))
         result = engine.protect_window(
             records,
@@ -113,6 +114,7 @@ def _answer(
             encode=encode,
             keys=keys,
             committed=committed,
+            closed_through=closed_through,
         )
         at = held_positions(records, result)
         held.keep(records, by_attribute, keys, at)

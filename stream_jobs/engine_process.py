@@ -157,8 +157,10 @@ class EngineProcess:
         now: float,
         flush_all: bool = False,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> WindowResult:
-        return self.prepare(records, now=now, flush_all=flush_all, committed=committed)()
+        closes = {"committed": committed, "closed_through": closed_through}
+        return self.prepare(records, now=now, flush_all=flush_all, **closes)()
 
     @functools.cached_property
     def _inputs(self) -> KeyedInputs:
@@ -176,12 +178,14 @@ class EngineProcess:
         flush_all: bool = False,
         tail: PackedRecords | None = None,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> Callable[[], WindowResult]:
         """``protect_window`` in two steps: the window packed here, on the calling thread (the
         worker's event loop, where the packing does not contend for the GIL with it), and the
         call it returns, which hands it over and waits (the worker's engine thread).
         ``tail``: the window's last records, already packed by :meth:`pack`."""
-        request = self.request(records, now, flush_all, tail, self._inputs, committed=committed)
+        closes = {"committed": committed, "closed_through": closed_through}
+        request = self.request(records, now, flush_all, tail, self._inputs, **closes)
         return functools.partial(self._protect_request, records, request)
 
     def request(
@@ -193,11 +197,13 @@ class EngineProcess:
         inputs: KeyedInputs | None = None,
         *,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> tuple[Any, ...]:
         """The window packed for the child (``window_request``): the records it handed back
         held last time, if they start the window as they came back, stay in the child."""
         kept = held_prefix(records, self._held)
-        return window_request(records, now, flush_all, tail, inputs, committed=committed, kept=kept)
+        closes = {"committed": committed, "closed_through": closed_through}
+        return window_request(records, now, flush_all, tail, inputs, kept=kept, **closes)
 
     def pack(self, records: Sequence[ValidRecord]) -> bytes:
         """Records packed ahead of their window, for :meth:`prepare`'s ``tail``, with their
@@ -391,8 +397,10 @@ class EngineShards(ShardDraws):
         now: float,
         flush_all: bool = False,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> WindowResult:
-        return self.prepare(records, now=now, flush_all=flush_all, committed=committed)()
+        closes = {"committed": committed, "closed_through": closed_through}
+        return self.prepare(records, now=now, flush_all=flush_all, **closes)()
 
     def pack(self, records: Sequence[ValidRecord]) -> None:
         """Nothing is packed ahead: a window is routed to the shards when it is handed over."""
@@ -406,6 +414,7 @@ class EngineShards(ShardDraws):
         flush_all: bool = False,
         tail: PackedRecords | None = None,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> Callable[[], WindowResult]:
         """As :meth:`EngineProcess.prepare`: the shards' windows packed here, handed over and
         waited for by the call returned (``tail`` is always None: see :meth:`pack`)."""
@@ -413,7 +422,9 @@ class EngineShards(ShardDraws):
         windows = [[records[i] for i in idx] for idx in parts]
         # every shard gets every window, an empty one too: their risk sampling stays in step
         requests = [
-            shard.request(window, now, flush_all, committed=committed)
+            shard.request(
+                window, now, flush_all, committed=committed, closed_through=closed_through
+            )
             for shard, window in zip(self.shards, windows, strict=True)
         ]
         return functools.partial(self._protect_requests, records, parts, windows, requests)

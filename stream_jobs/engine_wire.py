@@ -103,17 +103,19 @@ def window_request(
     inputs: KeyedInputs | None = None,
     *,
     committed: Committed | None = None,
+    closed_through: int | None = None,
     kept: int = 0,
 ) -> tuple[Any, ...]:
     """The ``protect`` request of a window. ``kept``: its first records are the ones the child
     handed back held last time, in that order (:class:`HeldInChild`); only the others travel.
+    ``closed_through``: the newest wave an operator closed (``privgw wave close``).
     ``tail``: the window's last records, already packed."""
     if tail is None or not 0 < tail.count <= len(records) - kept:
         segments = [encode_window(records[kept:], inputs)] if len(records) > kept else []
-        return ("protect", segments, now, flush_all, committed, kept)
+        return ("protect", segments, now, flush_all, committed, closed_through, kept)
     head = records[kept : len(records) - tail.count]
     segments = [encode_window(head, inputs)] if head else []
-    return ("protect", [*segments, *tail.segments], now, flush_all, committed, kept)
+    return ("protect", [*segments, *tail.segments], now, flush_all, committed, closed_through, kept)
 
 
 def held_prefix(records: Sequence[ValidRecord], held: Sequence[ValidRecord]) -> int:

@@ -31,6 +31,7 @@ from stream_jobs.delivery import Forward
 from stream_jobs.dlq import DeadLetter, dead_letter
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.state_routing import StateRouting
+from stream_jobs.wave_control import WaveCloses, control_wave
 from stream_jobs.windows import WindowBuffer
 from stream_jobs.worker_stats import WorkerStats
 
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field is missing too
 _KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
 _WRONG_PARTITION = rejection(DLQReason.WRONG_PARTITION)  # its key's state lives elsewhere
+_BAD_CONTROL = rejection(DLQReason.BAD_CONTROL)
 
 
 async def seek_reset(consumer: Any, tp: TopicPartition, auto_offset_reset: str) -> None:
@@ -77,6 +79,7 @@ class Intake:
         self.dead: list[DeadLetter] = []
         # keyless records to re-key: (key, raw value, source partition, source offset)
         self.forward: list[Forward] = []
+        self.wave_closes = WaveCloses()  # operators' closes of panel waves
         key_field = policy.input.key_field
         self._key_is_id = key_field is not None and key_field == policy.input.respondent_id
         self._key_field = key_field
@@ -111,6 +114,8 @@ class Intake:
                 [] if self.routing is not None else None
             )
             for m in messages:
+                if m.headers and self._control(m, topic, partition, now):
+                    continue
                 res = validate(m.value, m.key)
                 if res.__class__ is Rejection:
                     self._reject(res, m, topic, partition, now)  # type: ignore[arg-type]
@@ -143,7 +148,23 @@ class Intake:
                 highwater = self.consumer.highwater(tp)
                 if highwater is not None:
                     stats.lag[(topic, partition)] = max(0, highwater - messages[-1].offset - 1)
-        stats.valid = stats.consumed - stats.dlq_total
+        stats.valid = stats.consumed - stats.dlq_total - stats.control
+
+    def _control(self, m: Any, topic: str, partition: int, now: float) -> bool:
+        """Whether ``m`` is an operator's control record (``stream_jobs.wave_control``): a
+        close is noted, one that cannot be read is dead-lettered."""
+        try:
+            wave = control_wave(m.headers, m.value)
+        except ValueError:
+            self._reject(_BAD_CONTROL, m, topic, partition, now)
+            return True
+        if wave is None:
+            return False
+        self.wave_closes.mark(topic, partition, wave)
+        self._buffer.consumed(topic, partition, m.offset, now)
+        self._stats.control += 1
+        log.info("wave %d closed by an operator on %s/%d", wave, topic, partition)
+        return True
 
     def _route(
         self,

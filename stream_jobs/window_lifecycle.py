@@ -74,6 +74,7 @@ class WindowEngine(Protocol):
         flush_all: bool = False,
         tail: PackedRecords | None = None,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> Callable[[], WindowResult]:
         """The window made ready on the event loop's thread; the call returned protects it on
         the engine's thread. ``tail``: its last records, as :meth:`pack` packed them."""
@@ -95,6 +96,7 @@ class ProtectsWindows(Protocol):
         now: float,
         flush_all: bool = False,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> WindowResult: ...
 
 
@@ -120,9 +122,15 @@ class InThread:
         flush_all: bool = False,
         tail: PackedRecords | None = None,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> Callable[[], WindowResult]:
         return functools.partial(
-            self.engine.protect_window, records, now=now, flush_all=flush_all, committed=committed
+            self.engine.protect_window,
+            records,
+            now=now,
+            flush_all=flush_all,
+            committed=committed,
+            closed_through=closed_through,
         )
 
 
@@ -297,7 +305,15 @@ class WindowLifecycle:
         for tp in self._owned():
             committed.setdefault(tp, -1)
         tail = PackedRecords(ahead.count, tuple(ahead.segments)) if ahead else None
-        return engine.prepare(records, now=now, flush_all=flush_all, tail=tail, committed=committed)
+        closed_through = self._intake.wave_closes.closed_through(self._owned())
+        return engine.prepare(
+            records,
+            now=now,
+            flush_all=flush_all,
+            tail=tail,
+            committed=committed,
+            closed_through=closed_through,
+        )
 
     async def protected(self, then: FlushReason | None = None) -> None:
         """Finish the window in the engine, if any: keep what it holds, then hand its outputs

@@ -28,6 +28,7 @@ class WorkerStats:
     commits: int = 0
     retries: int = 0  # re-sent windows and retried commits while the broker was away
     repartitioned: int = 0  # keyless input records forwarded, keyed, to the repartition topic
+    control: int = 0  # operators' control records read (stream_jobs.wave_control)
     flush_seconds: float = 0.0
     last_report: WindowReport | None = None
     measures: dict[str, float] = field(default_factory=dict)
@@ -53,5 +54,6 @@ class WorkerStats:
 
     @property
     def accounted(self) -> int:
-        """Consumed records whose fate is known: published, dead-lettered, held, forwarded."""
-        return self.published + self.dlq_total + self.held + self.repartitioned
+        """Consumed records whose fate is known: published, dead-lettered, held, forwarded, or
+        an operator's control record."""
+        return self.published + self.dlq_total + self.held + self.repartitioned + self.control

@@ -15,8 +15,8 @@ from gateway.grouping.mixed_microaggregation import (
     EditRule,
     QIKind,
     claim_columns,
-    mixed_centroids,
     embed,
+    mixed_centroids,
     mixed_microaggregate,
 )
 from gateway.grouping.refine import refine_groups

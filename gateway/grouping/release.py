@@ -60,6 +60,9 @@ class ReleaseClock:
     # wave -> (first arrival, first and last event time in seconds) of its records (a panel's
     # close grace: how long the next wave has been arriving)
     arrivals: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    # the newest wave an operator closed (``privgw wave close N``): it and every earlier wave
+    # are closed whatever the sources show
+    closed_through: int | None = None
 
     def own(self, sources: Iterable[Source], now: float) -> None:
         """Sources the caller reads (the worker's partitions), also those that sent nothing
@@ -120,10 +123,22 @@ class ReleaseClock:
             elif at < seen[0] or ev < seen[1] or ev > seen[2]:
                 spans[wave] = (min(at, seen[0]), min(ev, seen[1]), max(ev, seen[2]))
 
+    def close_through(self, wave: int) -> None:
+        """An operator closed ``wave``, and with it every earlier one (waves close in order)."""
+        if self.closed_through is None or wave > self.closed_through:
+            self.closed_through = wave
+
+    def _operator_closed(self, key: str) -> bool:
+        through = self.closed_through
+        return through is not None and is_wave(key) and int(key) <= through
+
     def closed_after(self, key: str, now: float, grace: float) -> bool:
         """Whether wave ``key`` is :meth:`closed` and a later wave's records have been arriving
         for ``grace`` seconds, by the worker's clock or by their own event times (a backlog
-        read at once spans its waves' real days: each closes as soon as it is read)."""
+        read at once spans its waves' real days: each closes as soon as it is read), or an
+        operator closed it."""
+        if self._operator_closed(key):
+            return True
         if not self.closed(key, now):
             return False
         if grace <= 0:
@@ -137,7 +152,9 @@ class ReleaseClock:
     def closed(self, key: str, now: float | None = None) -> bool:
         """Whether release ``key`` is a wave older than the newest one seen, that no source
         still sending (its last record less than ``quiet_after`` before ``now``) lags behind.
-        ``now`` None: the newest wave alone decides."""
+        ``now`` None: the newest wave alone decides. A wave an operator closed is closed."""
+        if self._operator_closed(key):
+            return True
         if self.newest is None or not key.lstrip("-").isdigit() or int(key) >= self.newest:
             return False
         if now is None:

@@ -142,3 +142,17 @@ def test_an_owned_partition_of_a_topic_no_record_came_from_holds_nothing_back() 
     clock.own([P1], now=0.4)  # a partition of a topic heard from: it may still send wave 1
     assert not clock.closed("1", now=0.5)
     assert clock.closed("1", now=2.4)
+
+
+def test_an_operator_close_closes_its_wave_and_the_earlier_ones_whatever_the_sources_show() -> (
+    None
+):
+    clock = ReleaseClock(quiet_after=2.0)
+    clock.see(["2", "3"], [P0, P1], [0.0, 0.0], [None, None])  # P1 still sends wave 3
+    assert not clock.closed("2", now=0.5) and not clock.closed_after("2", 0.5, grace=60.0)
+    clock.close_through(2)
+    clock.close_through(1)  # an older close after a newer one changes nothing
+    assert clock.closed("2", now=0.5) and clock.closed_after("2", 0.5, grace=60.0)
+    assert clock.closed("1", now=0.5) and clock.closed_after("1", 0.5, grace=60.0)
+    assert not clock.closed("3", now=0.5) and not clock.closed_after("3", 0.5, grace=60.0)
+    assert not clock.closed("w-window", now=0.5)  # window releases are no waves

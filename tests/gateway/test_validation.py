@@ -247,6 +247,13 @@ def test_wrong_partition_is_the_workers_reason() -> None:
     assert rej.field is None and rej.error_class == "ValueError"
 
 
+def test_bad_control_is_the_workers_reason() -> None:
+    """DLQReason.BAD_CONTROL is given by the worker: an operator's control record it cannot
+    read (tests/stream_jobs/test_panel_stream.py sends one)."""
+    rej = rejection(DLQReason.BAD_CONTROL)
+    assert rej.field is None and rej.error_class == "ValueError"
+
+
 def test_every_reason_is_exercised() -> None:
     """Guard: a new reason needs a test above."""
     src = Path(__file__).read_text()

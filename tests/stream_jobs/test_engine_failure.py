@@ -100,13 +100,19 @@ class PackingFailsOnWindow:
         flush_all: bool = False,
         tail: PackedRecords | None = None,
         committed: Committed | None = None,
+        closed_through: int | None = None,
     ) -> Callable[[], WindowResult]:
         self.calls += 1
         self.tails.append(tail is not None)
         if self.calls == self._n:
             raise ValueError("injected packing failure")
         return self._engine.prepare(
-            records, now=now, flush_all=flush_all, tail=tail, committed=committed
+            records,
+            now=now,
+            flush_all=flush_all,
+            tail=tail,
+            committed=committed,
+            closed_through=closed_through,
         )
 
 

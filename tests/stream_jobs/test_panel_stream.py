@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import signal
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +19,7 @@ import numpy as np
 import orjson
 import pytest
 import yaml
+from confluent_kafka import Producer
 from streamkit import (
     Message,
     Sent,
@@ -38,6 +41,7 @@ from gateway.keyed import Keyring
 from gateway.policy import Policy, parse_policy
 from stream_jobs.broker import EmbeddedBroker
 from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.wave_control import HEADER, WAVE_CLOSE
 
 pytestmark = pytest.mark.broker
 
@@ -229,3 +233,49 @@ def test_kill_9_during_a_backlog_loses_nothing_and_republishes_identically(
     rows = [orjson.loads(v) for v in first.values()]
     suppressed = sum(row[QIS[0]] is None for row in rows)
     assert suppressed <= 0.01 * len(rows), f"{suppressed} of {len(rows)} blanked"
+
+
+def test_an_operator_closes_a_wave_with_privgw_wave_close(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    """With a close grace and a wave maximum far beyond the test, wave 1 is decided only
+    because `privgw wave close 1` says so: its records come out, the next wave's records wait
+    for their own close, and a control record the worker cannot read is dead-lettered."""
+    policy = _policy(grace=600.0, max_wave=3600.0)
+    path = tmp_path / "panel.yaml"
+    path.write_text(yaml.safe_dump(policy.model_dump(mode="json", exclude_none=True)))
+    settings = settings_for(broker.bootstrap, unique_name, tmp_path)
+    topics = settings.topics(policy)
+    create_topics(policy, settings)
+    first, second = _waves(60, 2, skip=0.0, seed=5)
+    later = second[:10]  # wave 2 has begun: only wave 1 is to close
+    produce(broker.bootstrap, topics.input, first + later)
+    bad = Producer({"bootstrap.servers": broker.bootstrap})
+    bad.produce(topics.input, value=b'{"wave": "one"}', headers=[(HEADER, WAVE_CLOSE)])
+    assert bad.flush(10) == 0
+    worker = make_worker(policy, settings, secret_env)
+    total = len(first) + len(later) + 1
+
+    def close() -> None:
+        deadline = time.monotonic() + 60
+        while worker.stats.consumed < total:  # every record read, none decided
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert worker.stats.published == 0, "a wave closed before the operator said so"
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "wave", "close", "1", "--policy", str(path),
+             "--bootstrap", broker.bootstrap, "--input-topic", topics.input],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "wave 1 closed on 3 partitions" in done.stdout
+
+    def decided(w: Any) -> bool:
+        return w.stats.published >= len(first) and w.stats.held == len(later)
+
+    assert asyncio.run(run_until(worker, decided, during=close, timeout=120)) == 0
+    out = consume_all(broker.bootstrap, topics.output)
+    assert {orjson.loads(m.value or b"")["wave"] for m in out} == {1}
+    assert len({m.headers["record_id"] for m in out}) == len(first)
+    assert worker.stats.dlq == {"bad_control": 1}
+    assert worker.stats.control == 3  # one close a partition

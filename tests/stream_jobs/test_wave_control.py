@@ -1,0 +1,39 @@
+"""Reading operators' wave closes (stream_jobs.wave_control): which records are control
+records, and when a close holds for a worker's partitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream_jobs.wave_control import HEADER, WAVE_CLOSE, WaveCloses, control_wave
+
+CLOSE = [(HEADER, WAVE_CLOSE)]
+
+
+def test_only_records_with_the_control_header_are_control_records() -> None:
+    assert control_wave(None, b'{"wave": 1}') is None
+    assert control_wave([("record_id", b"x")], b'{"wave": 1}') is None
+    assert control_wave(CLOSE, b'{"wave": 7}') == 7
+
+
+@pytest.mark.parametrize(
+    "value", [b"", b"not json", b"[1]", b'{"wave": "1"}', b'{"wave": -1}', b'{"wave": true}']
+)
+def test_a_control_record_that_cannot_be_read_is_refused(value: bytes) -> None:
+    with pytest.raises(ValueError, match="wave"):
+        control_wave(CLOSE, value)
+    with pytest.raises(ValueError, match="unknown control record"):
+        control_wave([(HEADER, b"reboot")], b'{"wave": 1}')
+
+
+def test_a_close_holds_once_every_owned_partition_of_its_topic_has_shown_it() -> None:
+    closes = WaveCloses()
+    owned = [("in", 0), ("in", 1), ("in.repartition", 0)]
+    assert closes.closed_through(owned) is None
+    closes.mark("in", 0, 2)
+    assert closes.closed_through(owned) is None  # partition 1 may still carry wave 2
+    closes.mark("in", 1, 3)
+    assert closes.closed_through(owned) == 2  # the oldest close any partition has shown
+    closes.mark("in", 0, 1)  # an older close read again (a restart) changes nothing
+    assert closes.closed_through(owned) == 2
+    assert closes.closed_through([("in", 1)]) == 3  # partition 0 went to another worker
