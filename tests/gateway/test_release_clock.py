@@ -144,9 +144,7 @@ def test_an_owned_partition_of_a_topic_no_record_came_from_holds_nothing_back() 
     assert clock.closed("1", now=2.4)
 
 
-def test_an_operator_close_closes_its_wave_and_the_earlier_ones_whatever_the_sources_show() -> (
-    None
-):
+def test_an_operator_close_closes_its_wave_and_earlier_ones_whatever_the_sources_show() -> None:
     clock = ReleaseClock(quiet_after=2.0)
     clock.see(["2", "3"], [P0, P1], [0.0, 0.0], [None, None])  # P1 still sends wave 3
     assert not clock.closed("2", now=0.5) and not clock.closed_after("2", 0.5, grace=60.0)
