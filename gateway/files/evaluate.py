@@ -16,6 +16,7 @@ from gateway.files.fileio import (
     numeric_matrix,
     read_table,
 )
+from gateway.files.panel_weights import categorical_frames, published_weights, share_gaps
 from gateway.grouping.mixed_microaggregation import (
     QIKind,
     claim_columns,
@@ -233,16 +234,22 @@ def _weighted_and_frequency(
     if freq:
         out["frequency_risk"] = freq
     weight = policy.weight
-    if weight is not None and weight in orig.columns and numeric:
-        w = weights_of(orig, weight)
-        assert w is not None
-        estimates = release_risk.weighted_estimates(orig, prot, numeric, w)
+    w = weights_of(orig, weight) if weight is not None and weight in orig.columns else None
+    # a panel release's analysis weights stand for the sampling weights in the published file
+    w_pub = published_weights(prot, policy)
+    if w_pub is not None:
+        raw_t, pub_t = categorical_frames(policy, orig, prot)
+        out["weighted_shares"] = share_gaps(raw_t, pub_t, w, w_pub)
+    if (w is not None or w_pub is not None) and numeric:
+        w_orig = np.ones(len(orig)) if w is None else w
+        w_out = w_orig if w_pub is None else w_pub
+        estimates = release_risk.weighted_estimates(orig, prot, numeric, w_orig, w_out)
         for name, est in estimates.items():  # the SEs, over the same records
             x = pd.to_numeric(orig[name], errors="coerce").to_numpy(dtype=np.float64)
             y = pd.to_numeric(prot[name], errors="coerce").to_numpy(dtype=np.float64)
             ok = np.isfinite(x) & np.isfinite(y)
-            for label, v in (("original", x[ok]), ("published", y[ok])):
-                est[f"se_mean_{label}"] = weighted_mean_se(v, w[ok])
-                est[f"se_total_{label}"] = weighted_total_se(v, w[ok])
+            for label, v, wv in (("original", x[ok], w_orig[ok]), ("published", y[ok], w_out[ok])):
+                est[f"se_mean_{label}"] = weighted_mean_se(v, wv)
+                est[f"se_total_{label}"] = weighted_total_se(v, wv)
         out["weighted_estimates"] = estimates
     return out

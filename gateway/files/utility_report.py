@@ -21,14 +21,14 @@ import orjson
 import pandas as pd
 
 from gateway.files.fileio import read_table
-from gateway.files.report_changes import data_changes, text_column
+from gateway.files.panel_weights import categorical_frames, published_weights
+from gateway.files.report_changes import data_changes
 from gateway.files.report_html import PAGE, Page, cell, html_table
 from gateway.files.report_plots import Bars, correlation_plot, marginal_plot
 from gateway.measures.estimates import wls
 from gateway.measures.frequency_risk import weights_of
 from gateway.measures.published import mechanisms_from_meta, reconstruct_column
 from gateway.measures.reconstruction import Renormalised, renormalise
-from gateway.mechanisms import masking
 from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.policy import MISSING_LABEL, AttrType, Method, Policy, Role
 
@@ -37,8 +37,15 @@ MAX_TWO_WAY = 6  # categories shown per margin of the two-way table
 FLAG_SES = 2.0  # a published estimate further than this many SEs from the original is flagged
 
 
-def _shares(values: pd.Series, cats: Sequence[str]) -> np.ndarray:
-    counts = values.value_counts()
+def _shares(
+    values: pd.Series, cats: Sequence[str], weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Each category's share (weighted: a panel release's analysis weights)."""
+    if weights is None:
+        counts = values.value_counts()
+    else:
+        present = values.notna().to_numpy()
+        counts = pd.Series(weights[present]).groupby(values[present].to_numpy()).sum()
     total = counts.sum()
     return np.array([counts.get(c, 0) / total if total else np.nan for c in cats])
 
@@ -79,15 +86,21 @@ def _categories(raw: pd.Series, pub: pd.Series, mech: RRMechanism | None) -> lis
     return cats
 
 
-def _marginal_section(
-    page: Page, name: str, raw: pd.Series, pub: pd.Series, mech: RRMechanism | None
+def _marginal_section(  # noqa: PLR0917
+    page: Page,
+    name: str,
+    raw: pd.Series,
+    pub: pd.Series,
+    mech: RRMechanism | None,
+    weights: np.ndarray | None,
 ) -> str:
     all_cats = _categories(raw, pub, mech)
     rec = _em(name, mech, pub) if mech is not None else None
-    r, p = _shares(raw, all_cats), _shares(pub, all_cats)
+    r, p = _shares(raw, all_cats), _shares(pub, all_cats, weights)
     em = _em_values(rec, all_cats)
     rows = [[c, r[i], p[i], *(em[i] if mech is not None else [])] for i, c in enumerate(all_cats)]
-    header = ["category", "raw", "published", *_em_header(mech)]
+    published = "published" if weights is None else "published (weighted)"
+    header = ["category", "raw", published, *_em_header(mech)]
     cut = page.cut_table(
         name, MAX_CATEGORIES, len(all_cats), "categories", html_table(header, rows)
     )
@@ -199,7 +212,7 @@ def build_report(
         mechanisms = mechanisms_from_meta(orjson.loads(meta_file.read_bytes()))
     weight = policy.weight if policy.weight in orig.columns else None
     w = weights_of(orig, weight) if weight else None
-    raw_t, pub_t = _categorical_frames(policy, orig, prot)
+    raw_t, pub_t = categorical_frames(policy, orig, prot)
     changes = data_changes(policy, orig, prot, raw_t, pub_t, weights=w)
     page = Page()
     page.parts.extend(
@@ -212,7 +225,7 @@ def build_report(
                 [[c.attribute, c.what, c.records, c.of, c.share] for c in changes],
                 "changes",
             ),
-            *_marginal_parts(page, raw_t, pub_t, mechanisms),
+            *_marginal_parts(page, raw_t, pub_t, mechanisms, published_weights(prot, policy)),
             *_numeric_parts(policy, orig, prot, w),
             *_weighted_parts(result),
         ]
@@ -328,38 +341,20 @@ def _summary_table(result: Mapping[str, Any], policy: Policy, records: int) -> s
     )
 
 
-def _categorical_frames(
-    policy: Policy, orig: pd.DataFrame, prot: pd.DataFrame
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The published categorical attributes as text (None for missing), the original at the
-    published level (generalized where the policy generalizes)."""
-    tokens = set(policy.input.missing_tokens)
-    categorical = [
-        n
-        for n, a in policy.attributes.items()
-        if a.type is AttrType.CATEGORICAL
-        and a.method is not Method.DROP
-        and a.role in (Role.QUASI_IDENTIFIER, Role.SENSITIVE)
-        and n in orig.columns
-        and n in prot.columns
-    ]
-    raw_t = pd.DataFrame({n: text_column(orig[n], tokens) for n in categorical})
-    for n in categorical:
-        hierarchy = policy.attributes[n].hierarchy
-        if policy.attributes[n].method is Method.GENERALIZE and hierarchy is not None:
-            raw_t[n] = masking.generalize(raw_t[n].tolist(), hierarchy)
-    pub_t = pd.DataFrame({n: text_column(prot[n], tokens) for n in categorical})
-    return raw_t, pub_t
-
-
 def _marginal_parts(
-    page: Page, raw_t: pd.DataFrame, pub_t: pd.DataFrame, mechanisms: Mapping[str, RRMechanism]
+    page: Page,
+    raw_t: pd.DataFrame,
+    pub_t: pd.DataFrame,
+    mechanisms: Mapping[str, RRMechanism],
+    weights: np.ndarray | None,
 ) -> list[str]:
     """Each categorical attribute's marginal (raw, published, reconstructed) and one two-way
     table of a randomized attribute within a plain one."""
     parts = ["<h2>Marginals: raw, published, reconstructed</h2>"]
     for name in raw_t.columns:
-        parts.append(_marginal_section(page, name, raw_t[name], pub_t[name], mechanisms.get(name)))
+        parts.append(
+            _marginal_section(page, name, raw_t[name], pub_t[name], mechanisms.get(name), weights)
+        )
     randomized = [n for n in raw_t.columns if n in mechanisms]
     plain = [n for n in raw_t.columns if n not in mechanisms]
     if randomized and plain:

@@ -77,10 +77,15 @@ def release_risk(orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy) -> dict
 
 
 def weighted_estimates(
-    orig: pd.DataFrame, prot: pd.DataFrame, columns: Sequence[str], weights: np.ndarray
+    orig: pd.DataFrame,
+    prot: pd.DataFrame,
+    columns: Sequence[str],
+    weights: np.ndarray,
+    published_weights: np.ndarray | None = None,
 ) -> dict[str, dict[str, float]]:
     """Weighted mean and total (Horvitz-Thompson: Σ w·x) of each numeric column, original and
-    published, over the records where both have a value."""
+    published, over the records where both have a value. ``published_weights``: the
+    release's own (a panel's analysis weights), else ``weights`` for both."""
     out: dict[str, dict[str, float]] = {}
     for name in columns:
         x = pd.to_numeric(orig[name], errors="coerce").to_numpy(dtype=np.float64)
@@ -89,13 +94,14 @@ def weighted_estimates(
         if not ok.any():
             continue
         w = weights[ok]
-        tx, ty = math.fsum(w * x[ok]), math.fsum(w * y[ok])
-        tw = math.fsum(w)
+        wp = w if published_weights is None else published_weights[ok]
+        tx, ty = math.fsum(w * x[ok]), math.fsum(wp * y[ok])
+        tw, twp = math.fsum(w), math.fsum(wp)
         out[name] = {
             "total_original": tx,
             "total_published": ty,
             "mean_original": tx / tw,
-            "mean_published": ty / tw,
+            "mean_published": ty / twp,
             "relative_change_of_mean": (ty - tx) / abs(tx) if tx else float("nan"),
         }
     return out
