@@ -317,8 +317,8 @@ def _publish(
         return _Published(class_of_row, [], [], {}, np.zeros(0, dtype=np.int64))
     rows = [r for c in cohorts for r in members[c]]
     labels = np.repeat(np.arange(len(cohorts)), [len(members[c]) for c in cohorts])
-    width = len(rules.numeric)
-    cols = [[roster.carried[r][0][j] for r in rows] for j in range(width)]
+    # the claim rows as columns, built once (zip: in C) for the centroids and the raking
+    cols = [list(col) for col in zip(*(roster.carried[r][0] for r in rows), strict=True)]
     tuples = centroids(cols, labels)
     # one class per distinct published tuple (two cohorts publishing the same are one class)
     class_index: dict[tuple[Any, ...], int] = {}
@@ -333,7 +333,7 @@ def _publish(
             roster.linked[r] = roster.linked[r] & group if roster.linked[r] else set(group)
     sizes = np.bincount(class_of_row[rows], minlength=len(classes))
     weights, measures = _weights(
-        roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules
+        roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules, cols=cols
     )
     linked = [len(roster.linked[r]) for r in rows]
     measures["linked_records"] = float(len(linked))
@@ -351,6 +351,7 @@ def _weights(
     *,
     class_sizes: NDArray[np.int64],
     rules: PanelRules,
+    cols: list[list[Any]],
 ) -> tuple[list[float], dict[str, float]]:
     """Raked weights per class, and what they achieve."""
     cls = class_of_row[rows]
@@ -363,7 +364,7 @@ def _weights(
     for j, is_num in enumerate(rules.numeric):
         if is_num:
             continue
-        current = [roster.carried[r][0][j] for r in rows]
+        current = cols[j]
         # a missing category is published as None
         published = [MISSING_LABEL if t[j] is None else t[j] for t in classes]
         code: dict[object, int] = {}
@@ -392,13 +393,15 @@ def _stale(
 ) -> float:
     """Share of present respondents whose published categories differ from their current."""
     n = stale = 0
+    class_of = out.class_of_row.tolist()
+    # each class's published categories, split once
+    published = [
+        split_row([MISSING_LABEL if v is None else v for v in t], numeric) for t in out.tuples
+    ]
     for i, r in enumerate(rows_of):
-        if r is None or out.class_of_row[r] < 0:
+        if r is None or class_of[r] < 0:
             continue
         n += 1
-        published = [
-            MISSING_LABEL if v is None else v for v in out.tuples[int(out.class_of_row[r])]
-        ]
-        if split_row(published, numeric) != split_row(present.rows[i], numeric):
+        if published[class_of[r]] != split_row(present.rows[i], numeric):
             stale += 1
     return stale / n if n else 0.0

@@ -138,11 +138,14 @@ class Roster:
 
     def members(self) -> dict[int, list[int]]:
         """Active rows by cohort, in row order."""
-        out: dict[int, list[int]] = {}
-        for row, (c, on) in enumerate(zip(self.cohort, self.active, strict=True)):
-            if on:
-                out.setdefault(c, []).append(row)
-        return out
+        rows = np.flatnonzero(np.asarray(self.active, dtype=np.bool_))
+        if not rows.size:
+            return {}
+        of = np.asarray(self.cohort, dtype=np.int64)[rows]
+        cohorts, first, counts = np.unique(of, return_index=True, return_counts=True)
+        # each cohort's rows in row order (a stable sort), the cohorts in order of first row
+        groups = np.split(rows[np.argsort(of, kind="stable")], np.cumsum(counts)[:-1])
+        return {int(cohorts[u]): groups[u].tolist() for u in np.argsort(first, kind="stable")}
 
     # -- bytes ------------------------------------------------------------------------------
     def encode(self, sealer: Sealer, context: bytes) -> bytes:
