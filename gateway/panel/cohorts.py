@@ -324,9 +324,7 @@ def _publish(
     class_index: dict[tuple[Any, ...], int] = {}
     cohort_class = [class_index.setdefault(tuple(t), len(class_index)) for t in tuples]
     classes = [list(t) for t in class_index]
-    for c, cls in zip(cohorts, cohort_class, strict=True):
-        for r in members[c]:
-            class_of_row[r] = cls
+    class_of_row[rows] = np.asarray(cohort_class, dtype=np.int32)[labels]
     for c in cohorts:
         group = set(members[c])
         for r in members[c]:

@@ -144,8 +144,13 @@ class Roster:
         of = np.asarray(self.cohort, dtype=np.int64)[rows]
         cohorts, first, counts = np.unique(of, return_index=True, return_counts=True)
         # each cohort's rows in row order (a stable sort), the cohorts in order of first row
-        groups = np.split(rows[np.argsort(of, kind="stable")], np.cumsum(counts)[:-1])
-        return {int(cohorts[u]): groups[u].tolist() for u in np.argsort(first, kind="stable")}
+        ordered = rows[np.argsort(of, kind="stable")].tolist()
+        ends = np.cumsum(counts).tolist()
+        starts = [0, *ends[:-1]]
+        ids = cohorts.tolist()
+        return {
+            ids[u]: ordered[starts[u] : ends[u]] for u in np.argsort(first, kind="stable").tolist()
+        }
 
     # -- bytes ------------------------------------------------------------------------------
     def encode(self, sealer: Sealer, context: bytes) -> bytes:

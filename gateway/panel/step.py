@@ -280,8 +280,11 @@ class PanelStep:
     def _carry(self, pw: PanelWindow, rows: list[int]) -> list[dict[str, Any]]:
         """What each respondent at ``rows`` is carried forward with, should it be absent."""
         names = [n for n in self._carried if n in pw.columns]
-        cols = [pw.columns[n] for n in names]
-        out = [dict(zip(names, [col[i] for col in cols], strict=True)) for i in rows]
+        # gathered column by column, then one dict per respondent from a row of the zip
+        gathered = [[col[i] for i in rows] for col in (pw.columns[n] for n in names)]
+        out = [dict(zip(names, row, strict=True)) for row in zip(*gathered, strict=True)]
+        if not names:
+            out = [{} for _ in rows]
         if self._pseudonym is not None:
             for values, i in zip(out, rows, strict=True):
                 rid = pw.records[i].respondent_id
