@@ -46,7 +46,6 @@ embedding is skipped and ``mdav_groups`` standardises exactly as sdcMicro does).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum

@@ -52,6 +52,11 @@ def split_row(row: Sequence[object], numeric: Sequence[bool]) -> Combo:
     return _nominal(tuple(numeric))(row)
 
 
+def nominal_of(numeric: Sequence[bool]) -> Callable[[Sequence[object]], Combo]:
+    """:func:`split_row` for these columns, as one function (looked up once for many rows)."""
+    return _nominal(tuple(numeric))
+
+
 @functools.cache
 def _nominal(numeric: tuple[bool, ...]) -> Callable[[Sequence[object]], Combo]:
     """A function taking a claim row's nominal part (itemgetter: in C, for every record)."""

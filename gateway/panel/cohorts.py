@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.panel.ageing import Transitions, split_row, with_combo
+from gateway.panel.ageing import Transitions, nominal_of, with_combo
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
 from gateway.policy import MISSING_LABEL
@@ -93,6 +93,7 @@ def decide_wave(
     numeric = rules.numeric
     rows_of = [roster.row_of(key) for key in present.keys]
     transitions = Transitions()
+    nominal = nominal_of(numeric)
     returned = 0
     for row, claim, carry, sw in zip(
         rows_of, present.rows, present.carry, present.sampling, strict=True
@@ -101,7 +102,7 @@ def decide_wave(
             continue
         last = roster.carried[row]
         if roster.seen[row] == wave - 1 and int(last[3]) == wave - 1:
-            transitions.observe(split_row(last[0], numeric), split_row(claim, numeric))
+            transitions.observe(nominal(last[0]), nominal(claim))
         returned += not roster.active[row]
         roster.active[row] = True
         roster.streak[row] = 0
@@ -161,7 +162,8 @@ def _age(
     if not absent:
         return
     draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
-    last = [split_row(roster.carried[r][0], numeric) for r in absent]
+    nominal = nominal_of(numeric)
+    last = [nominal(roster.carried[r][0]) for r in absent]
     for r, combo in zip(absent, transitions.age(last, draws), strict=True):
         roster.streak[r] += 1
         carried = roster.carried[r]
@@ -365,12 +367,11 @@ def _weights(
         current = cols[j]
         # a missing category is published as None
         published = [MISSING_LABEL if t[j] is None else t[j] for t in classes]
-        code: dict[object, int] = {}
-        for v in (*published, *current):
-            code.setdefault(v, len(code))
+        # codes in order of first appearance (dict.fromkeys and map: in C)
+        code = {v: i for i, v in enumerate(dict.fromkeys((*published, *current)))}
         margins.append(np.asarray([code[v] for v in published], dtype=np.int64))
         counted: NDArray[np.float64] = np.bincount(
-            np.asarray([code[v] for v in current], dtype=np.int64),
+            np.fromiter(map(code.__getitem__, current), dtype=np.int64, count=len(current)),
             weights=sw,
             minlength=len(code),
         ).astype(np.float64)
@@ -391,15 +392,14 @@ def _stale(
 ) -> float:
     """Share of present respondents whose published categories differ from their current."""
     n = stale = 0
+    nominal = nominal_of(numeric)
     class_of = out.class_of_row.tolist()
     # each class's published categories, split once
-    published = [
-        split_row([MISSING_LABEL if v is None else v for v in t], numeric) for t in out.tuples
-    ]
+    published = [nominal([MISSING_LABEL if v is None else v for v in t]) for t in out.tuples]
     for i, r in enumerate(rows_of):
         if r is None or class_of[r] < 0:
             continue
         n += 1
-        if published[class_of[r]] != split_row(present.rows[i], numeric):
+        if published[class_of[r]] != nominal(present.rows[i]):
             stale += 1
     return stale / n if n else 0.0
