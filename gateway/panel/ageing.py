@@ -30,8 +30,16 @@ class Transitions:
 
     def freeze(self) -> None:
         """A canonical order per previous tuple, so a draw picks the same donor on a replay."""
+        reprs: dict[Combo, str] = {}  # a few distinct tuples among many moves: repr'd once
+
+        def canonical(combo: Combo) -> str:
+            text = reprs.get(combo)
+            if text is None:
+                text = reprs[combo] = repr(combo)
+            return text
+
         for before, after in self.donors.items():
-            after.sort(key=repr)
+            after.sort(key=canonical)
             self.donors[before] = after
 
     @property

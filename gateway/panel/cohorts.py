@@ -91,7 +91,7 @@ def decide_wave(
 ) -> WaveOutcome:
     """Decide ``wave`` and update ``roster`` in place."""
     numeric = rules.numeric
-    rows_of = [roster.row_of(key) for key in present.keys]
+    rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
     nominal = nominal_of(numeric)
     returned = 0

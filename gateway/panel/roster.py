@@ -112,6 +112,11 @@ class Roster:
             self._index = {k: i for i, k in enumerate(self.keys)}
         return self._index.get(key)
 
+    def rows_of(self, keys: list[bytes]) -> list[int | None]:
+        """:meth:`row_of` of each key."""
+        self.row_of(b"")  # the index, built if stale
+        return list(map(self._index.get, keys))
+
     def add(self, key: bytes, cohort: int, wave: int, carried: list[Any]) -> int:
         row = len(self.keys)
         self.keys.append(key)

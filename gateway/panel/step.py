@@ -296,9 +296,9 @@ class PanelStep:
         col = pw.columns.get(self._sampling) if self._sampling is not None else None
         if col is None:
             return [1.0] * len(rows)
+        number = (int, float)  # (``int | float`` in the loop would build a union per record)
         return [
-            float(v) if isinstance(v, int | float) and v > 0 else 1.0
-            for v in (col[i] for i in rows)
+            float(v) if isinstance(v, number) and v > 0 else 1.0 for v in (col[i] for i in rows)
         ]
 
     # -- replaying the last wave --------------------------------------------------------
