@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -319,8 +320,10 @@ def _publish(
         return _Published(class_of_row, [], [], {}, np.zeros(0, dtype=np.int64))
     rows = [r for c in cohorts for r in members[c]]
     labels = np.repeat(np.arange(len(cohorts)), [len(members[c]) for c in cohorts])
-    # the claim rows as columns, built once (zip: in C) for the centroids and the raking
-    cols = [list(col) for col in zip(*(roster.carried[r][0] for r in rows), strict=True)]
+    # the claim rows as columns, built once (zip: in C) for the centroids and the raking; the
+    # claim's own columns only, as indexing them by position did
+    claims = zip(*(roster.carried[r][0] for r in rows), strict=False)
+    cols = [list(col) for col in itertools.islice(claims, len(rules.numeric))]
     tuples = centroids(cols, labels)
     # one class per distinct published tuple (two cohorts publishing the same are one class)
     class_index: dict[tuple[Any, ...], int] = {}
