@@ -98,14 +98,17 @@ def record_ids_at(records: Sequence[ValidRecord], positions: Sequence[int]) -> l
     """:func:`record_ids` of the records at ``positions`` (their positions in ``records``)."""
     out = []
     for i in positions:
-        src = records[i].source
-        out.append(src.record_id if src else f"row/{i}")
+        s = records[i].source  # SourceRef.record_id, inlined: once per record of a window
+        out.append(f"{s.topic}/{s.partition}/{s.offset}" if s else f"row/{i}")
     return out
 
 
 def record_ids(records: Sequence[ValidRecord]) -> list[str]:
     """Each record's id: its input position, or its index in the window without one."""
-    return [r.source.record_id if r.source else f"row/{i}" for i, r in enumerate(records)]
+    return [
+        f"{s.topic}/{s.partition}/{s.offset}" if (s := r.source) else f"row/{i}"
+        for i, r in enumerate(records)
+    ]
 
 
 Columns = Mapping[str, Sequence[Any]]
@@ -211,7 +214,9 @@ def window_id_from(
     """:func:`window_id` from the record ids at hand: ``parts`` are (positions, their
     :func:`record_ids`), covering the window between them (a window with parked records: the
     parking keeps their ids, so they are not built again for every window they wait)."""
-    if None in map(_SOURCE, records):  # window_id names those by position alone
+    # a record without a source (a SourceRef is never empty, so never false): window_id
+    # names those by position alone (all(): truth tests, cheaper than == None per record)
+    if not all(map(_SOURCE, records)):
         return window_id(records)
     ids = [""] * len(records)
     for positions, rids in parts:

@@ -45,6 +45,7 @@ embedding is skipped and ``mdav_groups`` standardises exactly as sdcMicro does).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -283,9 +284,7 @@ def _joint_modes(
     attributes of the members sharing its value), ties to the more frequent combination, then
     to the one whose codes come first; never one an edit rule forbids, unless every member's
     is — then the attributes of the rules it breaks are suppressed (None)."""
-    rows = np.column_stack(codes)
-    combos, combo_of = np.unique(rows, axis=0, return_inverse=True)  # sorted: ties by code
-    combo_of = combo_of.reshape(-1)
+    combos, combo_of = _combinations(columns, codes)  # sorted: ties by code
     u = combos.shape[0]
     pairs, counts = np.unique(lab * u + combo_of, return_counts=True)
     group, combo = pairs // u, pairs % u
@@ -316,6 +315,28 @@ def _joint_modes(
                     for i in members:
                         out[j][i] = None
     return out
+
+
+def _combinations(
+    columns: Sequence[QIColumn], codes: Sequence[NDArray[np.int64]]
+) -> tuple[NDArray[np.int64], NDArray[np.intp]]:
+    """The distinct rows of category codes, in lexicographic order, and each record's: one
+    mixed-radix integer per record (its order is the rows' lexicographic order) makes this a
+    one-dimensional unique, several times faster than ``np.unique(rows, axis=0)``."""
+    radix = [len(col.categories) for col in columns]
+    if math.prod(radix) >= 2**62:  # a code would overflow: the rows themselves
+        combos, combo_of = np.unique(np.column_stack(codes), axis=0, return_inverse=True)
+        return combos, combo_of.reshape(-1)
+    code = np.zeros(codes[0].shape, dtype=np.int64)
+    for c, m in zip(codes, radix, strict=True):
+        code *= m
+        code += c
+    distinct, combo_of = np.unique(code, return_inverse=True)
+    combos = np.empty((distinct.size, len(radix)), dtype=np.int64)
+    for j in range(len(radix) - 1, -1, -1):
+        combos[:, j] = distinct % radix[j]
+        distinct = distinct // radix[j]
+    return combos, combo_of.reshape(-1)
 
 
 def _banned(

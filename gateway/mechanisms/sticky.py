@@ -59,13 +59,27 @@ def store_drawn(
     """Remember each respondent's fresh publication of a value (by its digest), so that the
     same value republishes it: ``[value, version]`` with a mechanism version (randomized
     response's matrix), else the value."""
-    states, touched = view.states, view.touched
+    states = view.states
+    # one look-up of the respondent's map per key (inlined: this runs once per fresh draw)
+    maps: dict[bytes, dict[str, Any]] = {}
     for i, value in zip(fresh, drawn, strict=True):
         key = keys[i]
-        if key is not None:
-            stored = value if version is None else [value, version]
-            stored_map(states, key, kind, name)[digests[i][1]] = stored
-            touched.add(key)
+        if key is None:
+            continue
+        values = maps.get(key)
+        if values is None:
+            state = states.get(key)
+            if state is None:
+                state = states[key] = {}
+            by_name = state.get(kind)
+            if by_name is None:
+                by_name = state[kind] = {}
+            values = by_name.get(name)
+            if values is None:
+                values = by_name[name] = {}
+            maps[key] = values
+        values[digests[i][1]] = value if version is None else [value, version]
+    view.touched.update(maps)
 
 
 def stored_map(

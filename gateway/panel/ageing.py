@@ -30,8 +30,16 @@ class Transitions:
 
     def freeze(self) -> None:
         """A canonical order per previous tuple, so a draw picks the same donor on a replay."""
+        reprs: dict[Combo, str] = {}  # a few distinct tuples among many moves: repr'd once
+
+        def canonical(combo: Combo) -> str:
+            text = reprs.get(combo)
+            if text is None:
+                text = reprs[combo] = repr(combo)
+            return text
+
         for before, after in self.donors.items():
-            after.sort(key=repr)
+            after.sort(key=canonical)
             self.donors[before] = after
 
     @property
@@ -50,6 +58,11 @@ class Transitions:
 def split_row(row: Sequence[object], numeric: Sequence[bool]) -> Combo:
     """The nominal part of a claim row."""
     return _nominal(tuple(numeric))(row)
+
+
+def nominal_of(numeric: Sequence[bool]) -> Callable[[Sequence[object]], Combo]:
+    """:func:`split_row` for these columns, as one function (looked up once for many rows)."""
+    return _nominal(tuple(numeric))
 
 
 @functools.cache

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.panel.ageing import Transitions, split_row, with_combo
+from gateway.panel.ageing import Transitions, nominal_of, with_combo
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
 from gateway.policy import MISSING_LABEL
@@ -91,8 +92,9 @@ def decide_wave(
 ) -> WaveOutcome:
     """Decide ``wave`` and update ``roster`` in place."""
     numeric = rules.numeric
-    rows_of = [roster.row_of(key) for key in present.keys]
+    rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
+    nominal = nominal_of(numeric)
     returned = 0
     for row, claim, carry, sw in zip(
         rows_of, present.rows, present.carry, present.sampling, strict=True
@@ -101,7 +103,7 @@ def decide_wave(
             continue
         last = roster.carried[row]
         if roster.seen[row] == wave - 1 and int(last[3]) == wave - 1:
-            transitions.observe(split_row(last[0], numeric), split_row(claim, numeric))
+            transitions.observe(nominal(last[0]), nominal(claim))
         returned += not roster.active[row]
         roster.active[row] = True
         roster.streak[row] = 0
@@ -161,7 +163,8 @@ def _age(
     if not absent:
         return
     draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
-    last = [split_row(roster.carried[r][0], numeric) for r in absent]
+    nominal = nominal_of(numeric)
+    last = [nominal(roster.carried[r][0]) for r in absent]
     for r, combo in zip(absent, transitions.age(last, draws), strict=True):
         roster.streak[r] += 1
         carried = roster.carried[r]
@@ -317,23 +320,23 @@ def _publish(
         return _Published(class_of_row, [], [], {}, np.zeros(0, dtype=np.int64))
     rows = [r for c in cohorts for r in members[c]]
     labels = np.repeat(np.arange(len(cohorts)), [len(members[c]) for c in cohorts])
-    width = len(rules.numeric)
-    cols = [[roster.carried[r][0][j] for r in rows] for j in range(width)]
+    # the claim rows as columns, built once (zip: in C) for the centroids and the raking; the
+    # claim's own columns only, as indexing them by position did
+    claims = zip(*(roster.carried[r][0] for r in rows), strict=False)
+    cols = [list(col) for col in itertools.islice(claims, len(rules.numeric))]
     tuples = centroids(cols, labels)
     # one class per distinct published tuple (two cohorts publishing the same are one class)
     class_index: dict[tuple[Any, ...], int] = {}
     cohort_class = [class_index.setdefault(tuple(t), len(class_index)) for t in tuples]
     classes = [list(t) for t in class_index]
-    for c, cls in zip(cohorts, cohort_class, strict=True):
-        for r in members[c]:
-            class_of_row[r] = cls
+    class_of_row[rows] = np.asarray(cohort_class, dtype=np.int32)[labels]
     for c in cohorts:
         group = set(members[c])
         for r in members[c]:
             roster.linked[r] = roster.linked[r] & group if roster.linked[r] else set(group)
     sizes = np.bincount(class_of_row[rows], minlength=len(classes))
     weights, measures = _weights(
-        roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules
+        roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules, cols=cols
     )
     linked = [len(roster.linked[r]) for r in rows]
     measures["linked_records"] = float(len(linked))
@@ -351,6 +354,7 @@ def _weights(
     *,
     class_sizes: NDArray[np.int64],
     rules: PanelRules,
+    cols: list[list[Any]],
 ) -> tuple[list[float], dict[str, float]]:
     """Raked weights per class, and what they achieve."""
     cls = class_of_row[rows]
@@ -363,15 +367,14 @@ def _weights(
     for j, is_num in enumerate(rules.numeric):
         if is_num:
             continue
-        current = [roster.carried[r][0][j] for r in rows]
+        current = cols[j]
         # a missing category is published as None
         published = [MISSING_LABEL if t[j] is None else t[j] for t in classes]
-        code: dict[object, int] = {}
-        for v in (*published, *current):
-            code.setdefault(v, len(code))
+        # codes in order of first appearance (dict.fromkeys and map: in C)
+        code = {v: i for i, v in enumerate(dict.fromkeys((*published, *current)))}
         margins.append(np.asarray([code[v] for v in published], dtype=np.int64))
         counted: NDArray[np.float64] = np.bincount(
-            np.asarray([code[v] for v in current], dtype=np.int64),
+            np.fromiter(map(code.__getitem__, current), dtype=np.int64, count=len(current)),
             weights=sw,
             minlength=len(code),
         ).astype(np.float64)
@@ -392,13 +395,14 @@ def _stale(
 ) -> float:
     """Share of present respondents whose published categories differ from their current."""
     n = stale = 0
+    nominal = nominal_of(numeric)
+    class_of = out.class_of_row.tolist()
+    # each class's published categories, split once
+    published = [nominal([MISSING_LABEL if v is None else v for v in t]) for t in out.tuples]
     for i, r in enumerate(rows_of):
-        if r is None or out.class_of_row[r] < 0:
+        if r is None or class_of[r] < 0:
             continue
         n += 1
-        published = [
-            MISSING_LABEL if v is None else v for v in out.tuples[int(out.class_of_row[r])]
-        ]
-        if split_row(published, numeric) != split_row(present.rows[i], numeric):
+        if published[class_of[r]] != nominal(present.rows[i]):
             stale += 1
     return stale / n if n else 0.0

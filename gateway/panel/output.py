@@ -20,6 +20,11 @@ def wave_of(value: Any) -> int | None:
     return int(value) if math.isfinite(value) else None
 
 
+def waves_of(values: Sequence[Any]) -> list[int | None]:
+    """:func:`wave_of` of each value (a plain int, the common case, taken as it is)."""
+    return [v if type(v) is int else wave_of(v) for v in values]
+
+
 def assembled(
     out: Output,
     pub_idx: list[int],
@@ -54,7 +59,8 @@ def assembled(
     if wave_name not in names:
         return names, cols, pub_rids, flags, respondents, keys
     wave_at = names.index(wave_name)
-    order = sorted(range(len(pub_rids)), key=lambda at: wave_of(cols[wave_at][at]) or -1)
+    waves = [w or -1 for w in waves_of(cols[wave_at])]
+    order = sorted(range(len(pub_rids)), key=waves.__getitem__)
     return (
         names,
         [[col[at] for at in order] for col in cols],

@@ -112,6 +112,11 @@ class Roster:
             self._index = {k: i for i, k in enumerate(self.keys)}
         return self._index.get(key)
 
+    def rows_of(self, keys: list[bytes]) -> list[int | None]:
+        """:meth:`row_of` of each key."""
+        self.row_of(b"")  # the index, built if stale
+        return list(map(self._index.get, keys))
+
     def add(self, key: bytes, cohort: int, wave: int, carried: list[Any]) -> int:
         row = len(self.keys)
         self.keys.append(key)
@@ -138,11 +143,19 @@ class Roster:
 
     def members(self) -> dict[int, list[int]]:
         """Active rows by cohort, in row order."""
-        out: dict[int, list[int]] = {}
-        for row, (c, on) in enumerate(zip(self.cohort, self.active, strict=True)):
-            if on:
-                out.setdefault(c, []).append(row)
-        return out
+        rows = np.flatnonzero(np.asarray(self.active, dtype=np.bool_))
+        if not rows.size:
+            return {}
+        of = np.asarray(self.cohort, dtype=np.int64)[rows]
+        cohorts, first, counts = np.unique(of, return_index=True, return_counts=True)
+        # each cohort's rows in row order (a stable sort), the cohorts in order of first row
+        ordered = rows[np.argsort(of, kind="stable")].tolist()
+        ends = np.cumsum(counts).tolist()
+        starts = [0, *ends[:-1]]
+        ids = cohorts.tolist()
+        return {
+            ids[u]: ordered[starts[u] : ends[u]] for u in np.argsort(first, kind="stable").tolist()
+        }
 
     # -- bytes ------------------------------------------------------------------------------
     def encode(self, sealer: Sealer, context: bytes) -> bytes:

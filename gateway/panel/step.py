@@ -33,7 +33,7 @@ from gateway.keyed import Keyring
 from gateway.keyed_inputs import KeyedInputs
 from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
-from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, wave_of
+from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
 from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
 from gateway.policy import Policy, RepublicationMode, Role
 from gateway.records import (
@@ -72,6 +72,12 @@ def panel_record_id(key: bytes, wave: int, repeat: int = 0) -> str:
     the same for a replay and unlinkable across waves without the secret."""
     digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
     return f"{wave}-{digest}" if repeat == 0 else f"{wave}-{digest}-{repeat}"
+
+
+def panel_record_ids(keys: Sequence[bytes], wave: int) -> list[str]:
+    """:func:`panel_record_id` of each key in ``wave`` (first records: no repeat)."""
+    tail, head, sha = b"\x00" + str(wave).encode(), f"{wave}-", hashlib.sha256
+    return [head + sha(key + tail).hexdigest()[:24] for key in keys]
 
 
 def panel_step(
@@ -159,7 +165,7 @@ class PanelStep:
             )
         ]
         rows = [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in range(n)]
-        waves = [wave_of(v) for v in pw.columns.get(self.wave, [None] * n)]
+        waves = waves_of(pw.columns.get(self.wave, [None] * n))
         plan = _Plan()
         rosters: dict[int | None, Roster] = {}
         for (scope, wave), idx in _batches(pw, waves, plan):
@@ -250,8 +256,9 @@ class PanelStep:
         out: WaveOutcome,
         plan: _Plan,
     ) -> None:
-        for i, cls in zip(lead, out.present_class, strict=True):
-            plan.ids[i] = self._id(pw, i, wave)
+        lead_ids = panel_record_ids([pw.rkeys[i] for i in lead], wave)  # type: ignore[misc]
+        for i, cls, rid in zip(lead, out.present_class, lead_ids, strict=True):
+            plan.ids[i] = rid
             if cls < 0:
                 plan.suppressed.append(i)
             else:
@@ -262,8 +269,8 @@ class PanelStep:
                 plan.tuples[i], plan.weights[i] = plan.tuples[f], plan.weights[f]
             else:
                 plan.suppressed.append(i)
-        for row, cls in zip(out.imputed_rows, out.imputed_class, strict=True):
-            rid = panel_record_id(roster.keys[row], wave)
+        imputed_ids = panel_record_ids([roster.keys[row] for row in out.imputed_rows], wave)
+        for row, cls, rid in zip(out.imputed_rows, out.imputed_class, imputed_ids, strict=True):
             plan.imputed.append(Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid))
         roster.decided(Outcome(wave, out.class_of_row, out.tuples, out.weights))
         plan.classes.extend(out.sizes)
@@ -273,8 +280,11 @@ class PanelStep:
     def _carry(self, pw: PanelWindow, rows: list[int]) -> list[dict[str, Any]]:
         """What each respondent at ``rows`` is carried forward with, should it be absent."""
         names = [n for n in self._carried if n in pw.columns]
-        cols = [pw.columns[n] for n in names]
-        out = [dict(zip(names, [col[i] for col in cols], strict=True)) for i in rows]
+        # gathered column by column, then one dict per respondent from a row of the zip
+        gathered = [[col[i] for i in rows] for col in (pw.columns[n] for n in names)]
+        out = [dict(zip(names, row, strict=True)) for row in zip(*gathered, strict=True)]
+        if not names:
+            out = [{} for _ in rows]
         if self._pseudonym is not None:
             for values, i in zip(out, rows, strict=True):
                 rid = pw.records[i].respondent_id
@@ -286,9 +296,9 @@ class PanelStep:
         col = pw.columns.get(self._sampling) if self._sampling is not None else None
         if col is None:
             return [1.0] * len(rows)
+        number = (int, float)  # (``int | float`` in the loop would build a union per record)
         return [
-            float(v) if isinstance(v, int | float) and v > 0 else 1.0
-            for v in (col[i] for i in rows)
+            float(v) if isinstance(v, number) and v > 0 else 1.0 for v in (col[i] for i in rows)
         ]
 
     # -- replaying the last wave --------------------------------------------------------
