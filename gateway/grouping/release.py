@@ -13,6 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
 
 from gateway.grouping.registry import is_wave
 
@@ -84,44 +89,57 @@ class ReleaseClock:
         """The release keys of records; with their sources and arrival times, each source's
         progress too; with their event times (seconds, None: unknown), how long each wave has
         been arriving."""
-        wave_of = {key: int(key) for key in set(keys) if is_wave(key)}  # a few distinct keys
-        if wave_of and (self.newest is None or max(wave_of.values()) > self.newest):
-            self.newest = max(wave_of.values())
-        if sources is None or arrived is None:
+        # by column: a window has a few distinct keys and sources, and many records
+        codes, distinct = pd.factorize(pd.Series(keys, dtype=object), use_na_sentinel=False)
+        wave_at = np.array([int(k) if is_wave(k) else -1 for k in distinct], dtype=np.int64)
+        if (wave_at >= 0).any():
+            top = int(wave_at.max())
+            if self.newest is None or top > self.newest:
+                self.newest = top
+        if sources is None or arrived is None or not len(keys):
             return
+        waves = wave_at[codes]
+        valid = waves >= 0
+        if not valid.any():
+            return
+        at = np.asarray(arrived, dtype=np.float64)
         if events is not None:
-            self._arrivals(keys, wave_of, arrived, events)
+            ev = pd.Series(cast(Any, events), dtype=np.float64).to_numpy()  # None: NaN
+            self._arrivals(waves[valid], at[valid], np.where(np.isnan(ev), at, ev)[valid])
+        picked = np.flatnonzero(valid)
+        mine = pd.Series(cast(Any, sources), dtype=object).iloc[picked]
+        src_codes, uniques = pd.factorize(mine, use_na_sentinel=False)
+        src = [s if isinstance(s, tuple) else None for s in uniques]  # factorize makes None NaN
+        newest = np.full(len(src), -1, dtype=np.int64)
+        last = np.full(len(src), -np.inf)
+        np.maximum.at(newest, src_codes, waves[valid])
+        np.maximum.at(last, src_codes, at[valid])
         known = self.sources
-        for key, source, at in zip(keys, sources, arrived, strict=True):
-            wave = wave_of.get(key)
-            if wave is None:
-                continue
+        for source, wave, when in zip(src, newest.tolist(), last.tolist(), strict=True):
             seen = known.get(source)
-            if seen is None:
-                known[source] = (wave, at)
-                continue
-            newest, last = seen
-            if wave > newest or at > last:
-                known[source] = (max(wave, newest), max(at, last))
+            known[source] = (
+                (wave, when) if seen is None else (max(wave, seen[0]), max(when, seen[1]))
+            )
 
     def _arrivals(
-        self,
-        keys: Sequence[str],
-        wave_of: dict[str, int],
-        arrived: Sequence[float],
-        events: Sequence[float | None],
+        self, waves: NDArray[np.int64], arrived: NDArray[np.float64], events: NDArray[np.float64]
     ) -> None:
         spans = self.arrivals
-        for key, at, event in zip(keys, arrived, events, strict=True):
-            wave = wave_of.get(key)
-            if wave is None:
-                continue
-            ev = at if event is None else event
+        for wave in np.unique(waves).tolist():
+            mine = waves == wave
+            first, ev_first, ev_last = (
+                float(arrived[mine].min()),
+                float(events[mine].min()),
+                float(events[mine].max()),
+            )
             seen = spans.get(wave)
-            if seen is None:
-                spans[wave] = (at, ev, ev)
-            elif at < seen[0] or ev < seen[1] or ev > seen[2]:
-                spans[wave] = (min(at, seen[0]), min(ev, seen[1]), max(ev, seen[2]))
+            if seen is not None:
+                first, ev_first, ev_last = (
+                    min(first, seen[0]),
+                    min(ev_first, seen[1]),
+                    max(ev_last, seen[2]),
+                )
+            spans[wave] = (first, ev_first, ev_last)
 
     def close_through(self, wave: int) -> None:
         """An operator closed ``wave``, and with it every earlier one (waves close in order)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.engine import Engine
 from gateway.grouping.release import ReleaseClock
@@ -154,3 +156,54 @@ def test_an_operator_close_closes_its_wave_and_earlier_ones_whatever_the_sources
     assert clock.closed("1", now=0.5) and clock.closed_after("1", 0.5, grace=60.0)
     assert not clock.closed("3", now=0.5) and not clock.closed_after("3", 0.5, grace=60.0)
     assert not clock.closed("w-window", now=0.5)  # window releases are no waves
+
+
+def _see_record_by_record(
+    clock: ReleaseClock,
+    keys: list[str],
+    sources: list[tuple[str, int] | None],
+    arrived: list[float],
+    events: list[float | None],
+) -> None:
+    """What ``see`` means, one record at a time (its vectorised form must agree)."""
+    for key, source, at, event in zip(keys, sources, arrived, events, strict=True):
+        if not key.isdigit():
+            continue
+        wave, ev = int(key), at if event is None else event
+        clock.newest = wave if clock.newest is None else max(clock.newest, wave)
+        newest, last = clock.sources.get(source, (wave, at))
+        clock.sources[source] = (max(wave, newest), max(at, last))
+        first, lo, hi = clock.arrivals.get(wave, (at, ev, ev))
+        clock.arrivals[wave] = (min(first, at), min(lo, ev), max(hi, ev))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["1", "2", "3", "w-a"]),
+                st.sampled_from([P0, P1, None]),
+                st.floats(0, 100, allow_nan=False),
+                st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False)),
+            ),
+            max_size=30,
+        ),
+        max_size=4,
+    )
+)
+def test_seeing_a_window_at_once_is_seeing_its_records_one_by_one(
+    windows: list[list[tuple[str, tuple[str, int] | None, float, float | None]]],
+) -> None:
+    fast, slow = ReleaseClock(quiet_after=2.0), ReleaseClock(quiet_after=2.0)
+    for window in windows:
+        keys, sources, arrived, events = (
+            (list(c) for c in zip(*window, strict=True)) if window else ([], [], [], [])
+        )
+        fast.see(keys, sources, arrived, events)
+        _see_record_by_record(slow, keys, sources, arrived, events)
+        assert (fast.newest, fast.sources, fast.arrivals) == (
+            slow.newest,
+            slow.sources,
+            slow.arrivals,
+        )
