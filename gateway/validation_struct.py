@@ -90,7 +90,9 @@ def struct_first(
     keys = len(policy.attributes) + (rid is not None)
     quotes = 2 * (keys + strings + (rid is not None))
     try:
-        struct = msgspec.defstruct("Record", fields, forbid_unknown_fields=True, rename=rename)
+        struct = msgspec.defstruct(
+            "Record", fields, forbid_unknown_fields=True, rename=rename, gc=False
+        )  # gc=False: scalar fields only, no cycle to find; never tracked by the collector
     except ValueError:  # a field name JSON writes with escapes: the general validator's
         return general
     ns |= {"decode": msgspec.json.Decoder(struct).decode, "general": general}
