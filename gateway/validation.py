@@ -25,6 +25,7 @@ import orjson
 
 from gateway.mechanisms.masking import TimestampFault, parse_timestamp, timestamp_fault
 from gateway.policy import Attribute, AttrType, ExtraFields, Policy
+from gateway.validation_struct import struct_first
 
 
 class DLQReason(StrEnum):
@@ -188,8 +189,10 @@ class Validator:
         self.policy = policy
         self.max_bytes = max_bytes
         self.max_depth = max_depth
-        self.decode_and_validate: Callable[[bytes | None, bytes | None], _Result] = _compile(
-            policy, max_bytes, max_depth
+        general = _compile(policy, max_bytes, max_depth)
+        # the policy's msgspec Struct first: it only accepts; anything else goes to ``general``
+        self.decode_and_validate: Callable[[bytes | None, bytes | None], _Result] = struct_first(
+            policy, general, max_bytes, max_depth
         )
         self.expected_key = _expected_key(policy)
 
