@@ -18,8 +18,8 @@ from pathlib import Path
 from gateway.command_kit import add_command, print_json
 from gateway.errors import PrivgwError
 from gateway.files.policy_report import policy_report
-from gateway.launch import STOPPED_EARLY, note_sigterm, sigterm_received
 from gateway.policy import load_policy
+from gateway.sigterm import STOPPED_EARLY, note_sigterm, sigterm_received
 
 log = logging.getLogger("privgw")
 # exit codes (docs/operating.md's table; tests/deploy/test_runbook.py holds the two together;

@@ -5,7 +5,7 @@ the CLI keeps it (``gateway.cli.Terminated``) until a worker installs its own. R
 signal handler is not enough on its own: a library that catches everything while it imports
 (a bare ``except:``) swallows the exception, and the command would run on as if no SIGTERM had
 come. So the signal is also remembered, and the command checks it at each step of its start
-(``sigterm_received``): after the imports, before the command, when the worker's own handler
+(``gateway.sigterm``): after the imports, before the command, when the worker's own handler
 takes over.
 """
 
@@ -14,24 +14,11 @@ from __future__ import annotations
 import signal
 import sys
 
-STOPPED_EARLY = "privgw: stopped by SIGTERM before it had started its work"
+from gateway.sigterm import STOPPED_EARLY, note_sigterm, sigterm_received
 
 
 class _EarlyTerm(BaseException):
     pass
-
-
-class _Received:
-    sigterm = False  # set from a signal handler: a plain attribute, no lock to deadlock on
-
-
-def note_sigterm() -> None:
-    _Received.sigterm = True
-
-
-def sigterm_received() -> bool:
-    """Whether SIGTERM came before the worker's own handler was in place."""
-    return _Received.sigterm
 
 
 def _early(signum: int, frame: object) -> None:

@@ -27,7 +27,7 @@ from faust.app.base import BootStrategy
 
 from gateway.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from gateway.errors import PrivgwError
-from gateway.launch import sigterm_received
+from gateway.sigterm import sigterm_received
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.shutdown import EXIT_BROKER_AWAY
 from stream_jobs.worker import GatewayWorker

@@ -54,6 +54,7 @@ from stream_jobs.metrics_scrape import (
     LDIV_PREFIX,
     MEASURES,
     SUPPRESSED_PREFIX,
+    WindowFigures,
     WorkerCollector,
     count_respondents,
 )
@@ -78,12 +79,12 @@ _SIZE_BUCKETS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
-class GatewayMetrics:
+class GatewayMetrics(WindowFigures):
     """The worker's metrics on one registry; ``attach`` binds them to a worker."""
 
     def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
+        super().__init__(prefix)
         self.registry = registry
-        self.prefix = prefix
         self.window_size = Histogram(
             f"{prefix}_window_size_records",
             "records per flushed window (new and previously held)",
@@ -102,21 +103,6 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self.lock = threading.Lock()
-        self.k_violations = 0
-        self.deferred_moves = 0
-        self.sticky_lookups = 0
-        self.sampled_windows = 0
-        self.min_group_last: int | None = None
-        self.last: dict[str, float] = {}
-        self.average: dict[str, float] = {}
-        # whole key (every attribute of the k claim): last sampled window, violations
-        self.key_class_violations = 0
-        self.key_last: dict[str, float] = {}
-        self.ldiv_last: dict[str, float] = {}
-        self.suppressed_cells: dict[str, float] = {}  # recode_suppress, per key, summed
-        self.republication = RepublicationFigures(k=0, guarantee=False)
-        self.sensitive_unique_last: float | None = None  # of the last sampled window
         self._collector: WorkerCollector | None = None
 
     @classmethod

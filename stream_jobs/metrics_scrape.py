@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -29,10 +30,10 @@ from gateway.state_api import StateStore
 from gateway.state_keys import GROUP_KEY_PREFIX
 from gateway.validation import DLQReason
 from stream_jobs.monitor import Monitor
+from stream_jobs.republication_metrics import RepublicationFigures
 from stream_jobs.republication_metrics import families as republication_families
 
 if TYPE_CHECKING:
-    from stream_jobs.metrics import GatewayMetrics
     from stream_jobs.worker import GatewayWorker
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,35 @@ LDIV_PREFIX = "ldiv_min:"  # + sensitive attribute name
 SUPPRESSED_PREFIX = "suppressed_cells:"  # + key (recode_suppress)
 
 
+class WindowFigures:
+    """The figures of the sampled windows, kept between scrapes: ``GatewayMetrics``
+    (``stream_jobs.metrics``) adds them up as windows are flushed, the collector reads them."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.lock = threading.Lock()
+        self.k_violations = 0
+        self.deferred_moves = 0
+        self.sticky_lookups = 0
+        self.sampled_windows = 0
+        self.min_group_last: int | None = None
+        self.last: dict[str, float] = {}
+        self.average: dict[str, float] = {}
+        # whole key (every attribute of the k claim): last sampled window, violations
+        self.key_class_violations = 0
+        self.key_last: dict[str, float] = {}
+        self.ldiv_last: dict[str, float] = {}
+        self.suppressed_cells: dict[str, float] = {}  # recode_suppress, per key, summed
+        self.republication = RepublicationFigures(k=0, guarantee=False)
+        self.sensitive_unique_last: float | None = None  # of the last sampled window
+
+
 class WorkerCollector(Collector):
     """Figures read from ``WorkerStats`` (and the store) at scrape time."""
 
     def __init__(
         self,
-        metrics: GatewayMetrics,
+        metrics: WindowFigures,
         worker: GatewayWorker,
         store: StateStore | None,
         monitor: Monitor | None,

@@ -25,20 +25,24 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from gateway.errors import PrivgwError
-from gateway.state_api import SecretMismatchError, check_key_fingerprint
+from gateway.state_api import KeyFingerprintResult, SecretMismatchError, check_key_fingerprint
 from stream_jobs.changelog import RestoreError, restore_partitions
+from stream_jobs.delivery import Delivery
 from stream_jobs.draw_settle import check_partitions
-from stream_jobs.intake import seek_reset
+from stream_jobs.intake import Intake, seek_reset
+from stream_jobs.partition_state import PartitionStateGuard
+from stream_jobs.settings import Topics, WorkerSettings
+from stream_jobs.window_lifecycle import WindowLifecycle
 from stream_jobs.windows import FlushReason, WindowBuffer
+from stream_jobs.worker_stats import WorkerStats
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
     from state.partitioned_store import PartitionedStore
-    from stream_jobs.worker import GatewayWorker
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +54,34 @@ def is_partitioned(store: object) -> bool:
     return module is not None and isinstance(store, module.PartitionedStore)
 
 
+class RebalancedWorker(Protocol):
+    """What the listener reads and drives of the worker (``stream_jobs.worker.GatewayWorker``):
+    its window lifecycle, delivery and intake, its state, and its stop."""
+
+    settings: WorkerSettings
+    topics: Topics
+    stats: WorkerStats
+    state_store: Any
+    key_fingerprint: str | None
+    refused: PrivgwError | None
+    policy_record: Any
+    intake: Intake
+    delivery: Delivery
+    lifecycle: WindowLifecycle
+
+    @property
+    def partition_guard(self) -> PartitionStateGuard | None: ...
+
+    def request_stop(self) -> None: ...
+
+    def key_fingerprint_checked(self, result: KeyFingerprintResult, where: str) -> None: ...
+
+
 class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
     """The worker's rebalance listener. ``consumer`` once it exists; ``lock`` is the worker's
     (no window runs while partitions move); ``halted`` once a state could not be restored."""
 
-    def __init__(self, worker: GatewayWorker, lock: asyncio.Lock, buffer: WindowBuffer) -> None:
+    def __init__(self, worker: RebalancedWorker, lock: asyncio.Lock, buffer: WindowBuffer) -> None:
         self._worker = worker
         self._lock = lock
         self._buffer = buffer

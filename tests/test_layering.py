@@ -87,3 +87,41 @@ def test_no_function_of_the_engine_or_the_worker_is_over_80_lines() -> None:
                 if length > MAX_FUNCTION_LINES:
                     too_long[f"{path.relative_to(ROOT)}:{node.name}"] = length
     assert too_long == {}
+
+
+# issue 47: imports point one way between modules too, so each module reads on its own
+def _module_names() -> dict[str, Path]:
+    names = {}
+    for d in ("gateway", "state", "stream_jobs"):
+        for path in (ROOT / d).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _imported_modules(path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ``known`` that ``path`` imports anywhere: at its top, inside functions,
+    under ``TYPE_CHECKING``; ``from package import module`` counts as the module."""
+
+    def owner(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(owner(a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(owner(f"{node.module}.{a.name}") for a in node.names)
+    return {name for name in found if name is not None}
+
+
+def test_no_two_modules_import_each_other() -> None:
+    known = _module_names()
+    imports = {name: _imported_modules(path, known) - {name} for name, path in known.items()}
+    pairs = sorted(
+        f"{a} <-> {b}" for a, deps in imports.items() for b in deps if a < b and a in imports[b]
+    )
+    assert len(known) > 100, "no sources found"
+    assert pairs == []

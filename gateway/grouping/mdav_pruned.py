@@ -7,7 +7,8 @@ one-hot nominal attributes are evaluated by table look-up (:class:`Lookup`)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,9 +24,6 @@ from gateway.grouping.mdav_arith import (
     rows_match,
 )
 
-if TYPE_CHECKING:
-    from gateway.grouping.microaggregation import Mdav
-
 # A group of columns of x and a code per record (non-negative integers) such that records with
 # equal codes have equal values in those columns: a nominal attribute's one-hot block, the code
 # being its category. MDAV then evaluates those columns by table look-up (Lookup).
@@ -33,6 +31,26 @@ Block = tuple[NDArray[np.intp], NDArray[np.int64]]
 
 # Columns of a matrix: a slice when they are consecutive (a view, no gather), else positions.
 Index = slice | NDArray[np.intp]
+
+
+class Mdav(Protocol):
+    """What the pruned steps read and advance of one MDAV run (``Mdav`` in
+    :mod:`gateway.grouping.microaggregation`, which runs them): the matrix and its weights, the
+    records not yet grouped, and the groups emitted."""
+
+    x: NDArray[np.float64]
+    w: NDArray[np.float64]
+    wx: NDArray[np.float64] | None
+    blocks: Sequence[Block]
+    k: int
+    n: int
+    p: int
+    m: int
+    alive: NDArray[np.bool_]
+
+    def exact_centre(self) -> NDArray[np.float64]: ...
+
+    def emit(self, rows: NDArray[np.intp]) -> None: ...
 
 
 class Pruned:
@@ -321,12 +339,12 @@ class Pruned:
         v, q2 = self._record_distances(r, m)
         s = self._farthest_from(v, q2, r) if two else -1  # chosen before r's group leaves
         grp_r = self._nearest(v, q2, r)
-        md._emit(grp_r)
+        md.emit(grp_r)
         if two:
             v, q2 = self._record_distances(s, m)
             v[self.pos[grp_r]] = math.inf  # r's group is no longer a candidate
             grp_s = self._nearest(v, q2, s)
-            md._emit(grp_s)
+            md.emit(grp_s)
             self.remove(np.concatenate((grp_r, grp_s)))
         else:
             self.remove(grp_r)

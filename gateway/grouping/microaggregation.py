@@ -154,7 +154,7 @@ class Mdav:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _emit(self, rows: NDArray[np.intp]) -> None:
+    def emit(self, rows: NDArray[np.intp]) -> None:
         self.labels[rows] = self.next_label
         self.next_label += 1
         self.alive[rows] = False
@@ -170,7 +170,7 @@ class Mdav:
             else:
                 self._direct_step(two)
         if self.m:
-            self._emit(np.flatnonzero(self.alive))
+            self.emit(np.flatnonzero(self.alive))
         return self.labels
 
     # -- direct exact step ---------------------------------------------------------------------
@@ -184,13 +184,13 @@ class Mdav:
         fr = exact_dist(rows, rows[r], w)
         s_row = rows[int(np.argmax(fr))].copy()
         grp = k_smallest(fr, idx, k)
-        self._emit(idx[grp])
+        self.emit(idx[grp])
         if two:
             keep = np.ones(idx.size, dtype=bool)
             keep[grp] = False
             idx2 = idx[keep]
             fs = exact_dist(rows[keep], s_row, w)
-            self._emit(idx2[k_smallest(fs, idx2, k)])
+            self.emit(idx2[k_smallest(fs, idx2, k)])
 
     def exact_centre(self) -> NDArray[np.float64]:
         idx = np.flatnonzero(self.alive)

@@ -26,17 +26,13 @@ matching another answer of the same respondent.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from gateway.grouping.window_work import WindowWork
+from gateway.grouping.window_work import Outcome, WindowWork
 
 KEPT = 8  # entries per respondent at most, newest last
 _DIGEST_CHARS = 8
 
-# what a record published: (group, the release that set the group's tuple), or None when its
-# quasi-identifiers were suppressed
-Outcome = tuple[str, str] | None
 # (topic, partition) -> the committed offset: every record below it is done
 Committed = Mapping[tuple[str, int], int]
 

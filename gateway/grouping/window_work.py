@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.grouping.decision import QIDecision
 from gateway.grouping.registry import Group
 
-if TYPE_CHECKING:
-    from gateway.grouping.replay import Outcome
+# what a record published (gateway.grouping.replay): (group, the release that set the group's
+# tuple), or None when its quasi-identifiers were suppressed
+Outcome = tuple[str, str] | None
 
 
 @dataclass(frozen=True, slots=True)

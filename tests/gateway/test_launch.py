@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway import cli, launch
+from gateway import cli, launch, sigterm
 
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yaml"
 
 
 @pytest.fixture
 def fresh_flag(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(launch._Received, "sigterm", False)
+    monkeypatch.setattr(sigterm._Received, "sigterm", False)
     previous = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, previous)
