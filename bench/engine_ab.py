@@ -42,6 +42,7 @@ import gc
 import hashlib
 import importlib
 import pickle
+import pickletools
 import re
 import shutil
 import subprocess
@@ -101,9 +102,21 @@ def export(revision: str | None, side: str, into: Path) -> Path:
     return root
 
 
+def side_module(side: str, pkg: str, *names: str) -> ModuleType:
+    """The side's first module of ``names`` in its package ``pkg`` that it has: a version laid
+    out in subpackages (issue 47: ``engine.engine``) or before (``engine``). The names are
+    given without their package, so that the re-layout's rewriting leaves them as they are."""
+    for name in names[:-1]:
+        try:
+            return importlib.import_module(f"{side}_{pkg}.{name}")
+        except ModuleNotFoundError:
+            continue
+    return importlib.import_module(f"{side}_{pkg}.{names[-1]}")
+
+
 def load(side: str) -> tuple[ModuleType, ModuleType]:
-    engine = importlib.import_module(f"{side}_gateway.engine")
-    process = importlib.import_module(f"{side}_stream_jobs.engine_process")
+    engine = side_module(side, "gateway", "engine.engine", "engine")
+    process = side_module(side, "stream_jobs", "engine_process.engine_process", "engine_process")
     return engine, process
 
 
@@ -113,8 +126,8 @@ def _child_parts(side: str, process: ModuleType, feed: str) -> tuple[Any, Any]:
     worker's feed needs a version whose engine process keeps the records it hands back held
     (2026-11-26 on)."""
     try:
-        wire = importlib.import_module(f"{side}_stream_jobs.engine_wire")
-        child = importlib.import_module(f"{side}_stream_jobs.engine_child")
+        wire = side_module(side, "stream_jobs", "engine_process.engine_wire", "engine_wire")
+        child = side_module(side, "stream_jobs", "engine_process.engine_child", "engine_child")
     except ModuleNotFoundError:
         wire = child = process
     if not hasattr(wire, "HeldInChild"):
@@ -139,12 +152,25 @@ PARTS = ("published columns", "window reports", "state")
 def digest_reply(hashes: dict[str, Any], reply: tuple[Any, ...], side: str) -> None:
     """Fold a window's reply into the side's digests. The report travels pickled, naming its
     classes' modules (``base_gateway...``): those are renamed alike for both sides (the same
-    length, so the same bytes when the reports are equal)."""
+    length, so the same bytes when the reports are equal), and folded by the class's module's
+    last name, so that two layouts of the packages compare (issue 47)."""
     hashes[PARTS[0]].update(bytes(reply[1]))
     report = reply[2]
     for pkg in PACKAGES:
         report = report.replace(f"{side}_{pkg}".encode(), f"side_{pkg}".encode())
-    hashes[PARTS[1]].update(report)
+    hashes[PARTS[1]].update(_layout_free(report))
+
+
+_MODULE_PATH = re.compile(rf"side_(?:{'|'.join(PACKAGES)})(?:\.\w+)+")
+
+
+def _layout_free(blob: bytes) -> bytes:
+    """A pickle's opcodes and arguments, each module path cut to its last name."""
+    out = []
+    for op, arg, _ in pickletools.genops(blob):
+        path = isinstance(arg, str) and _MODULE_PATH.fullmatch(arg)
+        out.append(f"{op.name} {arg.rpartition('.')[2] if path else arg!r}")
+    return "\n".join(out).encode()
 
 
 def digest_result(hashes: dict[str, Any], res: Any) -> None:
@@ -168,10 +194,11 @@ def held_after(reply: tuple[Any, ...]) -> int:
 
 
 def _module_of(side: str, name: str, engine_mod: ModuleType) -> ModuleType:
-    """The side's module ``name`` (gateway.records, gateway.keyed_inputs since the engine was
-    laid out by concept), else its engine module, which held them before."""
+    """The side's module ``name`` of the engine (records, keyed_inputs: in the engine package
+    since issue 47, at the top of gateway since the engine was laid out by concept), else its
+    engine module, which held them before."""
     try:
-        return importlib.import_module(f"{side}_gateway.{name}")
+        return side_module(side, "gateway", f"engine.{name}", name)
     except ModuleNotFoundError:
         return engine_mod
 
@@ -193,7 +220,7 @@ def prepare(side: str, text: str, answers: list[Any], state: Path, feed: str) ->
     # them in the worker (untimed, as the worker's time is)
     pack, answer = _child_parts(side, process, feed)
     if hasattr(keyed_inputs, "KeyedInputs"):
-        keyring = importlib.import_module(f"{side}_gateway.keyed").Keyring(SECRET)
+        keyring = side_module(side, "gateway", "keyed.keyed", "keyed").Keyring(SECRET)
         pack = functools.partial(pack, inputs=keyed_inputs.KeyedInputs(policy, keyring))
     blobs = [pack(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
     return answer, engine, store, blobs
