@@ -47,7 +47,8 @@ def test_state_never_imports_stream_jobs() -> None:
 
 def test_importing_the_engine_loads_no_io_framework() -> None:
     code = (
-        "import sys, gateway.cli, gateway.engine, gateway.files.protect, gateway.files.evaluate;"
+        "import sys, gateway.cli, gateway.engine, "
+        "gateway.files.protect, gateway.files.evaluate;"
         f"bad = sorted(m for m in {sorted(FORBIDDEN_IN_GATEWAY)!r} if m in sys.modules);"
         "print(','.join(bad))"
     )
