@@ -140,7 +140,7 @@ def test_every_alert_of_the_rules_is_in_the_alert_table_and_the_runbook_and_back
     rules = {rule["alert"] for rule in ALERTS}
     table = {
         row[0]
-        for row in table_rows(README.read_text(), "### Alerts (`deploy/prometheus/alerts.yml`)")
+        for row in table_rows(RUNBOOK.read_text(), "### Alerts (`deploy/prometheus/alerts.yml`)")
     }
     assert table == rules, (sorted(rules - table), sorted(table - rules))
     named = set(ALERT_NAME.findall(RUNBOOK.read_text())) | set(
@@ -249,8 +249,8 @@ def test_every_privgw_command_of_the_runbook_exists_with_its_options() -> None:
 
 def test_the_secret_rotation_panel_says_the_count_is_kept_on_the_metadata_topic() -> None:
     """privgw_secret_rotations_total starts from the rotations the metadata topic announces
-    (stream_jobs.secret_announce): the panel and the README must not call it a count since
-    the workers started."""
+    (stream_jobs.secret_announce): the panel and the runbook's dashboard table must not call it
+    a count since the workers started."""
     board = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "privgw.json").read_text())
     (panel,) = [
         p
@@ -259,7 +259,7 @@ def test_the_secret_rotation_panel_says_the_count_is_kept_on_the_metadata_topic(
     ]
     (row,) = [
         r
-        for r in table_rows(README.read_text(), '### The dashboard ("privgw — privacy gateway")')
+        for r in table_rows(RUNBOOK.read_text(), '### The dashboard ("privgw — privacy gateway")')
         if r[0] == "Secret rotations"
     ]
     for text in (panel["title"], panel["description"], row[1]):
@@ -289,3 +289,13 @@ def test_every_command_of_the_restore_runbook_exists(capsys: pytest.CaptureFixtu
         usage = capsys.readouterr().out
         for flag in (w for w in words if w.startswith("--")):
             assert flag in usage, (command, flag)
+
+
+def test_the_readme_is_a_guide_of_at_most_250_lines() -> None:
+    """Issue 47: figures, tuning and history live in docs/; the README says what privgw is, its
+    two commands, its three jobs with a link each, and one architecture picture."""
+    readme = README.read_text()
+    assert readme.count("\n") <= 250
+    for link in ("docs/streaming.md", "docs/consistency.md", "docs/operating.md"):
+        assert f"]({link}" in readme, link
+    assert "```mermaid" in readme and "](docs/architecture.md)" in readme
