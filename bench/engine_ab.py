@@ -165,9 +165,12 @@ _MODULE_PATH = re.compile(rf"side_(?:{'|'.join(PACKAGES)})(?:\.\w+)+")
 
 
 def _layout_free(blob: bytes) -> bytes:
-    """A pickle's opcodes and arguments, each module path cut to its last name."""
+    """A pickle's opcodes and arguments, each module path cut to its last name (and frame
+    sizes left out: they count the paths' characters)."""
     out = []
     for op, arg, _ in pickletools.genops(blob):
+        if op.name == "FRAME":
+            continue
         path = isinstance(arg, str) and _MODULE_PATH.fullmatch(arg)
         out.append(f"{op.name} {arg.rpartition('.')[2] if path else arg!r}")
     return "\n".join(out).encode()
