@@ -58,6 +58,8 @@ def key_blocks(
         parts = _categorical_split(codes[rows], bounds.min_rows)
         if parts is None:
             parts = _numeric_split(x[rows], scale, bounds.min_rows)
+        if parts is None:
+            parts = _key_order_split(codes[rows], x[rows], bounds.min_rows)
         todo.extend(rows[p] for p in reversed(parts))
     return out
 
@@ -104,9 +106,9 @@ def _categorical_split(
 
 def _numeric_split(
     x: NDArray[np.float64], scale: NDArray[np.float64], min_rows: int
-) -> list[NDArray[np.intp]]:
+) -> list[NDArray[np.intp]] | None:
     """Two halves at the median of the widest standardized column (``≤`` one side, ``<``
-    if ties make that side too large); by position if no column splits within the bounds."""
+    if ties make that side too large); None if no column splits within the bounds."""
     n = x.shape[0]
     missing = np.isnan(x)
     filled = np.where(missing, -np.inf, x)  # missing values: with the low side
@@ -119,5 +121,19 @@ def _numeric_split(
             left = int(low.sum())
             if min(left, n - left) >= min_rows:
                 return [np.flatnonzero(low), np.flatnonzero(~low)]
-    half = n // 2  # every key the same (or too many ties): any split is as good
-    return [np.arange(half), np.arange(half, n)]
+    return None
+
+
+def _key_order_split(
+    codes: NDArray[np.integer], x: NDArray[np.float64], min_rows: int
+) -> list[NDArray[np.intp]]:
+    """Ties in every column: the rows in key order, cut at the key boundary nearest the
+    middle that leaves ``min_rows`` a side (in the middle if one key fills the range)."""
+    n = codes.shape[0]
+    filled = np.where(np.isnan(x), -np.inf, x)
+    order = np.lexsort([*filled.T, *codes.T]) if codes.shape[1] + x.shape[1] else np.arange(n)
+    keys = np.column_stack([codes[order].astype(np.float64), filled[order]])
+    boundary = np.flatnonzero((keys[1:] != keys[:-1]).any(axis=1)) + 1  # first row of a key
+    fits = boundary[(boundary >= min_rows) & (boundary <= n - min_rows)]
+    cut = int(fits[np.argmin(np.abs(fits - n // 2))]) if fits.size else n // 2
+    return [np.sort(order[:cut]), np.sort(order[cut:])]
