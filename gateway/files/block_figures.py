@@ -99,6 +99,4 @@ class SquareSums:
         if not varying.any():
             return float("nan")
         var = sst[varying] / (self.n - 1)
-        return 100.0 * float((self.errors[varying] / var).sum()) / float(
-            (sst[varying] / var).sum()
-        )
+        return 100.0 * float((self.errors[varying] / var).sum()) / float((sst[varying] / var).sum())

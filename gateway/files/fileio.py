@@ -87,9 +87,7 @@ def count_rows(path: str | Path) -> int:
         raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
 
 
-def iter_table(
-    path: str | Path, policy: Policy, rows: int
-) -> Iterator[tuple[int, pd.DataFrame]]:
+def iter_table(path: str | Path, policy: Policy, rows: int) -> Iterator[tuple[int, pd.DataFrame]]:
     """The table in chunks of ``rows`` rows as text (as ``read_table(as_text=True)``), with
     only the policy's columns, each with the number of data rows before it. The columns are
     checked against the policy first (:func:`check_columns`)."""
@@ -228,8 +226,9 @@ def _file_keys(path: str | Path) -> tuple[_FileKey, ...]:
 
 
 def _check_csv_shape(p: Path) -> int:
-    """The number of data rows. Refuse a header naming a column twice (pandas would rename it ``age.1``) and rows with
-    fewer or more cells than the header (pandas fills short rows with empty cells)."""
+    """Refuse a header naming a column twice (pandas would rename it ``age.1``) and rows with
+    fewer or more cells than the header (pandas fills short rows with empty cells); return
+    the number of data rows."""
     with p.open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -346,8 +345,8 @@ def records_from_frame(
                 if bad:
                     raise InputDataError(
                         f"{path}: column '{name}' has {len(bad)} value(s) outside the policy's "
-                        f"categories, first at data row {first_row + bad[0] + 1}; add the category or fix "
-                        "the data"
+                        f"categories, first at data row {first_row + bad[0] + 1}; add the "
+                        "category or fix the data"
                     )
             if attr.type is AttrType.TIMESTAMP:
                 _check_timestamps(path, name, raw, is_missing, first_row)

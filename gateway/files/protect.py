@@ -58,9 +58,7 @@ def shares(counts: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def value_counts(
-    records: Sequence[ValidRecord], policy: Policy
-) -> dict[str, dict[str, float]]:
+def value_counts(records: Sequence[ValidRecord], policy: Policy) -> dict[str, dict[str, float]]:
     """The counts :func:`value_frequencies` turns into shares (summed over a file's chunks)."""
     out: dict[str, dict[str, float]] = {}
     for name in policy.randomized:

@@ -42,7 +42,7 @@ from gateway.files.protect import (
 )
 from gateway.grouping.key_blocks import BlockBounds, key_blocks
 from gateway.measures import release_risk
-from gateway.policy import AttrType, Method, MicroaggAlgorithm, Policy
+from gateway.policy import AttrType, MicroaggAlgorithm, Policy
 from gateway.randomness import SeededSource
 
 #: the default --memory-budget (MiB): a block's rows are what fits in it
@@ -118,15 +118,16 @@ def protect_blocks(
     seed: int | None,
     bounds: BlockBounds,
     temp_dir: str | Path | None = None,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> dict[str, Any]:
     """Protect ``src`` block by block (see the module docstring); the summary has the keys of
     :func:`protect_file`'s, the file's figures merged from the blocks', and ``blocks``."""
     _refuse_file_grouping(policy, bounds)
-    scan = scan_file(src, policy, bounds)
+    scan = scan_file(src, policy, bounds, chunk_rows)
     count = int(scan.blocks.max()) + 1
     with tempfile.TemporaryDirectory(prefix="privgw-blocks-", dir=temp_dir) as tmp:
         spill = Path(tmp)
-        route(src, policy, scan.blocks, spill)
+        route(src, policy, scan.blocks, spill, chunk_rows)
         jsonl = Path(out).suffix.lower() in JSONL_SUFFIXES
         frequencies = shares(scan.counts)
         sums = SquareSums()
@@ -139,14 +140,14 @@ def protect_blocks(
             frame = pd.concat(list(_load(spill / f"{b}.pkl")), ignore_index=True)
             (spill / f"{b}.pkl").unlink()
             fig, meta, columns = _protect_block(
-                frame, policy, src, _block_seed(seed, b), frequencies, sums
+                frame, policy, src, rng=_block_seed(seed, b), frequencies=frequencies, sums=sums
             )
             _write_block(fig.pop("protected"), spill / f"{b}.out", jsonl=jsonl)
             figures.append((len(frame), fig))
             done += len(frame)
             progress.update(done)
         progress.close()
-        _assemble(out, columns, scan.blocks, spill, jsonl=jsonl)
+        _assemble(out, columns, scan.blocks, spill, jsonl=jsonl, chunk_rows=chunk_rows)
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     summary = merge_figures(figures)
     summary["measures"]["sse_sst_pct"] = sums.sse_sst_pct()
@@ -178,7 +179,9 @@ def _refuse_file_grouping(policy: Policy, bounds: BlockBounds) -> None:
         )
 
 
-def scan_file(src: str | Path, policy: Policy, bounds: BlockBounds) -> Scan:
+def scan_file(
+    src: str | Path, policy: Policy, bounds: BlockBounds, chunk_rows: int = CHUNK_ROWS
+) -> Scan:
     """Read the file once in chunks: validate it (errors name the file's row), count the
     values randomized response weighs with, and keep only the k claim's columns (floats,
     category codes) to partition into blocks."""
@@ -189,7 +192,7 @@ def scan_file(src: str | Path, policy: Policy, bounds: BlockBounds) -> Scan:
     xs: list[np.ndarray] = []
     codes: list[np.ndarray] = []
     rows = 0
-    for first, chunk in iter_table(src, policy, CHUNK_ROWS):
+    for first, chunk in iter_table(src, policy, chunk_rows):
         records = records_from_frame(chunk, policy, src, first_row=first)
         for name, by_value in value_counts(records, policy).items():
             total = counts.setdefault(name, dict.fromkeys(by_value, 0.0))
@@ -217,10 +220,12 @@ def _codes(values: pd.Series, labels: dict[object, int]) -> np.ndarray:
     )
 
 
-def route(src: str | Path, policy: Policy, blocks: np.ndarray, spill: Path) -> None:
+def route(
+    src: str | Path, policy: Policy, blocks: np.ndarray, spill: Path, chunk_rows: int
+) -> None:
     """Read the file again and append each chunk's rows to their block's spill file (the
     rows of a block stay in the file's order)."""
-    for first, chunk in iter_table(src, policy, CHUNK_ROWS):
+    for first, chunk in iter_table(src, policy, chunk_rows):
         ids = blocks[first : first + len(chunk)]
         order = np.argsort(ids, kind="stable")
         present, starts = np.unique(ids[order], return_index=True)
@@ -234,7 +239,7 @@ def _load(path: Path) -> Iterator[pd.DataFrame]:
     with path.open("rb") as fh:
         while True:
             try:
-                yield pickle.load(fh)  # noqa: S301 - our own temporary file
+                yield pickle.load(fh)  # our own temporary file, written by route()
             except EOFError:
                 return
 
@@ -249,6 +254,7 @@ def _protect_block(
     frame: pd.DataFrame,
     policy: Policy,
     src: str | Path,
+    *,
     rng: np.random.Generator | None,
     frequencies: dict[str, dict[str, float]],
     sums: SquareSums,
@@ -256,9 +262,7 @@ def _protect_block(
     """One block through the engine as one window; its figures, the release metadata and
     the published columns. Its numeric claim's squares are added to ``sums``."""
     records = records_from_frame(frame, policy, src)
-    engine, result, protected = run_engine(
-        records, frame, policy, SeededSource(rng), frequencies
-    )
+    engine, result, protected = run_engine(records, frame, policy, SeededSource(rng), frequencies)
     if len(protected) != len(frame):
         raise InputDataError(f"{src}: a block published {len(protected)} of {len(frame)} rows")
     numeric = [n for n in policy.numeric_claim if n in protected.columns]
@@ -298,14 +302,12 @@ def _write_block(protected: pd.DataFrame, path: Path, *, jsonl: bool) -> None:
         lines = sum(1 for _ in fh)
     if lines != len(protected):  # a published cell holds a line break
         raise InputDataError(
-            f"a published value holds a line break, so blocks cannot be interleaved; "
-            f"raise --memory-budget (or --block-rows) above the file's rows"
+            "a published value holds a line break, so blocks cannot be interleaved; "
+            "raise --memory-budget (or --block-rows) above the file's rows"
         )
 
 
-def interleave(
-    blocks: np.ndarray, sources: Sequence[BinaryIO], chunk_rows: int
-) -> Iterator[bytes]:
+def interleave(blocks: np.ndarray, sources: Sequence[BinaryIO], chunk_rows: int) -> Iterator[bytes]:
     """The blocks' lines back in the input's order (row i is the next line of block
     ``blocks[i]``'s source), ``chunk_rows`` rows at a time."""
     for start in range(0, len(blocks), chunk_rows):
@@ -320,7 +322,13 @@ def interleave(
 
 
 def _assemble(
-    out: str | Path, columns: list[str], blocks: np.ndarray, spill: Path, *, jsonl: bool
+    out: str | Path,
+    columns: list[str],
+    blocks: np.ndarray,
+    spill: Path,
+    *,
+    jsonl: bool,
+    chunk_rows: int,
 ) -> None:
     """Write OUT: the header (CSV), then every block's lines in the input's order."""
     handles = [(spill / f"{b}.out").open("rb") for b in range(int(blocks.max()) + 1)]
@@ -328,12 +336,11 @@ def _assemble(
         with Path(out).open("wb") as fh:
             if not jsonl:
                 fh.write(pd.DataFrame(columns=columns).to_csv(index=False).encode())
-            for piece in interleave(blocks, handles, CHUNK_ROWS):
+            for piece in interleave(blocks, handles, chunk_rows):
                 fh.write(piece)
     except OSError as err:
         raise InputDataError(
-            f"-o {out}: cannot write it ({err.__class__.__name__}); check the place and free "
-            "space"
+            f"-o {out}: cannot write it ({err.__class__.__name__}); check the place and free space"
         ) from None
     finally:
         for h in handles:

@@ -75,9 +75,7 @@ def _spread(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.where(sd > 0, sd, 1.0)
 
 
-def _categorical_split(
-    codes: NDArray[np.integer], min_rows: int
-) -> list[NDArray[np.intp]] | None:
+def _categorical_split(codes: NDArray[np.integer], min_rows: int) -> list[NDArray[np.intp]] | None:
     """The most even split of the rows by one categorical column's values (rare values
     pooled): the one whose largest part is smallest; None if no column divides them."""
     best: list[NDArray[np.intp]] | None = None
@@ -112,7 +110,10 @@ def _numeric_split(
     n = x.shape[0]
     missing = np.isnan(x)
     filled = np.where(missing, -np.inf, x)  # missing values: with the low side
-    hi, lo = filled.max(axis=0, initial=-np.inf), np.where(missing, np.inf, x).min(axis=0, initial=np.inf)
+    hi, lo = (
+        filled.max(axis=0, initial=-np.inf),
+        np.where(missing, np.inf, x).min(axis=0, initial=np.inf),
+    )
     width = np.where(hi > lo, (hi - lo) / scale, 0.0)
     for j in np.argsort(-width, kind="stable"):
         col = filled[:, j]
