@@ -108,18 +108,18 @@ def iter_table(path: str | Path, policy: Policy, rows: int) -> Iterator[tuple[in
             return
         header = pd.read_csv(p, dtype=str, nrows=0)
         check_columns(header, policy, p)
-        reader = pd.read_csv(
+        done = 0
+        with pd.read_csv(  # closed when the caller stops early (an error in a chunk)
             p,
             dtype=str,
             keep_default_na=False,
             na_filter=False,
             chunksize=rows,
             usecols=[c for c in header.columns if c in keep],
-        )
-        done = 0
-        for chunk in reader:
-            yield done, chunk.reset_index(drop=True)
-            done += len(chunk)
+        ) as reader:
+            for chunk in reader:
+                yield done, chunk.reset_index(drop=True)
+                done += len(chunk)
     except UnicodeDecodeError:
         raise InputDataError(f"{p}: not UTF-8 text") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
@@ -318,14 +318,15 @@ def records_from_frame(
             nums = pd.to_numeric(
                 pd.Series(raw, dtype=object).where(~pd.Series(is_missing)), errors="coerce"
             )
-            bad = [i for i in range(n) if not is_missing[i] and pd.isna(nums.iloc[i])]
+            missing = np.array(is_missing, dtype=bool)
+            bad = np.flatnonzero(~missing & nums.isna().to_numpy()).tolist()  # not per-row iloc
             if bad:
                 raise InputDataError(
                     f"{path}: column '{name}' is numeric in the policy but has {len(bad)} "
                     f"non-numeric value(s), first at data row {first_row + bad[0] + 1}"
                 )
             arr = nums.to_numpy(dtype=float)
-            if not np.isfinite(arr[~np.array(is_missing, dtype=bool)]).all():
+            if not np.isfinite(arr[~missing]).all():
                 raise InputDataError(f"{path}: column '{name}' has infinite values")
             if attr.range is not None:
                 lo, hi = attr.range

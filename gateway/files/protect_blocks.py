@@ -266,12 +266,11 @@ def _protect_block(
     if len(protected) != len(frame):
         raise InputDataError(f"{src}: a block published {len(protected)} of {len(frame)} rows")
     numeric = [n for n in policy.numeric_claim if n in protected.columns]
-    if numeric:
-        before = claim_frame(frame, policy, published=False)[numeric]
-        after = claim_frame(protected, policy, published=True)[numeric]
+    if numeric:  # the file's SSE/SST from the blocks' sums (missing and suppressed left out)
+        tokens = list(policy.input.missing_tokens)
         sums.add(
-            before.to_numpy(dtype=np.float64, na_value=np.nan),
-            after.to_numpy(dtype=np.float64, na_value=np.nan),
+            np.column_stack([_numbers(frame[n], tokens) for n in numeric]),
+            np.column_stack([_numbers(protected[n], tokens) for n in numeric]),
         )
     rep = result.report
     fig: dict[str, Any] = {
@@ -289,6 +288,12 @@ def _protect_block(
         "policy_version": engine.version,
     }
     return fig, engine.metadata(), list(protected.columns)
+
+
+def _numbers(values: pd.Series, tokens: list[str]) -> np.ndarray:
+    """A column's numbers, NaN where missing (a missing token, None, empty)."""
+    present = values.where(~values.isin(tokens))
+    return pd.to_numeric(present, errors="coerce").to_numpy(dtype=np.float64)
 
 
 def _write_block(protected: pd.DataFrame, path: Path, *, jsonl: bool) -> None:
