@@ -16,7 +16,8 @@ from gateway.errors import PrivgwError
 from gateway.files.analysis import attack_history, read_jsonl_rows, reconstruct_file
 from gateway.files.evaluate import evaluate_files
 from gateway.files.fileio import PICTURE_SUFFIXES, check_output
-from gateway.files.protect import meta_path, microaggregate_file, protect_file
+from gateway.files.protect import meta_path, microaggregate_file
+from gateway.files.protect_blocks import DEFAULT_BUDGET_MIB, Budget, protect_within
 from gateway.files.ru_map import plot_ru_map, ru_map
 from gateway.policy import load_policy
 
@@ -37,7 +38,8 @@ def cmd_protect(args: argparse.Namespace) -> int:
     # OUT.meta.json too: a symlink there, or an input of that name, would be overwritten
     meta = meta_path(args.output)
     check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
-    summary = protect_file(args.input, policy, args.output, seed=args.seed)
+    budget = Budget(memory_mib=args.memory_budget, block_rows=args.block_rows)
+    summary = protect_within(args.input, policy, args.output, seed=args.seed, budget=budget)
     grouping = (
         "keys recoded, cells suppressed one by one"
         if summary["groups"] is None
@@ -47,6 +49,12 @@ def cmd_protect(args: argparse.Namespace) -> int:
         f"protected {summary['published']} of {summary['records']} records -> {args.output} "
         f"(policy {summary['policy_version']}; {grouping}; {summary['suppressed']} suppressed)"
     )
+    if "blocks" in summary:
+        b = summary["blocks"]
+        print(
+            f"  in {b['blocks']} blocks of {b['smallest']}..{b['largest']} rows (at most "
+            f"{b['max_rows']}: --memory-budget); risk figures per block, summed (upper bounds)"
+        )
     numeric_only = {"sse_sst_pct", "il1s", "dld", "interval_disclosure"}
     for name, value in summary["measures"].items():
         label = (
@@ -345,6 +353,20 @@ def _add_protect(sub: Any) -> None:
     p.add_argument("--policy", required=True, help="policy YAML")
     p.add_argument("-o", "--output", required=True, help="output file (.csv or .jsonl)")
     p.add_argument("--seed", type=int, default=None, help="seed for a reproducible run")
+    p.add_argument(
+        "--memory-budget",
+        type=int,
+        default=DEFAULT_BUDGET_MIB,
+        metavar="MIB",
+        help="memory to stay within (MiB); a larger file is protected in blocks of its key "
+        f"space (default {DEFAULT_BUDGET_MIB})",
+    )
+    p.add_argument(
+        "--block-rows",
+        type=int,
+        default=None,
+        help="rows a block holds at most (overrides --memory-budget's)",
+    )
     p.set_defaults(func=cmd_protect)
 
 

@@ -32,32 +32,10 @@ def _is_jsonl(path: Path) -> bool:
 def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
     """Read CSV (comma-separated, header row) or JSON Lines. ``as_text`` keeps every cell as
     a string (the policy decides types); otherwise pandas infers numeric columns."""
-    p = Path(path)
-    if not p.exists():
-        raise InputDataError(f"input file not found: {p}")
-    if p.is_dir():
-        raise InputDataError(f"input is a directory, not a file: {p}")
+    p = _existing(path)
     try:
         if _is_jsonl(p):
-            rows = []
-            with p.open("rb") as fh:
-                for lineno, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        raise InputDataError(
-                            f"{p}: line {lineno} is not valid JSON (one object per line expected)"
-                        ) from None
-                    if not isinstance(obj, dict):
-                        raise InputDataError(f"{p}: line {lineno} is not a JSON object")
-                    if has_duplicate_key(line, obj):  # orjson would keep the last silently
-                        raise InputDataError(
-                            f"{p}: line {lineno} names a field twice; give each field once"
-                        )
-                    rows.append(obj)
-            df = pd.DataFrame(rows)
+            df = pd.DataFrame(list(_jsonl_objects(p)))
             if as_text:
                 df = df.astype(object).where(df.notna(), None)
             return df
@@ -71,6 +49,99 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
         raise InputDataError(f"{p}: not UTF-8 text") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
         raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+
+
+def _jsonl_objects(p: Path) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON Lines file, one a line (blank lines skipped), each checked."""
+    with p.open("rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                raise InputDataError(
+                    f"{p}: line {lineno} is not valid JSON (one object per line expected)"
+                ) from None
+            if not isinstance(obj, dict):
+                raise InputDataError(f"{p}: line {lineno} is not a JSON object")
+            if has_duplicate_key(line, obj):  # orjson would keep the last silently
+                raise InputDataError(
+                    f"{p}: line {lineno} names a field twice; give each field once"
+                )
+            yield obj
+
+
+def count_rows(path: str | Path) -> int:
+    """The data rows of a table, its shape checked as :func:`read_table` does, without
+    holding it: a CSV's rows, a JSON Lines file's non-blank lines."""
+    p = _existing(path)
+    try:
+        if _is_jsonl(p):
+            with p.open("rb") as fh:
+                return sum(1 for line in fh if line.strip())
+        return _check_csv_shape(p)
+    except UnicodeDecodeError:
+        raise InputDataError(f"{p}: not UTF-8 text") from None
+    except csv.Error as err:
+        raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+
+
+def iter_table(path: str | Path, policy: Policy, rows: int) -> Iterator[tuple[int, pd.DataFrame]]:
+    """The table in chunks of ``rows`` rows as text (as ``read_table(as_text=True)``), with
+    only the policy's columns, each with the number of data rows before it. The columns are
+    checked against the policy first (:func:`check_columns`)."""
+    p = _existing(path)
+    keep = set(policy.attributes) | {policy.input.respondent_id}
+    try:
+        if _is_jsonl(p):
+            done = 0
+            batch: list[dict[str, Any]] = []
+            for obj in _jsonl_objects(p):
+                batch.append(obj)
+                if len(batch) == rows:
+                    yield done, _text_chunk(batch, policy, p, keep)
+                    done += len(batch)
+                    batch = []
+            if batch:
+                yield done, _text_chunk(batch, policy, p, keep)
+            return
+        header = pd.read_csv(p, dtype=str, nrows=0)
+        check_columns(header, policy, p)
+        done = 0
+        with pd.read_csv(  # closed when the caller stops early (an error in a chunk)
+            p,
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+            chunksize=rows,
+            usecols=[c for c in header.columns if c in keep],
+        ) as reader:
+            for chunk in reader:
+                yield done, chunk.reset_index(drop=True)
+                done += len(chunk)
+    except UnicodeDecodeError:
+        raise InputDataError(f"{p}: not UTF-8 text") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
+        raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+
+
+def _text_chunk(
+    objs: list[dict[str, Any]], policy: Policy, p: Path, keep: set[str | None]
+) -> pd.DataFrame:
+    df = pd.DataFrame(objs)
+    check_columns(df, policy, p)
+    df = df[[c for c in df.columns if c in keep]]
+    return df.astype(object).where(df.notna(), None)
+
+
+def _existing(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise InputDataError(f"input file not found: {p}")
+    if p.is_dir():
+        raise InputDataError(f"input is a directory, not a file: {p}")
+    return p
 
 
 TABLE_SUFFIXES = frozenset({".csv", *JSONL_SUFFIXES})
@@ -154,27 +225,31 @@ def _file_keys(path: str | Path) -> tuple[_FileKey, ...]:
     return (real, (st.st_dev, st.st_ino))
 
 
-def _check_csv_shape(p: Path) -> None:
+def _check_csv_shape(p: Path) -> int:
     """Refuse a header naming a column twice (pandas would rename it ``age.1``) and rows with
-    fewer or more cells than the header (pandas fills short rows with empty cells)."""
+    fewer or more cells than the header (pandas fills short rows with empty cells); return
+    the number of data rows."""
     with p.open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
-            return  # empty file: pandas says so
+            return 0  # empty file: pandas says so
         twice = sorted(c for c, n in Counter(header).items() if n > 1)
         if twice:
             raise InputDataError(
                 f"{p}: the header names column(s) twice: {', '.join(twice)}; give each column once"
             )
         width = len(header)
+        rows = 0
         for row in reader:
+            rows += bool(row)
             if row and len(row) != width:
                 what = "fewer" if len(row) < width else "more"
                 raise InputDataError(
                     f"{p}: line {reader.line_num} has {what} cells ({len(row)}) than the header "
                     f"({width}); fix that row (quote cells that contain commas)"
                 )
+    return rows
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> None:
@@ -225,8 +300,11 @@ def check_columns(df: pd.DataFrame, policy: Policy, path: str | Path) -> None:
         )
 
 
-def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> list[ValidRecord]:
-    """Typed, validated records. Errors name the column, the problem and the first row."""
+def records_from_frame(
+    df: pd.DataFrame, policy: Policy, path: str | Path, *, first_row: int = 0
+) -> list[ValidRecord]:
+    """Typed, validated records. Errors name the column, the problem and the first row
+    (``first_row``: the data rows before ``df`` in the file, when it is a chunk)."""
     check_columns(df, policy, path)
     missing_tokens = set(policy.input.missing_tokens)
     n = len(df)
@@ -240,14 +318,15 @@ def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> li
             nums = pd.to_numeric(
                 pd.Series(raw, dtype=object).where(~pd.Series(is_missing)), errors="coerce"
             )
-            bad = [i for i in range(n) if not is_missing[i] and pd.isna(nums.iloc[i])]
+            missing = np.array(is_missing, dtype=bool)
+            bad = np.flatnonzero(~missing & nums.isna().to_numpy()).tolist()  # not per-row iloc
             if bad:
                 raise InputDataError(
                     f"{path}: column '{name}' is numeric in the policy but has {len(bad)} "
-                    f"non-numeric value(s), first at data row {bad[0] + 1}"
+                    f"non-numeric value(s), first at data row {first_row + bad[0] + 1}"
                 )
             arr = nums.to_numpy(dtype=float)
-            if not np.isfinite(arr[~np.array(is_missing, dtype=bool)]).all():
+            if not np.isfinite(arr[~missing]).all():
                 raise InputDataError(f"{path}: column '{name}' has infinite values")
             if attr.range is not None:
                 lo, hi = attr.range
@@ -255,7 +334,7 @@ def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> li
                 if out.size:
                     raise InputDataError(
                         f"{path}: column '{name}' has {out.size} value(s) outside the policy's "
-                        f"range [{lo}, {hi}], first at data row {int(out[0]) + 1}"
+                        f"range [{lo}, {hi}], first at data row {first_row + int(out[0]) + 1}"
                     )
             columns[name] = [
                 None if is_missing[i] else _int_if_whole(float(arr[i])) for i in range(n)
@@ -267,11 +346,11 @@ def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> li
                 if bad:
                     raise InputDataError(
                         f"{path}: column '{name}' has {len(bad)} value(s) outside the policy's "
-                        f"categories, first at data row {bad[0] + 1}; add the category or fix "
-                        "the data"
+                        f"categories, first at data row {first_row + bad[0] + 1}; add the "
+                        "category or fix the data"
                     )
             if attr.type is AttrType.TIMESTAMP:
-                _check_timestamps(path, name, raw, is_missing)
+                _check_timestamps(path, name, raw, is_missing, first_row)
             columns[name] = [None if is_missing[i] else raw[i] for i in range(n)]
     rid = policy.input.respondent_id
     ids = (
@@ -289,7 +368,9 @@ def records_from_frame(df: pd.DataFrame, policy: Policy, path: str | Path) -> li
     ]
 
 
-def _check_timestamps(path: str | Path, name: str, raw: list[str], is_missing: list[bool]) -> None:
+def _check_timestamps(
+    path: str | Path, name: str, raw: list[str], is_missing: list[bool], first_row: int = 0
+) -> None:
     """Every present value of timestamp column ``name`` is one the gateway accepts; else the
     first fault, with its count and first data row (never the value)."""
     faults = [
@@ -302,7 +383,7 @@ def _check_timestamps(path: str | Path, name: str, raw: list[str], is_missing: l
         if rows:
             raise InputDataError(
                 f"{path}: column '{name}' is a timestamp in the policy but has {len(rows)} "
-                f"value(s) {kind.value}, first at data row {rows[0] + 1}"
+                f"value(s) {kind.value}, first at data row {first_row + rows[0] + 1}"
             )
 
 

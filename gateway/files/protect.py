@@ -34,7 +34,7 @@ from gateway.policy import (
     RRMode,
 )
 from gateway.randomness import SeededSource
-from gateway.records import ValidRecord, WindowReport
+from gateway.records import ValidRecord, WindowReport, WindowResult
 
 
 def meta_path(out: str | Path) -> Path:
@@ -46,6 +46,20 @@ def value_frequencies(
     records: Sequence[ValidRecord], policy: Policy
 ) -> dict[str, dict[str, float]]:
     """Value frequencies for fine-grain weights when the policy gives none (file workflow)."""
+    return shares(value_counts(records, policy))
+
+
+def shares(counts: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each attribute's counts as shares of their total."""
+    out: dict[str, dict[str, float]] = {}
+    for name, by_value in counts.items():
+        total = sum(by_value.values()) or 1.0
+        out[name] = {c: n / total for c, n in by_value.items()}
+    return out
+
+
+def value_counts(records: Sequence[ValidRecord], policy: Policy) -> dict[str, dict[str, float]]:
+    """The counts :func:`value_frequencies` turns into shares (summed over a file's chunks)."""
     out: dict[str, dict[str, float]] = {}
     for name in policy.randomized:
         attr = policy.attributes[name]
@@ -58,9 +72,35 @@ def value_frequencies(
             label = MISSING_LABEL if v is None else str(v)
             if label in counts:
                 counts[label] += 1.0
-        total = sum(counts.values()) or 1.0
-        out[name] = {c: n / total for c, n in counts.items()}
+        out[name] = counts
     return out
+
+
+def run_engine(
+    records: Sequence[ValidRecord],
+    df: pd.DataFrame,
+    policy: Policy,
+    randomness: SeededSource,
+    frequencies: dict[str, dict[str, float]],
+) -> tuple[Engine, WindowResult, pd.DataFrame]:
+    """The engine over ``records`` (the rows of ``df``) as one window: the engine, its
+    result, and the published columns in ``df``'s row order."""
+    engine = Engine(
+        recode_suppress.engine_policy(policy) if policy.grouped_by_file else policy,
+        randomness=randomness,
+        frequencies=frequencies,
+        consistency_override=True,  # one release of a file: nothing to average over
+    )
+    result = engine.protect_window(records, now=0.0, flush_all=True)
+    columns = [n for n, a in policy.attributes.items() if a.method is not Method.DROP]
+    progress = Progress(len(result.rows), "writing")
+    frames = []
+    for start, stop in chunks(len(result.rows), 50_000):
+        frames.append(pd.DataFrame(list(result.rows[start:stop]), columns=columns))
+        progress.update(stop)
+    progress.close()
+    protected = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    return engine, result, protected[[c for c in columns if c in df.columns]]
 
 
 def protect_file(
@@ -78,22 +118,9 @@ def protect_file(
             f"formed; protect at least {k} rows (or lower microaggregation.k)"
         )
     recoding = policy.microaggregation.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS
-    engine = Engine(
-        recode_suppress.engine_policy(policy) if policy.grouped_by_file else policy,
-        randomness=SeededSource(seed),
-        frequencies=value_frequencies(records, policy),
-        consistency_override=True,  # one release of a file: nothing to average over
+    engine, result, protected = run_engine(
+        records, df, policy, SeededSource(seed), value_frequencies(records, policy)
     )
-    result = engine.protect_window(records, now=0.0, flush_all=True)
-    columns = [n for n, a in policy.attributes.items() if a.method is not Method.DROP]
-    progress = Progress(len(result.rows), "writing")
-    frames = []
-    for start, stop in chunks(len(result.rows), 50_000):
-        frames.append(pd.DataFrame(list(result.rows[start:stop]), columns=columns))
-        progress.update(stop)
-    progress.close()
-    protected = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
-    protected = protected[[c for c in columns if c in df.columns]]
     meta = engine.metadata()
     whole_key: dict[str, Any] = {}
     file_groups: dict[str, Any] | None = None  # the groups formed here, not by the engine
