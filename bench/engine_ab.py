@@ -6,16 +6,16 @@
     .venv/bin/python bench/engine_ab.py --base 3539dcf --feed flush --base-policy
     .venv/bin/python bench/engine_ab.py --base HEAD~1 --feed records   # the in-thread path
 
-What is timed is the engine process's work on a window (``stream_jobs.engine_process``: the
-packed window decoded, ``Engine.protect_window`` with SQLite state and keyed randomness, the
-result packed), on the simulated Adult panel of bench/stream_throughput.py in windows of 5,000
-fed as the worker feeds them: the records the engine held come back first in the next window
-(they stay in the engine process: only their count travels), the clock advances 0.1 s a window,
-and only the last window flushes. So with ``republication.pool: release`` a wave is decided when
-it closes, in one pool, as in the stream. (A flush every window would close every release at
-once: returning respondents, short of a quorum within 5,000 records, would nearly all be
-grouped afresh, a path the stream seldom takes. ``--feed flush`` does that, for versions
-before 2026-11-26, whose engine process does not keep the records it holds.)
+What is timed is the engine process's work on a window
+(``stream_jobs.engine_process.engine_process``: the packed window decoded, ``Engine.protect_window``
+with SQLite state and keyed randomness, the result packed), on the simulated Adult panel of
+bench/stream_throughput.py in windows of 5,000 fed as the worker feeds them: the records the engine
+held come back first in the next window (they stay in the engine process: only their count travels),
+the clock advances 0.1 s a window, and only the last window flushes. So with ``republication.pool:
+release`` a wave is decided when it closes, in one pool, as in the stream. (A flush every window
+would close every release at once: returning respondents, short of a quorum within 5,000 records,
+would nearly all be grouped afresh, a path the stream seldom takes. ``--feed flush`` does that, for
+versions before 2026-11-26, whose engine process does not keep the records it holds.)
 ``--feed records`` times ``Engine.protect_window`` on the windows as records instead, the held
 ones handed back first in the next window: the in-thread engine's path (``--engine thread``,
 the partitioned backend) and the file workflow's, which build the window's columns themselves.
@@ -60,7 +60,7 @@ import stream_throughput  # the bench's policies
 
 from gateway.policy import policy_from_yaml
 from gateway.validation import Validator
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gateway", "state", "stream_jobs")

@@ -5,12 +5,12 @@
 
 1. Draws: ``KeyedSource.uniform`` under ``hmac-sha256`` (one pre-keyed HMAC-SHA256 per draw)
    and ``aes-256-cbc-mac`` (a batch CBC-MAC under an HKDF key per purpose: a few AES-ECB calls
-   over every key of the batch at once; ``gateway.draw_derivation``), on keys of 48 bytes
+   over every key of the batch at once; ``gateway.keyed.draw_derivation``), on keys of 48 bytes
    (respondent key + value digest, as sticky randomized response draws them), in batches of a
    window's size; the rounds alternate the two so a drift of the shared machine hits both.
 2. The engine alone on the Adult policy (bench/stream_throughput.py's, the whole-key claim):
-   the engine process's work on a window (``stream_jobs.engine_process``: packed window
-   decoded, ``Engine.protect_window`` with SQLite state, result packed), one engine per
+   the engine process's work on a window (``stream_jobs.engine_process.engine_process``: packed
+   window decoded, ``Engine.protect_window`` with SQLite state, result packed), one engine per
    derivation, each its own state file, their windows alternating (order swapped every window
    and round), as bench/engine_ab.py does for two versions.
 """
@@ -32,14 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import stream_throughput  # the bench's policies
 
-from gateway.draw_derivation import DrawDerivation
-from gateway.keyed import KeyedSource, Keyring
-from gateway.keyed_inputs import KeyedInputs
+from gateway.engine.keyed_inputs import KeyedInputs
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.draw_derivation import DrawDerivation
+from gateway.keyed.keyed import KeyedSource, Keyring
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
-from stream_jobs import engine_process
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.engine_process import engine_process
 
 SECRET = b"bench-secret-0123456789"
 WINDOW = 5000

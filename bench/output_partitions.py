@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from stream_jobs.kafka import partitions_for_keys
 
 

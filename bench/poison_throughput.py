@@ -4,8 +4,8 @@
     .venv/bin/python bench/poison_throughput.py --valid 30000 --per-class 300
 
 Clean run: the valid records alone. Poisoned run: the same valid records with ``--per-class``
-records of each bad-input class (stream_jobs.simulator.poison_corpus: invalid JSON and UTF-8,
-wrong type, missing and extra fields, unknown category, out of range, NaN, Infinity, integers
+records of each bad-input class (stream_jobs.commands.simulator.poison_corpus: invalid JSON and
+UTF-8, wrong type, missing and extra fields, unknown category, out of range, NaN, Infinity, integers
 beyond 2^53, values over 1 MB, nesting deeper than 64, empty messages, arrays, null keys,
 fields given twice, keys other than the respondent id) at
 random places. Both go through the real worker (stream_jobs.worker, SQLite state) on the
@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows, poison_corpus
 from stream_jobs.kafka import ensure_topics, make_consumer
 from stream_jobs.settings import Topics, WorkerSettings
-from stream_jobs.simulator import PanelSurvey, encode, load_rows, poison_corpus
 
 _spec = importlib.util.spec_from_file_location(
     "stream_throughput", Path(__file__).with_name("stream_throughput.py")

@@ -35,18 +35,18 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import PublishedRecord, ValidRecord
 from gateway.files.evaluate import claim_frame
 from gateway.files.fileio import read_table, records_from_frame
 from gateway.files.protect import protect_file
 from gateway.grouping.mixed_microaggregation import claim_columns, claim_inputs
 from gateway.grouping.recode_stream import RecodeStream
 from gateway.grouping.recode_suppress import strict_classes_below_k
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.measures import linkage, quality
 from gateway.measures.frequency_risk import key_codes, sample_frequencies
 from gateway.policy import MISSING_LABEL, Policy, load_policy
-from gateway.records import PublishedRecord, ValidRecord
 from state.memory_store import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,15 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.memory_store import MemoryStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.meta import meta_message
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.delivery.meta import meta_message
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ WHOLE = (
     PEAK
     + """
 import sys
-from stream_jobs.topic_reader import read_protected
+from stream_jobs.delivery.topic_reader import read_protected
 from gateway.measures.published import mechanisms_from_meta, reconstruct_rows
 meta, rows = read_protected(sys.argv[1], sys.argv[2])
 est = reconstruct_rows(rows, mechanisms_from_meta(meta))
@@ -59,7 +59,7 @@ STREAMED = (
     PEAK
     + """
 import sys
-from stream_jobs.topic_reader import count_protected
+from stream_jobs.delivery.topic_reader import count_protected
 counts = count_protected(sys.argv[1], sys.argv[2])
 est = counts.reconstruct()
 print(sum(counts.rows.values()), est["income"]["em"][0], peak_kib())

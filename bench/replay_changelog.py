@@ -32,15 +32,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.records import SourceRef, ValidRecord
-from gateway.state_codec import decode_state, encode_state
-from gateway.state_keys import is_group_key
+from gateway.state_store.state_codec import decode_state, encode_state
+from gateway.state_store.state_keys import is_group_key
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 5000

@@ -22,14 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
-from stream_jobs.memory import Collector, tune_memory  # the worker's own settings
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.engine_process.memory import Collector, tune_memory  # the worker's own settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NEVER = 10**9

@@ -30,8 +30,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stream_jobs.broker import EmbeddedBroker, free_port
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPIC, GROUP, PARTITIONS = "stall.in", "stall-g", 3

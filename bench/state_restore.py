@@ -27,9 +27,9 @@ from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 
 from state.rocks_store import RocksStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.changelog import KafkaChangelog, restore_partitions
+from stream_jobs.commands.broker import EmbeddedBroker
 from stream_jobs.kafka import create_missing_topics, make_consumer, make_producer
+from stream_jobs.partitions.changelog import KafkaChangelog, restore_partitions
 from stream_jobs.settings import WorkerSettings
 
 PARTITIONS = 6

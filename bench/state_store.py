@@ -37,7 +37,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.keyed import KeyedSource, Keyring
+from gateway.keyed.keyed import KeyedSource, Keyring
 from state.rocks_store import RocksStore
 from state.sqlite_store import SQLiteStore
 

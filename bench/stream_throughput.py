@@ -68,15 +68,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import policy_from_yaml
 from stream_jobs.app import serve
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.cli import build_worker
-from stream_jobs.engine_process import EngineProcess, EngineShards
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.cli import build_worker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.engine_process.engine_process import EngineProcess, EngineShards
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import Topics, WorkerSettings, usable_cpus
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,13 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import panel_waves as pw  # the panel, its scenarios and its mode runs
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
 from gateway.files.fileio import read_table, records_from_frame
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import value_keys, value_linkage
 from gateway.mechanisms.masking import round_to
 from gateway.policy import Policy, parse_policy
-from gateway.records import SourceRef, ValidRecord
 from state.memory_store import MemoryStore
 
 KEYS = {

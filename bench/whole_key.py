@@ -38,13 +38,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
 from gateway.files.fileio import read_table, records_from_frame
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, parse_policy, policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
 from state.memory_store import MemoryStore
-from stream_jobs.memory import tune_memory
+from stream_jobs.engine_process.memory import tune_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 ADULT = ROOT.parent / "shared" / "data" / "adult.csv"

@@ -35,8 +35,8 @@ import stream_throughput as st
 
 from gateway.policy import policy_from_yaml
 from gateway.validation import Rejection, Validator
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 
 def validate_and_reencode(validator: Validator) -> st.Encode:

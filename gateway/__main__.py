@@ -1,3 +1,3 @@
-from gateway.launch import main
+from gateway.commands.launch import main
 
 raise SystemExit(main())

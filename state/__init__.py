@@ -1,1 +1,1 @@
-"""Persistent respondent state: backends for gateway.state_api.StateStore."""
+"""Persistent respondent state: backends for gateway.state_store.state_api.StateStore."""

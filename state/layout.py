@@ -8,7 +8,7 @@ that one given the other backend's directory is refused before anything is writt
 
 One shard (the default) keeps its state in ``state.db``, as before sharding existed; N shards
 in ``state.shard-I-of-N.db`` (I = 0..N-1), one file per engine process
-(:mod:`gateway.shards`). A respondent's state lives in the file its shard names, so a state
+(:mod:`gateway.engine.shards`). A respondent's state lives in the file its shard names, so a state
 directory can only be opened with the shard count it was created with.
 """
 

@@ -1,8 +1,8 @@
 """PartitionedStore: one RocksStore per input partition, each written through its changelog.
 
 The engine runs with ``partition_scope`` and names every key's partition
-(``gateway.state_keys.state_key_partition``); this store routes each key to the store of that
-partition. A worker opens a partition's store when the partition is assigned to it — after
+(``gateway.state_store.state_keys.state_key_partition``); this store routes each key to the store of
+that partition. A worker opens a partition's store when the partition is assigned to it — after
 rebuilding it from the changelog — and closes it when the partition is revoked, so the state of
 a partition lives with the worker that owns the partition.
 
@@ -20,14 +20,15 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gateway.state_keys import state_key_partition
+from gateway.state_store.state_keys import state_key_partition
 from state.changelog import ChangelogWriter
 from state.errors import StateStoreError, check_entries, check_keys
 from state.rocks_store import RocksStore
 
 
 class PartitionedStore:
-    """``gateway.state_api.StateStore`` over the stores of the partitions this worker owns."""
+    """``gateway.state_store.state_api.StateStore`` over the stores of the partitions this worker
+    owns."""
 
     def __init__(
         self,
@@ -135,7 +136,7 @@ class PartitionedStore:
 
 
 class PartitionsView:
-    """``gateway.state_api.KeyFingerprintStore`` over some partitions' stores."""
+    """``gateway.state_store.state_api.KeyFingerprintStore`` over some partitions' stores."""
 
     def __init__(self, stores: Sequence[RocksStore]) -> None:
         self.stores = list(stores)

@@ -45,7 +45,7 @@ from gateway.policy.migration import (
     migrate_entries,
 )
 from gateway.policy.upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, facets
-from gateway.state_keys import is_group_key
+from gateway.state_store.state_keys import is_group_key
 from state.errors import StateStoreError
 from state.failures import sqlite_error
 from state.layout import (

@@ -59,7 +59,8 @@ def _options() -> Options:
 
 
 class RocksStore:
-    """``gateway.state_api.StateStore`` on a RocksDB directory (see the module docstring)."""
+    """``gateway.state_store.state_api.StateStore`` on a RocksDB directory (see the module
+    docstring)."""
 
     def __init__(
         self, path: str | os.PathLike[str], *, changelog: ChangelogWriter | None = None

@@ -53,7 +53,7 @@ _SCHEMA = (
     # facts about the state itself, apart from respondents (count and items never see them)
     "CREATE TABLE IF NOT EXISTS privgw_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
-_FINGERPRINT = "key_fingerprint"  # gateway.state_api.KeyFingerprintStore
+_FINGERPRINT = "key_fingerprint"  # gateway.state_store.state_api.KeyFingerprintStore
 # versions 1 and 2 kept the key as an indexed primary key (1 also a count trigger)
 _MIGRATE = (
     "INSERT INTO state (key, value) SELECT key, value FROM respondent ORDER BY rowid",
@@ -66,7 +66,8 @@ _UPDATE = "UPDATE state SET value = ? WHERE id = ?"
 
 
 class SQLiteStore:
-    """``gateway.state_api.StateStore`` on one SQLite file (see the module docstring)."""
+    """``gateway.state_store.state_api.StateStore`` on one SQLite file (see the module
+    docstring)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

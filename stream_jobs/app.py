@@ -25,9 +25,9 @@ import faust
 import mode
 from faust.app.base import BootStrategy
 
-from gateway.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from gateway.commands.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from gateway.commands.sigterm import sigterm_received
 from gateway.errors import PrivgwError
-from gateway.sigterm import sigterm_received
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.shutdown import EXIT_BROKER_AWAY
 from stream_jobs.worker import GatewayWorker

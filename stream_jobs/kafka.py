@@ -16,13 +16,13 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.helpers import create_ssl_context
 
+from gateway.engine.routing import murmur2_many, partitions_for_keys
 from gateway.errors import PrivgwError
-from gateway.routing import murmur2_many, partitions_for_keys
 from stream_jobs.settings import Topics, WorkerSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["murmur2_many", "partitions_for_keys"]  # the hash lives in gateway.routing
+__all__ = ["murmur2_many", "partitions_for_keys"]  # the hash lives in gateway.engine.routing
 
 
 class MissingTopicError(PrivgwError):

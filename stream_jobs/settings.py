@@ -3,7 +3,7 @@
 Every setting has an environment variable: ``bootstrap`` is ``PRIVGW_BOOTSTRAP``,
 ``sasl_password`` is ``PRIVGW_SASL_PASSWORD`` (or ``PRIVGW_SASL_PASSWORD_FILE``: a file holding
 it). Secrets are ``SecretStr``: masked in ``repr`` and logs. The deployment secret that keys
-pseudonyms and randomness is read separately by ``gateway.keyed.load_secret``
+pseudonyms and randomness is read separately by ``gateway.keyed.keyed.load_secret``
 (``PRIVGW_SECRET`` / ``PRIVGW_SECRET_FILE``) and is not part of these settings.
 """
 
@@ -20,9 +20,9 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.engine.shards import MAX_SHARDS
 from gateway.errors import PrivgwError
 from gateway.policy import Policy, topic_clash
-from gateway.shards import MAX_SHARDS
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -278,7 +278,8 @@ class WorkerSettings(BaseSettings):
         out = self.output_topic or policy.output.topic
         topics = Topics(
             # re-keying (input.key_field), and the partitioned backend's re-routing of records
-            # that arrived on a partition their key does not pick (stream_jobs.state_routing)
+            # that arrived on a partition their key does not pick
+            # (stream_jobs.partitions.state_routing)
             repartition=f"{inp}.repartition"
             if policy.input.key_field is not None or self.state_backend == "partitioned"
             else None,
@@ -341,7 +342,7 @@ class WorkerSettings(BaseSettings):
 
 
 # Variables of the PRIVGW_ prefix that are not worker settings: the deployment secret, read by
-# gateway.keyed.load_secret. Anything else with the prefix is a typo (check_environment).
+# gateway.keyed.keyed.load_secret. Anything else with the prefix is a typo (check_environment).
 OTHER_VARIABLES: dict[str, str] = {
     "PRIVGW_SECRET": "the deployment secret that keys pseudonyms and randomness (text, or "
     "hex:/base64: prefixed); set it or PRIVGW_SECRET_FILE",

@@ -12,10 +12,10 @@ replays from the last commit, and replays are identical (deterministic record id
 written before output, keyed randomness).
 
 The worker starts the clients, runs the loop and stops; each concern is a module of its own:
-consuming and validation (``stream_jobs.intake``), the window lifecycle from the buffer through
-the engine (``stream_jobs.window_lifecycle``; when a window closes: ``stream_jobs.windows``),
-producing and committing (``stream_jobs.delivery``), and rebalancing with the state that comes
-with each partition (``stream_jobs.rebalancing``).
+consuming and validation (``stream_jobs.intake.intake``), the window lifecycle from the buffer
+through the engine (``stream_jobs.windows.window_lifecycle``; when a window closes:
+``stream_jobs.windows.windows``), producing and committing (``stream_jobs.delivery.delivery``), and
+rebalancing with the state that comes with each partition (``stream_jobs.partitions.rebalancing``).
 """
 
 from __future__ import annotations
@@ -29,24 +29,26 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 
+from gateway.engine.routing import StatePartitions
 from gateway.errors import PrivgwError
 from gateway.policy import GroupingPool, Policy
-from gateway.routing import StatePartitions
-from gateway.state_api import (
+from gateway.state_store.state_api import (
     KeyFingerprintCheck,
     KeyFingerprintResult,
     SecretMismatchError,
 )
-from stream_jobs.changelog import KafkaChangelog
-from stream_jobs.delivery import Delivery
-from stream_jobs.draw_settle import settle_on_start
-from stream_jobs.intake import Intake
+from stream_jobs.delivery.delivery import Delivery
+from stream_jobs.delivery.meta import meta_message
+from stream_jobs.engine_process.memory import Collector, tune_memory
+from stream_jobs.intake.intake import Intake
 from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
-from stream_jobs.memory import Collector, tune_memory
-from stream_jobs.meta import meta_message
-from stream_jobs.partition_state import PartitionStateGuard
-from stream_jobs.rebalancing import Rebalancing, is_partitioned
-from stream_jobs.secret_announce import announce_fingerprint, read_announced
+from stream_jobs.ops.worker_stats import WorkerStats
+from stream_jobs.partitions.changelog import KafkaChangelog
+from stream_jobs.partitions.partition_state import PartitionStateGuard
+from stream_jobs.partitions.rebalancing import Rebalancing, is_partitioned
+from stream_jobs.partitions.state_routing import PartitionCountError, wire_routing
+from stream_jobs.secret.draw_settle import settle_on_start
+from stream_jobs.secret.secret_announce import announce_fingerprint, read_announced
 from stream_jobs.settings import Topics, WorkerSettings
 from stream_jobs.shutdown import (
     CLIENT_STOP_S,
@@ -55,15 +57,13 @@ from stream_jobs.shutdown import (
     cancel_left_tasks,
     describe_uncommitted,
 )
-from stream_jobs.state_routing import PartitionCountError, wire_routing
-from stream_jobs.window_lifecycle import (
+from stream_jobs.windows.window_lifecycle import (
     ProtectsWindows,
     WindowEngine,
     WindowLifecycle,
     WindowObserver,
 )
-from stream_jobs.windows import TP, FlushReason, WindowBuffer
-from stream_jobs.worker_stats import WorkerStats
+from stream_jobs.windows.windows import TP, FlushReason, WindowBuffer
 
 if TYPE_CHECKING:  # the partitioned backend needs the rocksdb extra: imported when chosen
     from state.partitioned_store import PartitionedStore
@@ -90,10 +90,10 @@ class GatewayWorker:
         self.observers: list[WindowObserver] = []
         self.closers: list[Callable[[], None]] = []  # run after the clients are stopped
         self.state_store: Any = None  # the engine's store, for the metrics exporter
-        self.engine_shards = 1  # engines the respondents are split over (gateway.shards)
+        self.engine_shards = 1  # engines the respondents are split over (gateway.engine.shards)
         self.key_fingerprint: str | None = None  # of the secret in force (Keyring.fingerprint)
         self.refused: PrivgwError | None = None  # why the worker stopped before processing
-        # whether the broker answers (stream_jobs.monitor's probe; a stop waits for it or not)
+        # whether the broker answers (stream_jobs.ops.monitor's probe; a stop waits for it or not)
         self.broker_reachable: Callable[[], bool] = lambda: True
         self._deadline = StopDeadline()
         # offsets a stop without the broker left uncommitted: (first, next) per partition
@@ -133,7 +133,7 @@ class GatewayWorker:
         )
         self._rotation_counted = False  # this run's secret rotation is counted and logged
         self.ready = asyncio.Event()
-        self.started = False  # clients up, topics checked (readiness, stream_jobs.monitor)
+        self.started = False  # clients up, topics checked (readiness, stream_jobs.ops.monitor)
         self._gc = Collector()
         self.rebalancing = Rebalancing(self, self._lock, self._buffer)
         self.lifecycle = WindowLifecycle(

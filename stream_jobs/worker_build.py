@@ -3,11 +3,11 @@
 - the partitioned backend (RocksDB, the ``rocksdb`` extra): one store whose partitions follow
   the consumer's, the engine in the worker's thread (its changelog goes through the worker's
   producer); partitions are restored and checked as they are assigned
-  (``stream_jobs.rebalancing``);
+  (``stream_jobs.partitions.rebalancing``);
 - the sqlite backend: one SQLite file per engine shard (``state.layout``), the engine in a child
-  process (``stream_jobs.engine_process``; ``EngineShards`` for several) or in the worker's
-  thread (``gateway.shards.ShardedEngine`` for several); the state's key fingerprint is checked
-  here, before the worker starts, and the partition-state guard set up.
+  process (``stream_jobs.engine_process.engine_process``; ``EngineShards`` for several) or in the
+  worker's thread (``gateway.engine.shards.ShardedEngine`` for several); the state's key fingerprint
+  is checked here, before the worker starts, and the partition-state guard set up.
 
 The settings (environment and flags) and the keyring it is built from are read here too, each
 refused in one line that names the setting. Kafka, the state backends and the worker are
@@ -26,7 +26,7 @@ from gateway.policy import Policy
 
 def keyring_from_environment() -> Any:
     """The deployment secret's keyring (PRIVGW_SECRET or PRIVGW_SECRET_FILE)."""
-    from gateway.keyed import Keyring, load_secret  # noqa: PLC0415
+    from gateway.keyed.keyed import Keyring, load_secret  # noqa: PLC0415
 
     return Keyring(load_secret(os.environ))
 
@@ -66,9 +66,9 @@ def worker_settings(**overrides: Any) -> Any:
 
 def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     """Engine (keyed, with the durable state store) + worker for ``policy``."""
-    from gateway.engine import Engine  # noqa: PLC0415
-    from gateway.shards import ShardedEngine  # noqa: PLC0415
-    from gateway.state_api import check_key_fingerprint  # noqa: PLC0415
+    from gateway.engine.engine import Engine  # noqa: PLC0415
+    from gateway.engine.shards import ShardedEngine  # noqa: PLC0415
+    from gateway.state_store.state_api import check_key_fingerprint  # noqa: PLC0415
     from state.layout import resolve_shards, shard_paths  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
     from stream_jobs.worker import GatewayWorker  # noqa: PLC0415
@@ -86,7 +86,7 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     else:
         paths = shard_paths(state_dir, resolve_shards(state_dir, settings.engine_shards))
         if settings.engine_in_process:
-            from stream_jobs.engine_process import (  # noqa: PLC0415
+            from stream_jobs.engine_process.engine_process import (  # noqa: PLC0415
                 EngineProcess,
                 EngineShards,
                 EngineSpec,
@@ -107,7 +107,7 @@ def build_worker(policy: Policy, settings: Any, keyring: Any) -> Any:
     worker = GatewayWorker(policy, settings, engine)
     worker.key_fingerprint = keyring.fingerprint()
     if settings.state_backend != "partitioned":  # partitions are checked as they are assigned
-        from stream_jobs.partition_state import PartitionStateGuard  # noqa: PLC0415
+        from stream_jobs.partitions.partition_state import PartitionStateGuard  # noqa: PLC0415
 
         try:
             outcome = check_key_fingerprint(

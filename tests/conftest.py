@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.commands.broker import EmbeddedBroker
 
 TEST_SECRET = "privgw-test-secret-not-for-production-0123456789"
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.command_kit import add_command, fmt, print_json
+from gateway.commands.command_kit import add_command, fmt, print_json
 from gateway.errors import PrivgwError
 from gateway.files.analysis import attack_history, read_jsonl_rows, reconstruct_file
 from gateway.files.evaluate import evaluate_files

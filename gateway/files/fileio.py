@@ -16,10 +16,10 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from gateway.engine.records import ValidRecord
 from gateway.errors import InputDataError
 from gateway.mechanisms import masking
 from gateway.policy import AttrType, ExtraFields, Policy
-from gateway.records import ValidRecord
 from gateway.validation import has_duplicate_key
 
 JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}

@@ -11,7 +11,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import ValidRecord, WindowReport, WindowResult
 from gateway.errors import InputDataError
 from gateway.files.evaluate import claim_frame, missing_to_none, whole_key_evaluation
 from gateway.files.fileio import (
@@ -25,6 +26,7 @@ from gateway.files.fileio import (
 from gateway.grouping import file_claim, recode_suppress
 from gateway.grouping.microaggregation import group_means, mdav_groups, microaggregate
 from gateway.grouping.strata import stratified_groups, stratum_ids
+from gateway.keyed.randomness import SeededSource
 from gateway.measures import quality, release_risk
 from gateway.policy import (
     MISSING_LABEL,
@@ -33,8 +35,6 @@ from gateway.policy import (
     Policy,
     RRMode,
 )
-from gateway.randomness import SeededSource
-from gateway.records import ValidRecord, WindowReport, WindowResult
 
 
 def meta_path(out: str | Path) -> Path:

@@ -41,9 +41,9 @@ from gateway.files.protect import (
     value_counts,
 )
 from gateway.grouping.key_blocks import BlockBounds, key_blocks
+from gateway.keyed.randomness import SeededSource
 from gateway.measures import release_risk
 from gateway.policy import AttrType, MicroaggAlgorithm, Policy
-from gateway.randomness import SeededSource
 
 #: the default --memory-budget (MiB): a block's rows are what fits in it
 DEFAULT_BUDGET_MIB = 1024

@@ -1,13 +1,13 @@
 """sdcMicro-shaped commands: ``privgw risk`` (``measure_risk`` + ``suda2``) and ``privgw
-kanon`` (``kAnon``). Registered from :mod:`gateway.cli`; each returns data from a workflow and
-only formats it here."""
+kanon`` (``kAnon``). Registered from :mod:`gateway.commands.cli`; each returns data from a workflow
+and only formats it here."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from gateway.command_kit import add_command, print_json
+from gateway.commands.command_kit import add_command, print_json
 from gateway.errors import PrivgwError
 from gateway.files.fileio import check_output
 

@@ -21,9 +21,9 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gateway.engine.records import starts_with
 from gateway.grouping.registry import is_wave
 from gateway.grouping.release import ReleaseClock, Source
-from gateway.records import starts_with
 
 # the release keys of the records at these positions
 ReleasesAt = Callable[[Sequence[int]], list[str]]

@@ -24,9 +24,9 @@ newest wave ``w``, ``m``: that publication's mask, ``r``: [wave, digest prefix, 
 last :data:`KEPT_RELEASES` publications (one per wave and recoded tuple; mask -1: withheld)};
 per (scope, wave) a registry entry ``rs.<wave>`` (decided), and per class ``rs.<wave>.<digest
 of the published tuple>`` with its respondents as the formation size and no live members
-(:mod:`gateway.state_codec`; no respondent is a "member", so the live-count audit sees nothing
-to repair). Counts only grow: a class enters the registry at ≥ k and late records join it, so
-existence at ≥ k is all a late record needs (a respondent counted twice changes nothing).
+(:mod:`gateway.state_store.state_codec`; no respondent is a "member", so the live-count audit sees
+nothing to repair). Counts only grow: a class enters the registry at ≥ k and late records join it,
+so existence at ≥ k is all a late record needs (a respondent counted twice changes nothing).
 """
 
 from __future__ import annotations
@@ -301,8 +301,8 @@ class _Step:
 
 
 def digests_of(claim_digests: Callable[..., list[str]], attribute: str) -> Digest:
-    """A :data:`Digest` over :meth:`gateway.keyed_inputs.KeyedInputs.claim_digests`: a missing
-    cell digested as a text no category has."""
+    """A :data:`Digest` over :meth:`gateway.engine.keyed_inputs.KeyedInputs.claim_digests`: a
+    missing cell digested as a text no category has."""
 
     def digest(rows: Sequence[Key]) -> list[str]:
         if not rows:

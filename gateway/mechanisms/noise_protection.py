@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gateway.keyed.randomness import normals_from_uniforms
 from gateway.mechanisms import masking
 from gateway.mechanisms.protection import Draws, Protection, Published, finite
 from gateway.policy import Attribute, CodingSpec, NoiseSpec
-from gateway.randomness import normals_from_uniforms
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from gateway.keyed.randomness import UniformSource
 from gateway.mechanisms.sticky import DrawnStates, StoredLookup, store_drawn
-from gateway.randomness import UniformSource
 
 
 class Recalled(NamedTuple):

@@ -16,7 +16,7 @@ Three constructions (DESIGN.md §4; in :mod:`gateway.mechanisms.rr_constructions
 - :func:`from_matrix`: any column-stochastic matrix the publisher gives.
 
 Mechanisms never draw randomness: :meth:`RRMechanism.apply` takes uniforms in [0, 1) from a
-:class:`gateway.randomness.UniformSource`. Error messages name settings, never data values.
+:class:`gateway.keyed.randomness.UniformSource`. Error messages name settings, never data values.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gateway.keyed_inputs import KeyedInputs, WindowKeys
+from gateway.engine.keyed_inputs import KeyedInputs, WindowKeys
+from gateway.engine.records import ValidRecord
+from gateway.keyed.randomness import UniformSource
 from gateway.panel.roster import Roster
-from gateway.randomness import UniformSource
-from gateway.records import ValidRecord
 
 
 @dataclass(frozen=True, slots=True)

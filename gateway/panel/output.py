@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.columns import Output
-from gateway.records import ValidRecord
+from gateway.engine.columns import Output
+from gateway.engine.records import ValidRecord
 
 PSEUDONYM = "\x00pseudonym"  # the carried pseudonym of a member (output.pseudonym: hmac)
 

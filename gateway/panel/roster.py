@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.state_keys import group_key, roster_group_id
+from gateway.state_store.state_keys import group_key, roster_group_id
 
 NONCE_BYTES = 12
 OUTCOMES_KEPT = 4  # decided waves a replay can republish (a backlog decides several at once)

@@ -23,20 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.columns import Output, PublishedColumns, WindowInputs
-from gateway.errors import PolicyError
-from gateway.grouping.claim_partition import ClaimPartition
-from gateway.grouping.decision import QIDecision
-from gateway.grouping.live_view import StateView
-from gateway.grouping.mixed_microaggregation import claim_inputs
-from gateway.keyed import Keyring
-from gateway.keyed_inputs import KeyedInputs
-from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
-from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
-from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
-from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
-from gateway.policy import Policy, RepublicationMode, Role
-from gateway.records import (
+from gateway.engine.columns import Output, PublishedColumns, WindowInputs
+from gateway.engine.keyed_inputs import KeyedInputs
+from gateway.engine.records import (
     PublishedRecord,
     WindowReport,
     WindowResult,
@@ -45,8 +34,19 @@ from gateway.records import (
     output_rows,
     window_digest,
 )
-from gateway.state_api import StateStore
-from gateway.state_codec import encode_state
+from gateway.errors import PolicyError
+from gateway.grouping.claim_partition import ClaimPartition
+from gateway.grouping.decision import QIDecision
+from gateway.grouping.live_view import StateView
+from gateway.grouping.mixed_microaggregation import claim_inputs
+from gateway.keyed.keyed import Keyring
+from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
+from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
+from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
+from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
+from gateway.policy import Policy, RepublicationMode, Role
+from gateway.state_store.state_api import StateStore
+from gateway.state_store.state_codec import encode_state
 
 CARRY_SALT = b"privgw/v1/panel-carry"
 

@@ -9,7 +9,8 @@
   dropped; the next publication of each value is drawn again, under the new mechanism.
 
 The state format this relies on (the engine's documents; registry keys and values are read
-and written through :mod:`gateway.state_keys` and :mod:`gateway.state_codec`):
+and written through :mod:`gateway.state_store.state_keys` and
+:mod:`gateway.state_store.state_codec`):
 
 * group registry rows: key ``GROUP_KEY_PREFIX + group id``, value ``{"live": n, "size": m}``
   (``size``, the formation size, absent in groups formed before it was kept; regroup and cohort
@@ -33,8 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.policy.upgrade import Upgrade
-from gateway.state_codec import decode_state, encode_state, registry_counts, registry_value
-from gateway.state_keys import group_id, is_group_key, is_roster_key
+from gateway.state_store.state_codec import (
+    decode_state,
+    encode_state,
+    registry_counts,
+    registry_value,
+)
+from gateway.state_store.state_keys import group_id, is_group_key, is_roster_key
 
 __all__ = [
     "MigrationPlan",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli import EXIT_OK, EXIT_REFUSED, build_parser
+from gateway.commands.cli import EXIT_OK, EXIT_REFUSED, build_parser
 from stream_jobs.shutdown import EXIT_BROKER_AWAY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,8 +249,8 @@ def test_every_privgw_command_of_the_runbook_exists_with_its_options() -> None:
 
 def test_the_secret_rotation_panel_says_the_count_is_kept_on_the_metadata_topic() -> None:
     """privgw_secret_rotations_total starts from the rotations the metadata topic announces
-    (stream_jobs.secret_announce): the panel and the runbook's dashboard table must not call it
-    a count since the workers started."""
+    (stream_jobs.secret.secret_announce): the panel and the runbook's dashboard table must not call
+    it a count since the workers started."""
     board = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "privgw.json").read_text())
     (panel,) = [
         p
@@ -266,13 +266,13 @@ def test_the_secret_rotation_panel_says_the_count_is_kept_on_the_metadata_topic(
         assert "since the workers started" not in text
         assert "restart" in text.lower() or "history" in text
     assert "metadata topic" in panel["description"] and "metadata topic" in row[1]
-    assert "metadata topic" in (ROOT / "stream_jobs" / "secret_announce.py").read_text()
+    assert "metadata topic" in (ROOT / "stream_jobs" / "secret" / "secret_announce.py").read_text()
 
 
 def test_every_command_of_the_restore_runbook_exists(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 45, item 7: the restore needs no outside tool, and each `privgw …` command the
     section names is one privgw has, with the flags it gives."""
-    from gateway.cli import main  # noqa: PLC0415
+    from gateway.commands.cli import main  # noqa: PLC0415
 
     text = RUNBOOK.read_text()
     start = text.index("## Backups and restore")

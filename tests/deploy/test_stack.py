@@ -30,7 +30,7 @@ import pytest
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from stream_jobs.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.prometheus]
 

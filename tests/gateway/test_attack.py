@@ -9,11 +9,11 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import averaging_attack, intersection_attack
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
 
 KEY = Keyring(b"attack-test-secret-0123456789")
 

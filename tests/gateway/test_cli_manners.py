@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from gateway.cli import EXIT_BROKEN_PIPE, build_parser
+from gateway.commands.cli import EXIT_BROKEN_PIPE, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.cli import main
+from gateway.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "policies" / "adult.yaml"

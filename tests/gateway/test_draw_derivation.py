@@ -23,7 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from gateway.draw_derivation import (
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.engine.shards import ShardedEngine, route
+from gateway.keyed.draw_derivation import (
     META_NAME,
     NEW_DEPLOYMENTS,
     DrawDerivation,
@@ -31,11 +34,8 @@ from gateway.draw_derivation import (
     check_parts,
     settle,
 )
-from gateway.engine import Engine
-from gateway.keyed import KeyedSource, Keyring
+from gateway.keyed.keyed import KeyedSource, Keyring
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
-from gateway.shards import ShardedEngine, route
 from state.memory_store import MemoryStore
 from state.sqlite_store import SQLiteStore
 
@@ -344,7 +344,7 @@ def test_an_unknown_recorded_derivation_is_refused_naming_it() -> None:
 
 
 def test_engines_that_do_not_draw_keyed_say_nothing_about_a_derivation() -> None:
-    from gateway.randomness import SeededSource  # noqa: PLC0415
+    from gateway.keyed.randomness import SeededSource  # noqa: PLC0415
 
     seeded = Engine(POLICY, randomness=SeededSource(1), consistency_override=True)
     assert seeded.draws is None and META_NAME not in seeded.metadata()

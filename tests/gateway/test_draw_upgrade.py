@@ -17,12 +17,12 @@ import numpy as np
 import orjson
 import pytest
 
-import gateway.records as current
-from gateway.draw_derivation import META_NAME, DrawDerivation
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+import gateway.engine.records as current
+from gateway.engine.engine import Engine
+from gateway.engine.shards import ShardedEngine
+from gateway.keyed.draw_derivation import META_NAME, DrawDerivation
+from gateway.keyed.keyed import Keyring
 from gateway.policy import policy_from_yaml
-from gateway.shards import ShardedEngine
 from state.sqlite_store import SQLiteStore
 
 DATA = Path(__file__).resolve().parent / "data" / "draw_upgrade"

@@ -9,14 +9,14 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.keyed_inputs import KeyedInputs
+from gateway.engine.records import SourceRef, ValidRecord, encode_rows
 from gateway.errors import PolicyError
-from gateway.keyed import Keyring
-from gateway.keyed_inputs import KeyedInputs
+from gateway.keyed.keyed import Keyring
+from gateway.keyed.randomness import SeededSource
 from gateway.policy import Policy, policy_from_yaml
-from gateway.randomness import SeededSource
-from gateway.records import SourceRef, ValidRecord, encode_rows
-from gateway.state_codec import decode_state
+from gateway.state_store.state_codec import decode_state
 
 POLICY = """
 input: {respondent_id: rid}
@@ -238,7 +238,7 @@ def test_a_full_digest_cache_is_refilled_without_losing_the_windows_hits(
     store = DictStore()
     engine = Engine(_policy(), keyring=KEY, store=store)
     first = _rows(engine.protect_window(_records(1, 30, np.random.default_rng(0)), now=0.0))
-    monkeypatch.setattr("gateway.keyed_inputs.DIGEST_CACHE_LIMIT", 32)  # 30 tuples cached
+    monkeypatch.setattr("gateway.engine.keyed_inputs.DIGEST_CACHE_LIMIT", 32)  # 30 tuples cached
     returning = _records(2, 30, np.random.default_rng(0), offset=100)
     newcomers = [
         r._replace(respondent_id=f"new{i}", values={**r.values, "age": 90 + i})
@@ -393,7 +393,7 @@ def test_partition_scope_keeps_groups_and_state_within_a_partition() -> None:
     """With state that follows input partitions, every state key names its partition and
     every group is formed inside one partition; randomized response is the same draw as
     without partition scope (bound to the respondent, not to where its state lives)."""
-    from gateway.state_keys import state_key_partition  # noqa: PLC0415
+    from gateway.state_store.state_keys import state_key_partition  # noqa: PLC0415
 
     rng = np.random.default_rng(4)
     records = _spread(_records(1, 60, rng), 3)

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
+from gateway.keyed.randomness import SeededSource
 from gateway.policy import Policy, policy_from_yaml
-from gateway.randomness import SeededSource
-from gateway.records import SourceRef, ValidRecord
-from gateway.state_codec import decode_state
+from gateway.state_store.state_codec import decode_state
 from state.memory_store import MemoryStore
 
 POLICY = """

@@ -14,15 +14,15 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
 from gateway.files.panel_weights import share_gaps
 from gateway.grouping.mixed_microaggregation import QIKind, claim_columns
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.memory_store import MemoryStore
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "policies" / "adult.yaml"

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cli import main
+from gateway.commands.cli import main
 from gateway.files.risk_files import file_risk
 from gateway.measures.frequency_risk import MISSING, key_codes, measure_risk, sample_frequencies
 from gateway.measures.suda import msu_weight, suda2

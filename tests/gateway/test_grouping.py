@@ -11,14 +11,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cli import main
-from gateway.engine import Engine
+from gateway.commands.cli import main
+from gateway.engine.engine import Engine
 from gateway.errors import PolicyError
 from gateway.files.protect import protect_file
 from gateway.grouping.l_diversity import enforce_l_diversity
 from gateway.grouping.microaggregation import mdav_groups
 from gateway.grouping.strata import stratified_groups
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import SmallStrata, load_policy, parse_policy
 from state.memory_store import MemoryStore
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from gateway.errors import PrivgwError
-from gateway.keyed import (
+from gateway.keyed.keyed import (
     SECRET_ENV,
     SECRET_FILE_ENV,
     KeyedSource,
@@ -27,7 +27,7 @@ from gateway.keyed import (
     generate_secret_file,
     load_secret,
 )
-from gateway.randomness import UniformSource
+from gateway.keyed.randomness import UniformSource
 
 SECRET = b"test-secret-0123456789abcdef"
 OTHER = b"another-secret-0123456789abcdef"
@@ -169,7 +169,7 @@ def test_uniform_is_the_same_in_a_fresh_interpreter(ring: Keyring) -> None:
     here = KeyedSource(ring).uniform("occupation", 5, keys)
     code = (
         "import sys\n"
-        "from gateway.keyed import Keyring, KeyedSource\n"
+        "from gateway.keyed.keyed import Keyring, KeyedSource\n"
         "keys = [bytes.fromhex(h) for h in sys.argv[2:]]\n"
         "src = KeyedSource(Keyring(bytes.fromhex(sys.argv[1])))\n"
         "u = src.uniform('occupation', len(keys), keys)\n"

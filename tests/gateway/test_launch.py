@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import cli, launch, sigterm
+from gateway.commands import cli, launch, sigterm
 
 POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yaml"
 

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cli import main
+from gateway.commands.cli import main
 from gateway.measures.frequency_risk import MISSING, key_codes
 from gateway.mechanisms.local_suppression import default_importance, suppress_to_k
 

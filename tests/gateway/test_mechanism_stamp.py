@@ -14,15 +14,15 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.measures.versioned_counts import VersionedCounts
 from gateway.mechanisms.stamp import stamp_column
 from gateway.policy import Policy, load_policy
-from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.memory_store import MemoryStore
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()

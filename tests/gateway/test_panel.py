@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from test_republication import CLAIM
 from test_republication import POLICY as REPUBLICATION_POLICY
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
 from gateway.errors import PolicyError
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import linked_sets
 from gateway.policy import policy_from_yaml
-from gateway.records import PublishedRecord, SourceRef, ValidRecord
 from state.memory_store import MemoryStore
 
 KEY = Keyring(b"panel-mode-property-secret-01234")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
-from gateway.state_codec import registry_counts
+from gateway.state_store.state_codec import registry_counts
 
 CANARY = "Canary-Value-7f3a"
 
@@ -60,8 +60,8 @@ def test_another_secret_is_named() -> None:
 def test_a_migration_and_a_live_count_audit_leave_the_roster_alone() -> None:
     """The roster is shaped as a registry entry (so partitioned state routes it) but is no
     group: a migration that re-forms every group, or a live-count repair, never rewrites it."""
-    from gateway.live_counts import audit_live_counts  # noqa: PLC0415
     from gateway.policy.migration import MigrationPlan, groups_to_drop  # noqa: PLC0415
+    from gateway.state_store.live_counts import audit_live_counts  # noqa: PLC0415
 
     key = roster_key(2)
     raw = _roster().encode(Sealer(b"k" * 32), key)

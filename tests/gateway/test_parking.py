@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.engine.records import SourceRef, ValidRecord, record_ids_at, window_id, window_id_from
 from gateway.grouping.parking import Parking
 from gateway.grouping.release import ReleaseClock
-from gateway.records import SourceRef, ValidRecord, record_ids_at, window_id, window_id_from
 
 windows = st.lists(
     st.tuples(

@@ -13,10 +13,12 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
 from gateway.errors import PolicyError
 from gateway.grouping.live_view import StateView
-from gateway.keyed import KeyedSource, Keyring
+from gateway.keyed.keyed import KeyedSource, Keyring
+from gateway.keyed.randomness import SeededSource, UniformSource
 from gateway.mechanisms import registry
 from gateway.mechanisms.noise_protection import Noise
 from gateway.mechanisms.protection import Draws, Protection, Published
@@ -25,8 +27,6 @@ from gateway.mechanisms.recodings import Coarsen, Generalize, Keep, RoundTo, Top
 from gateway.mechanisms.rr_protection import RandomizedResponse
 from gateway.mechanisms.sticky import StoredLookup
 from gateway.policy import Method, NoiseSpec, Policy, policy_from_yaml
-from gateway.randomness import SeededSource, UniformSource
-from gateway.records import SourceRef, ValidRecord
 
 POLICY = """
 input: {respondent_id: rid}

@@ -1,6 +1,6 @@
 """Every protection method publishes, stores and describes exactly what the engine did before
 the methods became objects (issue 33, item 1): the same windows, protected by the code of
-0095fb9 (the if/elif chain in gateway/columns.py), were kept in
+0095fb9 (the if/elif chain in gateway/engine/columns.py), were kept in
 tests/gateway/data/protections/expected.json (``make.py`` there writes them again from git),
 and today's engine must give them byte for byte — published values, each state entry's key
 and bytes, the window reports' hits and retention, and the metadata.
@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-import gateway.engine
-import gateway.keyed
+import gateway.engine.engine
+import gateway.engine.records
+import gateway.keyed.keyed
+import gateway.keyed.randomness
 import gateway.policy
-import gateway.randomness
-import gateway.records
 
 DATA = Path(__file__).resolve().parent / "data" / "protections"
 SECRET = b"protections-test-secret-0123456789"
@@ -204,11 +204,11 @@ def scenarios(m: SimpleNamespace) -> dict[str, Any]:
 
 def test_every_method_publishes_stores_and_describes_what_the_chain_did() -> None:
     modules = SimpleNamespace(
-        Engine=gateway.engine.Engine,
-        Keyring=gateway.keyed.Keyring,
-        SeededSource=gateway.randomness.SeededSource,
-        ValidRecord=gateway.records.ValidRecord,
-        SourceRef=gateway.records.SourceRef,
+        Engine=gateway.engine.engine.Engine,
+        Keyring=gateway.keyed.keyed.Keyring,
+        SeededSource=gateway.keyed.randomness.SeededSource,
+        ValidRecord=gateway.engine.records.ValidRecord,
+        SourceRef=gateway.engine.records.SourceRef,
         policy_from_yaml=gateway.policy.policy_from_yaml,
     )
     expected = orjson.loads((DATA / "expected.json").read_bytes())

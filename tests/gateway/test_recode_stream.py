@@ -11,12 +11,12 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
 from gateway.grouping.exact_suppression import suppress_exact
 from gateway.grouping.recode_suppress import interval_label
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import policy_from_yaml
-from gateway.records import PublishedRecord, SourceRef, ValidRecord
 from state.memory_store import MemoryStore
 
 KEY = Keyring(b"recode-stream-panel-secret-01234")

@@ -1,4 +1,4 @@
-"""gateway.records: a window's values as columns, the one shape the engine reads them in."""
+"""gateway.engine.records: a window's values as columns, the one shape the engine reads them in."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.records import ValidRecord, attribute_values, values_at, window_columns
+from gateway.engine.records import ValidRecord, attribute_values, values_at, window_columns
 
 NAMES = ("age", "sex", "wave", "zip")
 value_maps = st.lists(

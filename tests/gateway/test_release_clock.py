@@ -8,14 +8,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
 from gateway.grouping.release import ReleaseClock
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, load_policy, parse_policy
-from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 P0, P1 = ("in", 0), ("in", 1)

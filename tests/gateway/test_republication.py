@@ -14,11 +14,11 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import intersection_attack
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
 from state.memory_store import MemoryStore
 
 KEY = Keyring(b"republication-panel-secret-01234")

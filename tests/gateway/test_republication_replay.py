@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_republication import CLAIM, KEY, POLICY, panel_waves
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import ValidRecord
 from gateway.policy import policy_from_yaml
-from gateway.records import ValidRecord
 from state.memory_store import MemoryStore
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.keyed import SECRET_FILE_ENV, Keyring, load_secret
+from gateway.keyed.keyed import SECRET_FILE_ENV, Keyring, load_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Engines over shards of respondents (gateway.shards): routing, and merged results that keep
+"""Engines over shards of respondents (gateway.engine.shards): routing, and merged results that keep
 every guarantee of one engine."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_engine import KEY, DictStore, _policy, _records
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord, WindowResult
+from gateway.engine.shards import REPUBLICATION_MEASURES, ShardedEngine, route, shard_of
 from gateway.measures.window_risk import window_measures
-from gateway.records import SourceRef, ValidRecord, WindowResult
-from gateway.shards import REPUBLICATION_MEASURES, ShardedEngine, route, shard_of
 
 QI = ("age", "hours")
 

@@ -16,13 +16,13 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.draw_derivation import DrawDerivation
-from gateway.engine import Engine
-from gateway.keyed import Keyring
-from gateway.live_counts import audit_live_counts
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.draw_derivation import DrawDerivation
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
-from gateway.state_codec import decode_state, encode_state
+from gateway.state_store.live_counts import audit_live_counts
+from gateway.state_store.state_codec import decode_state, encode_state
 from state.sqlite_store import SQLiteStore
 
 POLICY = """

@@ -26,13 +26,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord, WindowResult
+from gateway.engine.shards import ShardedEngine
 from gateway.errors import PolicyError
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, policy_from_yaml
-from gateway.records import SourceRef, ValidRecord, WindowResult
-from gateway.shards import ShardedEngine
-from gateway.state_codec import decode_state
+from gateway.state_store.state_codec import decode_state
 from state.memory_store import MemoryStore
 
 KEY = Keyring(b"stream-strata-and-l-diversity-01")

@@ -17,7 +17,7 @@ import orjson
 import pandas as pd
 import pytest
 
-from gateway.cli import main
+from gateway.commands.cli import main
 from gateway.files.analysis import reconstruct_file
 from gateway.measures.published import mechanisms_from_meta
 from gateway.policy import MISSING_LABEL, load_policy

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.engine.shards import ShardedEngine, route
 from gateway.errors import PolicyError
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import unique_combinations, value_keys, value_linkage
 from gateway.mechanisms.masking import round_to
 from gateway.policy import Policy, policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
-from gateway.shards import ShardedEngine, route
 
 KEY = Keyring(b"value-linkage-test-secret-012345")
 

@@ -14,11 +14,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
-from gateway.live_counts import audit_live_counts
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
+from gateway.state_store.live_counts import audit_live_counts
 from gateway.validation import Rejection, Validator
 from state.memory_store import MemoryStore
 

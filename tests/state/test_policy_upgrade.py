@@ -19,16 +19,16 @@ import orjson
 import pytest
 from conftest import TEST_SECRET
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, load_policy, policy_from_yaml
 from gateway.policy.upgrade import UpgradeAction, diff
-from gateway.records import ValidRecord
-from gateway.state_codec import decode_state
+from gateway.state_store.state_codec import decode_state
 from gateway.validation import Validator
 from state.policy_record import Outcome, PolicyChangedError, check_policy, policy_facets
 from state.sqlite_store import SQLiteStore
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "deploy" / "policies" / "adult.yaml"
@@ -292,7 +292,7 @@ def test_classification_table() -> None:
 def test_the_commands_an_operator_uses(
     state: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gateway.cli import main  # noqa: PLC0415
+    from gateway.commands.cli import main  # noqa: PLC0415
 
     k6 = tmp_path / "k6.yaml"
     k6.write_text(ADULT.replace(K_LINE, K_LINE.replace("k: 5", "k: 6")))
@@ -343,7 +343,7 @@ def test_state_commands_find_the_backend_in_the_directory_and_refuse_the_other(
 ) -> None:
     """Issue 45, item 4: `policy diff`, `state migrate` and `state-check` read the backend from
     the state directory; the other backend named is refused, and nothing is written."""
-    from gateway.cli import main  # noqa: PLC0415
+    from gateway.commands.cli import main  # noqa: PLC0415
 
     monkeypatch.setenv("PRIVGW_SECRET", TEST_SECRET)
     k6 = tmp_path / "k6.yaml"

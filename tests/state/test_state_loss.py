@@ -12,13 +12,13 @@ from pathlib import Path
 
 from test_policy_upgrade import ADULT as ADULT_REGROUP
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.records import SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.sqlite_store import SQLiteStore
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 QIS = tuple(load_policy(ROOT / "deploy" / "policies" / "adult.yaml").k_claim)
@@ -82,7 +82,7 @@ def test_state_loss_keeps_rr_and_regroups_only_in_groups_of_k(tmp_path: Path) ->
 def test_a_rotation_drops_the_entries_of_the_old_secret(tmp_path: Path) -> None:
     """Issue 30 (item 7), taken by issue 32: after --rotate-secret the entries keyed by the old
     secret were kept, unreachable (2,198 -> 2,698 respondents in the state)."""
-    from gateway.state_api import KeyFingerprintCheck, check_key_fingerprint  # noqa: PLC0415
+    from gateway.state_store.state_api import KeyFingerprintCheck, check_key_fingerprint  # noqa: PLC0415
     from state.sqlite_store import SQLiteStore  # noqa: PLC0415
 
     with SQLiteStore(tmp_path / "s.db") as store:

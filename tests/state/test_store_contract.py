@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.keyed import Keyring
-from gateway.state_api import KeyFingerprintCheck as Check
-from gateway.state_api import (
+from gateway.keyed.keyed import Keyring
+from gateway.state_store.state_api import KeyFingerprintCheck as Check
+from gateway.state_store.state_api import (
     KeyFingerprintStore,
     SecretMismatchError,
     StateStore,
@@ -422,7 +422,8 @@ def test_rocks_changelog_failure_writes_nothing_locally(tmp_path: Path) -> None:
     assert len(log.entries) == 10  # neither the failed nor the bad batch reached the changelog
 
 
-# --- the key fingerprint a state was written with (gateway.state_api) ------------------------
+# --- the key fingerprint a state was written with (gateway.state_store.state_api)
+# ------------------------
 
 
 def test_key_fingerprint_is_stored_apart_from_respondents(store: Store) -> None:

@@ -23,15 +23,15 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gateway.keyed import Keyring
+from gateway.engine.records import SourceRef, ValidRecord, WindowResult
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, load_policy
-from gateway.records import SourceRef, ValidRecord, WindowResult
 from gateway.validation import Validator
 from stream_jobs.app import serve
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
-from stream_jobs.window_lifecycle import InThread
+from stream_jobs.windows.window_lifecycle import InThread
 from stream_jobs.worker import GatewayWorker
 from stream_jobs.worker_build import build_worker
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from stream_jobs import bounded_http
-from stream_jobs.bounded_http import BoundedHTTPServer
-from stream_jobs.cli import build_worker
-from stream_jobs.engine_heartbeat import start_heartbeat
-from stream_jobs.metrics import _Handler, start_exporter
-from stream_jobs.monitor import Monitor
+from stream_jobs.commands.cli import build_worker
+from stream_jobs.engine_process.engine_heartbeat import start_heartbeat
+from stream_jobs.ops import bounded_http
+from stream_jobs.ops.bounded_http import BoundedHTTPServer
+from stream_jobs.ops.metrics import _Handler, start_exporter
+from stream_jobs.ops.monitor import Monitor
 from stream_jobs.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,10 +27,10 @@ import pytest
 from streamkit import consume_all, high_watermarks, produce, small_window_policy, start_worker
 
 from gateway.policy import load_policy
-from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

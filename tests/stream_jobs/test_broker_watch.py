@@ -35,13 +35,13 @@ from test_metrics_prometheus import (
 )
 
 from gateway.policy import load_policy
-from stream_jobs.broker import EmbeddedBroker, free_port
-from stream_jobs.broker_watch import BrokerTiming, BrokerWatch
-from stream_jobs.client_log import ClientLogLimiter
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.kafka import ensure_topics
+from stream_jobs.ops.broker_watch import BrokerTiming, BrokerWatch
+from stream_jobs.ops.client_log import ClientLogLimiter
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.shutdown import EXIT_BROKER_AWAY, BrokerAway, StopDeadline, give_up_after
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 STALL_S = 6.0
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"

@@ -20,13 +20,13 @@ from streamkit import (
     small_window_policy,
 )
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.records import ValidRecord
 from state.sqlite_store import SQLiteStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.worker import GatewayWorker
 
 pytestmark = pytest.mark.broker

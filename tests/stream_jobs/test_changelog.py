@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import NewTopic
 
-from gateway.state_codec import encode_state
-from gateway.state_keys import state_key_partition
+from gateway.state_store.state_codec import encode_state
+from gateway.state_store.state_keys import state_key_partition
 from state.rocks_store import RocksStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.changelog import KafkaChangelog, restore_partitions
+from stream_jobs.commands.broker import EmbeddedBroker
 from stream_jobs.kafka import create_missing_topics, make_producer
+from stream_jobs.partitions.changelog import KafkaChangelog, restore_partitions
 from stream_jobs.settings import WorkerSettings
 
 pytestmark = pytest.mark.broker

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_jobs.broker import EmbeddedBroker
+from stream_jobs.commands.broker import EmbeddedBroker
 from stream_jobs.kafka import make_consumer, make_producer
 from stream_jobs.settings import WorkerSettings
 from stream_jobs.worker import GatewayWorker

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.cli import build_parser
+from gateway.commands.cli import build_parser
 from stream_jobs.settings import (
     FLAGS,
     OTHER_VARIABLES,
@@ -133,7 +133,7 @@ def test_privgw_version() -> None:
 
 
 def test_privgw_run_names_the_bootstrap_setting_when_kafka_cannot_be_reached() -> None:
-    from stream_jobs.broker import free_port  # noqa: PLC0415
+    from stream_jobs.commands.broker import free_port  # noqa: PLC0415
 
     proc = run_privgw(
         "run",

@@ -15,7 +15,7 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
-from stream_jobs.delivery import _transient
+from stream_jobs.delivery.delivery import _transient
 
 
 @pytest.mark.parametrize(

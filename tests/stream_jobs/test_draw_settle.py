@@ -25,17 +25,17 @@ from streamkit import (
     validated_panel,
 )
 
-from gateway.draw_derivation import META_NAME, DrawDerivation, DrawDerivationError
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.keyed.draw_derivation import META_NAME, DrawDerivation, DrawDerivationError
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
 from state.changelog import META_ENTRY_PREFIX
 from state.layout import SINGLE
 from state.rocks_store import RocksStore
 from state.sqlite_store import SQLiteStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.meta import is_announcement, meta_message
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.delivery.meta import is_announcement, meta_message
 
 pytestmark = pytest.mark.broker
 

@@ -26,16 +26,16 @@ from streamkit import (
     small_window_policy,
 )
 
-from gateway.engine import Engine
+from gateway.engine.engine import Engine
+from gateway.engine.records import ValidRecord, WindowResult
 from gateway.grouping.replay import Committed
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, load_policy
-from gateway.records import ValidRecord, WindowResult
 from state.sqlite_store import SQLiteStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.engine_process import EngineProcess, EngineShards, PackedRecords
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.engine_process.engine_process import EngineProcess, EngineShards, PackedRecords
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.worker import GatewayWorker
 
 pytestmark = pytest.mark.broker

@@ -1,5 +1,5 @@
-"""The engine in its own process (stream_jobs.engine_process): same results as in-process,
-failures reported without values, a child that cannot outlive its worker."""
+"""The engine in its own process (stream_jobs.engine_process.engine_process): same results as
+in-process, failures reported without values, a child that cannot outlive its worker."""
 
 from __future__ import annotations
 
@@ -19,22 +19,22 @@ import pytest
 import yaml
 from streamkit import regroup_adult, validated_panel
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
-from gateway.keyed_inputs import KeyedInputs
+from gateway.engine.engine import Engine
+from gateway.engine.keyed_inputs import KeyedInputs
+from gateway.engine.records import ValidRecord
+from gateway.engine.shards import ShardedEngine
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.records import ValidRecord
-from gateway.shards import ShardedEngine
-from gateway.state_codec import decode_state
+from gateway.state_store.state_codec import decode_state
 from state.sqlite_store import SQLiteStore
-from stream_jobs.engine_process import (
+from stream_jobs.engine_process.engine_process import (
     EngineProcess,
     EngineProcessError,
     EngineShards,
     EngineSpec,
     PackedRecords,
 )
-from stream_jobs.engine_wire import HeldAt, HeldInChild, decode_window, encode_window
+from stream_jobs.engine_process.engine_wire import HeldAt, HeldInChild, decode_window, encode_window
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = ROOT / "deploy" / "policies" / "adult.yaml"
@@ -277,7 +277,7 @@ def test_the_child_dies_with_a_worker_killed_mid_window(tmp_path: Path) -> None:
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from pathlib import Path
         from gateway.policy import load_policy
-        from stream_jobs.engine_process import EngineProcess, EngineSpec
+        from stream_jobs.engine_process.engine_process import EngineProcess, EngineSpec
         from streamkit import regroup_adult, validated_panel
         records = validated_panel(20000)
         proc = EngineProcess(EngineSpec(load_policy({str(ADULT)!r}),

@@ -20,8 +20,8 @@ import orjson
 import pytest
 from streamkit import consume_all, produce
 
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 

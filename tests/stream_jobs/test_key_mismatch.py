@@ -23,8 +23,8 @@ from streamkit import (
 from streamkit import settings_for as _settings_for
 
 from gateway.policy import load_policy
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = pytest.mark.broker
 

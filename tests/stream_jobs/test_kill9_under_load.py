@@ -22,8 +22,8 @@ from streamkit import (
     start_worker,
 )
 
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -1,11 +1,11 @@
-"""The worker's garbage collection between windows (stream_jobs.memory.Collector)."""
+"""The worker's garbage collection between windows (stream_jobs.engine_process.memory.Collector)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from stream_jobs.memory import Collector
+from stream_jobs.engine_process.memory import Collector
 
 
 class _Node:

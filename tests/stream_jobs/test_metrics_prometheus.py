@@ -39,9 +39,9 @@ from streamkit import (
 )
 
 from gateway.policy import load_policy
-from stream_jobs.broker import EmbeddedBroker, free_port
-from stream_jobs.metrics import start_exporter
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.ops.metrics import start_exporter
 
 pytestmark = [pytest.mark.broker, pytest.mark.prometheus]
 
@@ -395,7 +395,7 @@ def test_a_stopped_engine_is_seen_stalled_alerted_and_recovers(
     prom, base = start_prometheus(tmp_path, f"127.0.0.1:{port}", fast / "alerts.yml")
     seen: dict[str, Any] = {}
     finished: list[bool] = []
-    caplog.set_level(logging.INFO, logger="stream_jobs.monitor")
+    caplog.set_level(logging.INFO, logger="stream_jobs.ops.monitor")
 
     def firing() -> set[str]:
         with urllib.request.urlopen(f"{base}/api/v1/alerts", timeout=5) as resp:

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
 from state.sqlite_store import SQLiteStore
-from stream_jobs.metrics import GatewayMetrics
+from stream_jobs.ops.metrics import GatewayMetrics
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.windows import Flush, FlushReason
+from stream_jobs.windows.windows import Flush, FlushReason
 from stream_jobs.worker import GatewayWorker
 
 SECRET = Keyring(b"republication-metrics-secret-0123")
@@ -106,7 +106,7 @@ def test_broken_promises_are_counted_and_logged_with_counts_only(
             risk_sampled=True,
             measures=broken,
         )
-        with caplog.at_level(logging.ERROR, logger="stream_jobs.republication_metrics"):
+        with caplog.at_level(logging.ERROR, logger="stream_jobs.ops.republication_metrics"):
             metrics.observe(report, NO_FLUSH, 0.0)
     value = registry.get_sample_value
     assert value("privgw_release_class_violations_total") == 1

@@ -9,14 +9,14 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from streamkit import regroup_policy_path, validated_panel
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
 from state.sqlite_store import SQLiteStore
-from stream_jobs.cli import build_worker
-from stream_jobs.metrics import GatewayMetrics
+from stream_jobs.commands.cli import build_worker
+from stream_jobs.ops.metrics import GatewayMetrics
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.windows import Flush, FlushReason
+from stream_jobs.windows.windows import Flush, FlushReason
 from stream_jobs.worker import GatewayWorker
 
 ADULT = regroup_policy_path()

@@ -12,13 +12,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from streamkit import regroup_policy_path, validated_panel
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy, policy_from_yaml
 from state.sqlite_store import SQLiteStore
-from stream_jobs.metrics import GatewayMetrics
+from stream_jobs.ops.metrics import GatewayMetrics
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.windows import Flush, FlushReason
+from stream_jobs.windows.windows import Flush, FlushReason
 from stream_jobs.worker import GatewayWorker
 
 ADULT = regroup_policy_path()
@@ -114,7 +114,7 @@ def test_a_class_below_k_is_counted_and_logged_with_counts_only(
             risk_sampled=True,
             measures=broken,
         )
-        with caplog.at_level(logging.ERROR, logger="stream_jobs.metrics"):
+        with caplog.at_level(logging.ERROR, logger="stream_jobs.ops.metrics"):
             metrics.observe(report, NO_FLUSH, 0.0)
             metrics.observe(dataclasses.replace(report, measures={}), NO_FLUSH, 0.0)
     assert value("privgw_key_class_violations_total") == 1

@@ -24,8 +24,8 @@ from confluent_kafka.admin import AdminClient
 from streamkit import create_input_topic, create_topics, produce, regroup_policy_path, settings_for
 
 from gateway.policy import load_policy
-from stream_jobs.broker import EmbeddedBroker, free_port
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = pytest.mark.broker
 

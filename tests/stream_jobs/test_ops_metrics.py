@@ -1,4 +1,4 @@
-"""The operational figures of stream_jobs/ops_metrics.py (issue 30): the engine's child
+"""The operational figures of stream_jobs/ops/ops_metrics.py (issue 30): the engine's child
 processes' CPU and memory (`process_*` is the worker's process only, while the default engine
 does most of its work in a child), the state disk's room, and policy upgrades with every
 action present, read from real processes and a real file system."""
@@ -12,10 +12,10 @@ import pytest
 from conftest import TEST_SECRET
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from stream_jobs.cli import build_worker
-from stream_jobs.ops_metrics import OperationsCollector, engine_pids, process_usage
+from stream_jobs.commands.cli import build_worker
+from stream_jobs.ops.ops_metrics import OperationsCollector, engine_pids, process_usage
 from stream_jobs.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

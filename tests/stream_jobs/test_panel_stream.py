@@ -37,11 +37,11 @@ from streamkit import (
     start_worker,
 )
 
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, parse_policy
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
-from stream_jobs.wave_control import HEADER, WAVE_CLOSE
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE
 
 pytestmark = pytest.mark.broker
 

@@ -27,8 +27,9 @@ from streamkit import (
     start_worker,
 )
 
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.partition_state import (
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.partitions.partition_state import (
     COMMIT_TAG,
     LEDGER,
     PartitionLedger,
@@ -36,7 +37,6 @@ from stream_jobs.partition_state import (
     _committer,
     missing,
 )
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker]
 

@@ -33,8 +33,8 @@ from streamkit import (
 from gateway.measures.reconstruction import reconstruct
 from gateway.mechanisms.randomized_response import from_dict
 from gateway.policy import load_policy, policy_from_yaml
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = pytest.mark.broker
 

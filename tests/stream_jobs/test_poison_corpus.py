@@ -22,9 +22,9 @@ from streamkit import (
 )
 
 from gateway.policy import load_policy, policy_from_yaml
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.dlq import TRUNCATED_PREFIX_BYTES
-from stream_jobs.simulator import PanelSurvey, encode, load_rows, poison_corpus
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows, poison_corpus
+from stream_jobs.intake.dlq import TRUNCATED_PREFIX_BYTES
 
 pytestmark = pytest.mark.broker
 

@@ -22,8 +22,8 @@ import pytest
 from streamkit import consume_all, k_claim, produce, small_window_policy, start_worker
 
 from gateway.policy import load_policy
-from stream_jobs.broker import EmbeddedBroker, free_port
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker]
 

@@ -23,9 +23,9 @@ from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.grouping.recode_stream import RecodeStream
 from gateway.policy import load_policy
 from gateway.validation import Validator
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.metrics import GatewayMetrics
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.ops.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_reconstruct_versions import ADULT, ROOT, _policy, _protect, _send
 
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.meta import meta_message
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.delivery.meta import meta_message
 
 pytestmark = [pytest.mark.broker]
 

@@ -19,17 +19,17 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from gateway.engine import Engine
-from gateway.keyed import Keyring
+from gateway.engine.engine import Engine
+from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
+from gateway.keyed.keyed import Keyring
 from gateway.measures.published import mechanisms_from_meta
 from gateway.measures.reconstruction import reconstruct
 from gateway.policy import Policy, load_policy
-from gateway.records import PublishedRecord, SourceRef, ValidRecord
 from gateway.validation import Validator
 from state.memory_store import MemoryStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.meta import meta_message
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.delivery.meta import meta_message
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -27,9 +27,9 @@ from streamkit import (
 
 from gateway.policy import load_policy
 from stream_jobs.app import serve
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.changelog import RestoreError
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.partitions.changelog import RestoreError
 
 pytestmark = pytest.mark.broker
 

@@ -16,11 +16,11 @@ import orjson
 import pytest
 from streamkit import consume_all, create_input_topic, make_worker, run_until, settings_for
 
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
-from gateway.state_api import SecretMismatchError
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.meta import is_announcement
+from gateway.state_store.state_api import SecretMismatchError
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.delivery.meta import is_announcement
 
 pytestmark = pytest.mark.broker
 

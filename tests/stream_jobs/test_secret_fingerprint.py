@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from streamkit import consume_all, produce, small_window_policy, start_worker
 
-from gateway.keyed import Keyring
+from gateway.keyed.keyed import Keyring
 from state.layout import shard_paths
 from state.sqlite_store import SQLiteStore
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

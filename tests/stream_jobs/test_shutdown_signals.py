@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from streamkit import consume_all, high_watermarks, produce, small_window_policy, start_worker
 
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = pytest.mark.broker
 

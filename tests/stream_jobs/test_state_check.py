@@ -8,14 +8,14 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.cli import main
-from gateway.engine import Engine
-from gateway.keyed import Keyring
-from gateway.live_counts import audit_live_counts
+from gateway.commands.cli import main
+from gateway.engine.engine import Engine
+from gateway.engine.records import SourceRef, ValidRecord
+from gateway.engine.shards import ShardedEngine
+from gateway.keyed.keyed import Keyring
 from gateway.policy import policy_from_yaml
-from gateway.records import SourceRef, ValidRecord
-from gateway.shards import ShardedEngine
-from gateway.state_codec import decode_state
+from gateway.state_store.live_counts import audit_live_counts
+from gateway.state_store.state_codec import decode_state
 from state.layout import shard_paths
 from state.sqlite_store import SQLiteStore
 

@@ -37,12 +37,12 @@ from streamkit import (
     start_worker,
 )
 
+from gateway.engine.routing import partitions_for_keys
 from gateway.policy import load_policy
-from gateway.routing import partitions_for_keys
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.metrics import count_respondents
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
-from stream_jobs.state_routing import PartitionCountError
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.ops.metrics import count_respondents
+from stream_jobs.partitions.state_routing import PartitionCountError
 from stream_jobs.worker import GatewayWorker
 
 pytestmark = pytest.mark.broker

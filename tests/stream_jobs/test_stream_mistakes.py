@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from streamkit import create_input_topic, high_watermarks
 
-from stream_jobs.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
 from stream_jobs.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,10 +31,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from streamkit import accounted, make_worker, regroup_policy_path, run_until
 
 from gateway.policy import load_policy
-from stream_jobs.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.broker import EmbeddedBroker, free_port
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import WorkerSettings
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
 
 pytestmark = pytest.mark.broker
 

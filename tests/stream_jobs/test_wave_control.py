@@ -1,11 +1,11 @@
-"""Reading operators' wave closes (stream_jobs.wave_control): which records are control
+"""Reading operators' wave closes (stream_jobs.intake.wave_control): which records are control
 records, and when a close holds for a worker's partitions."""
 
 from __future__ import annotations
 
 import pytest
 
-from stream_jobs.wave_control import HEADER, WAVE_CLOSE, WaveCloses, control_wave
+from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE, WaveCloses, control_wave
 
 CLOSE = [(HEADER, WAVE_CLOSE)]
 

@@ -37,9 +37,9 @@ from streamkit import (
 
 from gateway.measures.attack import intersection_attack
 from gateway.policy import AttrType, load_policy
-from stream_jobs.broker import EmbeddedBroker
-from stream_jobs.metrics import GatewayMetrics
-from stream_jobs.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.commands.broker import EmbeddedBroker
+from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.ops.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.broker
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.engine.records import SourceRef, ValidRecord
 from gateway.policy import HoldTimeout, WindowSpec
-from gateway.records import SourceRef, ValidRecord
-from stream_jobs.windows import FlushReason, WindowBuffer
+from stream_jobs.windows.windows import FlushReason, WindowBuffer
 
 SPEC = WindowSpec(
     max_records=3, max_seconds=5.0, max_hold_seconds=20.0, on_hold_timeout=HoldTimeout.SUPPRESS
@@ -97,7 +97,7 @@ def test_hold_policy_never_expires_held_records() -> None:
 
 
 def test_decided_runs_past_the_held_records_that_keep_the_commit_back() -> None:
-    """The consumer lag's split (stream_jobs.monitor): offsets between the commit and
+    """The consumer lag's split (stream_jobs.ops.monitor): offsets between the commit and
     ``decided`` wait only because a record is held on purpose; a revoked or rewound partition
     forgets it."""
     buf = WindowBuffer(SPEC)

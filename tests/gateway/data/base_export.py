@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def export_base(base: str, root: Path, prefix: str) -> Callable[[str], ModuleType]:
     """Exports ``base`` into ``root``; returns the importer of its modules by today's name
-    (``"gateway.engine"`` gives ``<prefix>_gateway.engine``)."""
+    (``"gateway.engine.engine"`` gives ``<prefix>_gateway.engine``)."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", base, "gateway", "state"],
         check=True,

@@ -33,7 +33,12 @@ from test_draw_upgrade import POLICY, SECRET, waves  # noqa: E402
 
 def _base(root: Path) -> dict[str, ModuleType]:
     mod = export_base(BASE, root, "base33")
-    names = ("gateway.engine", "gateway.keyed", "gateway.policy", "gateway.shards")
+    names = (
+        "gateway.engine.engine",
+        "gateway.keyed.keyed",
+        "gateway.policy",
+        "gateway.engine.shards",
+    )
     mods = {n: mod(n) for n in (*names, "state.sqlite_store")}
     return mods
 
@@ -47,20 +52,20 @@ def _records(engine: Any, truth: dict[str, dict[str, Any]], offset: int) -> list
 
 def _engines(mods: dict[str, ModuleType], paths: list[Path]) -> tuple[Any, list[Any]]:
     policy = mods["gateway.policy"].policy_from_yaml(POLICY)
-    ring = mods["gateway.keyed"].Keyring(SECRET)
+    ring = mods["gateway.keyed.keyed"].Keyring(SECRET)
     stores = [mods["state.sqlite_store"].SQLiteStore(p) for p in paths]
-    make = mods["gateway.engine"].Engine
+    make = mods["gateway.engine.engine"].Engine
     if len(stores) == 1:
         return make(policy, keyring=ring, store=stores[0]), stores
     engines = [make(policy, keyring=ring, store=s, measure_risk=False) for s in stores]
-    return mods["gateway.shards"].ShardedEngine(engines), stores
+    return mods["gateway.engine.shards"].ShardedEngine(engines), stores
 
 
 def main() -> None:
     first, second = waves()
     with tempfile.TemporaryDirectory() as tmp:
         mods = _base(Path(tmp))
-        engine = mods["gateway.engine"]
+        engine = mods["gateway.engine.engine"]
         for shards in (1, 2):
             out = HERE / f"shards-{shards}"
             out.mkdir(exist_ok=True)

@@ -19,7 +19,7 @@ import orjson
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
-BASE = "0095fb9"  # main with the if/elif chain in gateway/columns.py
+BASE = "0095fb9"  # main with the if/elif chain in gateway/engine/columns.py
 sys.path.insert(0, str(ROOT / "tests" / "gateway"))
 sys.path.insert(0, str(HERE.parent))
 
@@ -29,11 +29,11 @@ from test_protections_byte_identical import scenarios  # noqa: E402
 
 def _base(root: Path) -> SimpleNamespace:
     mod = export_base(BASE, root, "base33m")
-    engine, records = mod("gateway.engine"), mod("gateway.records")
+    engine, records = mod("gateway.engine.engine"), mod("gateway.engine.records")
     return SimpleNamespace(
         Engine=engine.Engine,  # type: ignore[attr-defined]
-        Keyring=mod("gateway.keyed").Keyring,  # type: ignore[attr-defined]
-        SeededSource=mod("gateway.randomness").SeededSource,  # type: ignore[attr-defined]
+        Keyring=mod("gateway.keyed.keyed").Keyring,  # type: ignore[attr-defined]
+        SeededSource=mod("gateway.keyed.randomness").SeededSource,  # type: ignore[attr-defined]
         ValidRecord=records.ValidRecord,  # type: ignore[attr-defined]
         SourceRef=records.SourceRef,  # type: ignore[attr-defined]
         policy_from_yaml=mod("gateway.policy").policy_from_yaml,  # type: ignore[attr-defined]

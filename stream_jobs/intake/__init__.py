@@ -1,0 +1,1 @@
+"""Consuming and validation: where each fetched record goes, and the dead-letter path."""

@@ -1,0 +1,2 @@
+"""Operating a worker: Prometheus metrics and their HTTP endpoint, the monitor (liveness,
+readiness, lag), the worker's running totals, and its logs."""

@@ -1,0 +1,228 @@
+"""Our windows: when to flush, which records are held, which offsets may be committed.
+
+Pure bookkeeping (no Kafka, no asyncio), driven by the worker:
+
+- ``add(record)`` for every valid record (``add_partition_batch`` for a run of them from one
+  partition), ``consumed(topic, partition, offset)`` for every consumed record (valid or
+  dead-lettered);
+- ``due(now, quiet=...)`` says whether (and why) to flush now: ``max_records`` new records, a
+  window open for ``max_seconds``, new records and an input drained (``quiet``: the last fetch
+  found nothing) and quiet for ``max_idle_seconds``, or a held record reaching
+  ``max_hold_seconds`` (only when the policy suppresses on timeout: with ``hold`` it would be
+  held again). ``deadline(now)`` is when ``due`` turns true without new input — the worker's
+  timer;
+- ``take()`` hands out the held + new records and snapshots the consumed positions;
+  ``complete(flush, held)`` records what the engine still holds and returns the offsets that
+  may now be committed (after the outputs are acknowledged): per partition, the smallest
+  offset still held, else the next offset after the last record taken; ``decided()`` says up
+  to where the records are decided (published, dead-lettered or held), whatever is committed;
+- ``forget(partitions)`` on revocation: their held records are handed over uncommitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gateway.engine.records import ValidRecord
+from gateway.policy import HoldTimeout, WindowSpec
+
+TP = tuple[str, int]  # (topic, partition)
+
+
+class FlushReason(StrEnum):
+    COUNT = "count"
+    TIME = "time"
+    IDLE = "idle"
+    HOLD_TIMEOUT = "hold_timeout"
+    REVOKE = "revoke"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(slots=True)
+class Flush:
+    """One window handed to the engine."""
+
+    records: list[ValidRecord]
+    new: int
+    positions: dict[TP, int]  # next offset per partition when the window was taken
+    reason: FlushReason
+
+
+@dataclass(slots=True)
+class WindowBuffer:
+    spec: WindowSpec
+    new: list[ValidRecord] = field(default_factory=list)
+    held: list[ValidRecord] = field(default_factory=list)
+    opened_at: float | None = None  # first record consumed since the last flush
+    last_input: float | None = None  # last record consumed
+    _positions: dict[TP, int] = field(default_factory=dict)
+    _committed: dict[TP, int] = field(default_factory=dict)
+    _first: dict[TP, int] = field(default_factory=dict)  # first offset consumed (this run)
+    _decided: dict[TP, int] = field(default_factory=dict)  # next offset after a window's last
+
+    # -- input --------------------------------------------------------------------------
+    def consumed(self, topic: str, partition: int, offset: int, now: float) -> None:
+        """Any consumed record, valid or dead-lettered: its offset is covered by the next
+        flush, which is due ``max_seconds`` after the first such record at the latest."""
+        tp = (topic, partition)
+        self.last_input = now
+        self._first.setdefault(tp, offset)
+        if offset + 1 > self._positions.get(tp, -1):
+            self._positions[tp] = offset + 1
+        if self.opened_at is None:
+            self.opened_at = now
+
+    def add(self, record: ValidRecord) -> None:
+        self.add_partition_batch((record,))
+
+    def add_partition_batch(self, records: Sequence[ValidRecord]) -> None:
+        """``add`` for consecutive valid records of one partition, offsets increasing (what the
+        worker validated of one fetched batch): one position update instead of one each."""
+        if not records:
+            return
+        self.new.extend(records)
+        last, first = records[-1].source, records[0].source
+        if first is not None:
+            self._first.setdefault(first.topic_partition, first.offset)
+        if last is not None:
+            self.consumed(last.topic, last.partition, last.offset, records[0].arrived_at)
+        elif self.opened_at is None:
+            self.opened_at = records[0].arrived_at
+
+    # -- when ---------------------------------------------------------------------------
+    @property
+    def _hold_expires(self) -> bool:
+        return self.spec.on_hold_timeout is HoldTimeout.SUPPRESS
+
+    def _idle_at(self) -> float | None:
+        """When new records close the window if no more come (``max_idle_seconds``)."""
+        idle = self.spec.max_idle_seconds
+        if idle is None or not self.new or self.last_input is None:
+            return None
+        return self.last_input + idle
+
+    def deadline(self) -> float | None:
+        """Monotonic time at which a flush becomes due without new records (None: never)."""
+        times: list[float] = []
+        if self.opened_at is not None:
+            times.append(self.opened_at + self.spec.max_seconds)
+        idle_at = self._idle_at()
+        if idle_at is not None:
+            times.append(idle_at)
+        if self.held and self._hold_expires:
+            times.append(min(r.arrived_at for r in self.held) + self.spec.max_hold_seconds)
+        return min(times) if times else None
+
+    def due(self, now: float, *, quiet: bool = False) -> FlushReason | None:
+        """``quiet``: the last fetch found no record (the input is drained)."""
+        if len(self.new) >= self.spec.max_records:
+            return FlushReason.COUNT
+        if self.opened_at is not None and now >= self.opened_at + self.spec.max_seconds:
+            return FlushReason.TIME
+        idle_at = self._idle_at()
+        if quiet and idle_at is not None and now >= idle_at:
+            return FlushReason.IDLE
+        if self.held and self._hold_expires:
+            oldest = min(r.arrived_at for r in self.held)
+            if now >= oldest + self.spec.max_hold_seconds:
+                return FlushReason.HOLD_TIMEOUT
+        return None
+
+    # -- flush ----------------------------------------------------------------------------
+    def take(self, reason: FlushReason) -> Flush:
+        flush = Flush(
+            records=self.held + self.new,
+            new=len(self.new),
+            positions=dict(self._positions),
+            reason=reason,
+        )
+        self.held = []
+        self.new = []
+        self.opened_at = None
+        return flush
+
+    def complete(self, flush: Flush, held: Sequence[ValidRecord]) -> dict[TP, int]:
+        """Keep what the engine still holds; the offsets now committable (only increases)."""
+        self.held = list(held) + self.held  # held ones first: they arrived earlier
+        lowest: dict[TP, int] = {}
+        for r in self.held:
+            src = r.source
+            if src is not None:
+                tp = src.topic_partition
+                if src.offset < lowest.get(tp, src.offset + 1):
+                    lowest[tp] = src.offset
+        commits: dict[TP, int] = {}
+        for tp, position in flush.positions.items():
+            if tp not in self._positions or position > self._positions[tp]:
+                continue  # revoked meanwhile, or a position in a log the broker has lost
+            self._decided[tp] = max(position, self._decided.get(tp, position))
+            offset = min(position, lowest.get(tp, position))
+            if offset > self._committed.get(tp, -1):
+                commits[tp] = offset
+        return commits
+
+    def committed(self, commits: dict[TP, int]) -> None:
+        """The broker accepted these commits."""
+        for tp, offset in commits.items():
+            if offset > self._committed.get(tp, -1):
+                self._committed[tp] = offset
+
+    def committed_offsets(self) -> dict[TP, int]:
+        """The offsets the broker accepted so far (a partition's log that restarted: none)."""
+        return dict(self._committed)
+
+    def decided(self) -> dict[TP, int]:
+        """Per partition, the next offset after the records the last completed window decided
+        (published, dead-lettered or held): the records from the committed offset up to it
+        wait only because some are held on purpose. A copy (the monitor's thread asks)."""
+        return dict(self._decided)
+
+    def position(self, tp: TP) -> int | None:
+        """The next offset after the last record consumed from ``tp`` (None: none yet)."""
+        return self._positions.get(tp)
+
+    def rewind(self, tp: TP, offset: int) -> bool:
+        """A partition's log restarted below the offsets already seen (a broker that lost its
+        data, or a recreated topic): positions and commits start again from ``offset``.
+        Returns True when that was the case."""
+        if offset >= self._positions.get(tp, -1):
+            return False
+        self._positions[tp] = offset
+        self._committed.pop(tp, None)
+        self._decided.pop(tp, None)
+        self._first[tp] = offset
+        return True
+
+    def forget(self, partitions: Iterable[TP]) -> int:
+        """Drop all records of revoked partitions (the next owner re-reads them from the last
+        commit); returns how many held or unflushed records were handed over."""
+        gone = set(partitions)
+
+        def keep(r: ValidRecord) -> bool:
+            return r.source is None or r.source.topic_partition not in gone
+
+        before = len(self.held) + len(self.new)
+        self.held = [r for r in self.held if keep(r)]
+        self.new = [r for r in self.new if keep(r)]
+        for tp in gone:
+            self._positions.pop(tp, None)
+            self._committed.pop(tp, None)
+            self._decided.pop(tp, None)
+            self._first.pop(tp, None)
+        return before - len(self.held) - len(self.new)
+
+    def uncommitted(self) -> dict[TP, tuple[int, int]]:
+        """Per partition, the offsets consumed in this run that no commit covers yet:
+        (first, next) — they are read again by the next owner."""
+        out: dict[TP, tuple[int, int]] = {}
+        for tp, position in self._positions.items():
+            start = self._committed.get(tp, self._first.get(tp, position))
+            if position > start:
+                out[tp] = (start, position)
+        return out
+
+    @property
+    def size(self) -> int:
+        return len(self.new) + len(self.held)
