@@ -61,20 +61,22 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import orjson
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
 from gateway.keyed.keyed import Keyring
-from gateway.policy import policy_from_yaml
+from gateway.policy import RepublicationMode, policy_from_yaml
 from stream_jobs.app import serve
 from stream_jobs.commands.broker import EmbeddedBroker
 from stream_jobs.commands.cli import build_worker
 from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.engine_process.engine_process import EngineProcess, EngineShards
+from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE
 from stream_jobs.kafka import ensure_topics
 from stream_jobs.settings import Topics, WorkerSettings, usable_cpus
 
@@ -121,6 +123,7 @@ def policy_text(numeric_only: bool, pool: str | None = None, idle_close: bool = 
 
 POLICY_TEXT = policy_text(numeric_only=False)  # --numeric-only replaces it
 BUFFER_AHEAD: int | None = None  # --buffer-ahead: the worker's setting, else its default
+PANEL = True  # the policy's waves close by the operator's close written after each wave
 PARTITIONS = 3
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -169,14 +172,37 @@ async def bench_topics(bootstrap: str, src: str, dst: str) -> None:
     )
 
 
-async def preload(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+async def preload(
+    bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], *, close_waves: bool
+) -> None:
+    """The records into ``topic``; with ``close_waves`` (a panel policy), after each wave's
+    records the operator's close of that wave on every partition (``privgw wave close``), as at
+    the end of a wave's field work: the worker then decides each wave as it reads the close,
+    and the timed part includes every decision, not only the records parked."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
     try:
-        futures = [await producer.send(topic, value=v, key=k) for k, v in records]
+        futures = []
+        wave = None
+        for k, v in records:
+            w = orjson.loads(v).get("wave") if close_waves else None
+            if wave is not None and w != wave:
+                futures.extend(await _close(producer, topic, wave))
+            wave = w
+            futures.append(await producer.send(topic, value=v, key=k))
+        if wave is not None:
+            futures.extend(await _close(producer, topic, wave))
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
+
+
+async def _close(producer: AIOKafkaProducer, topic: str, wave: int) -> list[Any]:
+    value = orjson.dumps({"wave": wave})
+    return [
+        await producer.send(topic, value=value, partition=p, headers=[(HEADER, WAVE_CLOSE)])
+        for p in range(PARTITIONS)
+    ]
 
 
 def bench_consumer(bootstrap: str, src: str, group: str) -> AIOKafkaConsumer:
@@ -295,7 +321,8 @@ async def gateway(  # noqa: PLR0917
         s = worker.stats
         if share < 1.0 and s.published + s.dlq_total >= share * n:
             return True
-        return s.consumed >= n and s.consumed == s.accounted
+        # a panel's waves are decided when closed: done once nothing is parked any more
+        return s.consumed >= n and s.consumed == s.accounted and (not PANEL or s.held == 0)
 
     async def watch() -> None:
         await worker.ready.wait()
@@ -484,7 +511,7 @@ async def main_async(args: argparse.Namespace) -> None:
             for side in sides:
                 src, dst = f"bench{rep}.{side}.in", f"bench{rep}.{side}.out"
                 await bench_topics(bs, src, dst)
-                await preload(bs, src, records)
+                await preload(bs, src, records, close_waves=side != "pass" and PANEL)
             pid = broker.pid
             timings: dict[str, Timing] = {}
             # the memory broker slows down as it fills: rotate which side goes first
@@ -598,8 +625,9 @@ def main() -> None:
         "default: the worker's default)",
     )
     args = ap.parse_args()
-    global POLICY_TEXT, BUFFER_AHEAD  # noqa: PLW0603
+    global POLICY_TEXT, BUFFER_AHEAD, PANEL  # noqa: PLW0603
     POLICY_TEXT = policy_text(args.numeric_only, args.pool, args.idle_close)
+    PANEL = policy_from_yaml(POLICY_TEXT).republication.mode is RepublicationMode.PANEL
     BUFFER_AHEAD = args.buffer_ahead
     import logging  # noqa: PLC0415
 
