@@ -42,9 +42,10 @@ from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.keyed.keyed import Keyring
 from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
+from gateway.panel.measures import PanelMeasureSpec, panel_measures
 from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
 from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
-from gateway.policy import Policy, RepublicationMode, Role
+from gateway.policy import Method, Policy, RepublicationMode, Role
 from gateway.state_store.state_api import StateStore
 from gateway.state_store.state_codec import encode_state
 
@@ -148,6 +149,18 @@ class PanelStep:
         self._carried = [n for n, a in attrs.items() if a.role is not Role.OTHER]
         self._sampling = policy.weight
         self._pseudonym = columns.pseudonym_of
+        self._measured = PanelMeasureSpec(
+            wave=self.wave,
+            claim=policy.k_claim,
+            numeric=[c.name for c, num in zip(claim.columns, claim.numeric, strict=True) if num],
+            sensitive=[
+                n
+                for n, a in attrs.items()
+                if a.role is Role.SENSITIVE and a.method is not Method.DROP
+            ],
+            k=spec.k,
+            p_pct=policy.risk.interval_pct,
+        )
 
     # -- the window ---------------------------------------------------------------------
     def protect(
@@ -377,6 +390,12 @@ class PanelStep:
             plan.imputed, rosters, names=out.names, cols=out.columns, pub_idx=pub_idx, n_in=n_in
         )
         suppressed = set(qi.suppressed)
+        plan.measures.update(  # before assembled() appends the re-sent records to the columns
+            panel_measures(
+                self._measured, out.names, out.columns, pub_idx, columns,
+                n_in=n_in, suppressed=suppressed,
+            )
+        )  # fmt: skip
         names, cols, pub_rids, flags, respondents, keys = assembled(
             out,
             pub_idx,

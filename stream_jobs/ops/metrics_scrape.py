@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from gateway.commands.cli import package_version
 from gateway.engine.records import ValidRecord
+from gateway.policy import Policy, RepublicationMode
 from gateway.state_store.state_api import StateStore
 from gateway.state_store.state_keys import GROUP_KEY_PREFIX
 from gateway.validation import DLQReason
@@ -444,8 +445,9 @@ class WorkerCollector(Collector):
             "Unix time by which the oldest held record is decided at the latest: "
             "window.max_hold_seconds after it arrived (a wave is released then if it has not "
             "closed before; a record short of k is suppressed then, or held again under "
-            "on_hold_timeout: hold); 0 when nothing is held",
-            value=0.0 if first is None else wall - mono + first + w.policy.window.max_hold_seconds,
+            "on_hold_timeout: hold), republication.max_wave_seconds for a panel wave; 0 when "
+            "nothing is held",
+            value=0.0 if first is None else wall - mono + first + latest_release(w.policy),
         )
 
     def _count(self) -> int:
@@ -464,3 +466,12 @@ def count_respondents(store: Any) -> int:
     count_prefix = getattr(store, "count_prefix", None)
     groups = count_prefix(GROUP_KEY_PREFIX) if count_prefix is not None else 0
     return int(store.count()) - int(groups)
+
+
+def latest_release(policy: Policy) -> float:
+    """Seconds after its arrival by which a held record is decided at the latest: a panel wave
+    closes at its maximum (the hold timeout never decides it), anything else at the hold time."""
+    rep = policy.republication
+    if rep.mode is RepublicationMode.PANEL:
+        return float(rep.max_wave)
+    return float(policy.window.max_hold_seconds)

@@ -38,7 +38,7 @@ from streamkit import (
     settings_for,
 )
 
-from gateway.policy import load_policy
+from gateway.policy import load_policy, parse_policy
 from stream_jobs.commands.broker import EmbeddedBroker, free_port
 from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.ops.metrics import start_exporter
@@ -169,7 +169,12 @@ def scrape(port: int) -> str:
 def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
     broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
 ) -> None:
-    policy = load_policy(regroup_policy_path())
+    # the shipped policy (panel), its waves closed one second after the next wave arrives, so
+    # the panel row of the dashboard has a decided wave to show
+    data = yaml.safe_load((DEPLOY / "policies" / "adult.yaml").read_text())
+    assert data["republication"]["mode"] == "panel", "the shipped policy changed: update this"
+    data["republication"]["close_grace_seconds"] = 1
+    policy = parse_policy(data)
     port = free_port()
     settings = settings_for(
         broker.bootstrap,
@@ -214,6 +219,9 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
             if got and float(got[0]["value"][1]) >= total:
                 break
             assert time.monotonic() < deadline, "prometheus never saw the final count"
+            time.sleep(0.2)
+        while "privgw_panel_weight_design_effect" not in scrape(port):  # wave 1 decided
+            assert time.monotonic() < deadline, "wave 1 was never decided"
             time.sleep(0.2)
         time.sleep(2.0)  # a few more scrapes and rule evaluations
         idle_since = time.time()
@@ -270,7 +278,9 @@ def test_every_dashboard_and_alert_expression_returns_data_from_a_live_worker(
     assert metric_sum(text, "privgw_consumer_lag_held_records") == lag >= held
     assert metric_sum(text, "privgw_oldest_undecided_age_seconds") == 0
     until = metric_sum(text, "privgw_hold_deadline_timestamp_seconds")
-    assert time.time() < until < time.time() + policy.window.max_hold_seconds
+    # a panel wave is decided at its maximum at the latest, never by the hold time
+    assert time.time() + policy.window.max_hold_seconds < until
+    assert until < time.time() + policy.republication.max_wave
     print(
         f"idle with a wave open: consumer lag {lag:.0f} = {lag:.0f} held on purpose + 0 behind "
         f"({held:.0f} records held, released at the latest {until - time.time():.0f} s later)"
