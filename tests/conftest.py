@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +32,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 def unique_name(request: pytest.FixtureRequest) -> str:
     """A topic / group prefix unique to the test (the broker is shared)."""
     raw = request.node.name
-    return "t-" + "".join(c if c.isalnum() else "-" for c in raw)[:60] + f"-{id(request) % 10**6}"
+    # a random suffix: the name is cut to 60 characters (a parametrized case's id can fall
+    # beyond) and ``id(request)`` repeats once the previous request is freed, so two cases
+    # shared topics and a consumer group
+    return "t-" + "".join(c if c.isalnum() else "-" for c in raw)[:60] + f"-{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
