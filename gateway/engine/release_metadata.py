@@ -54,6 +54,8 @@ def release_metadata(
         "consistency": p.consistency.mode.value,
         "republication": republication_statement(p),
         "edit_rules": p.microaggregation.edit_rules,
+        # only where set (a file's blocks set it): MDAV's groups were improved by exchanges
+        **({} if (refine := p.microaggregation.refine) is None else {"refine": refine}),
         # only where the policy recodes: other policies' metadata keeps its bytes
         **_recoding(p),
         **_sections(protections),

@@ -1,9 +1,10 @@
 """``privgw protect`` within a memory budget: a file larger than one block is read in chunks
 (the policy's columns only), partitioned by its key into blocks
 (:mod:`gateway.grouping.key_blocks`), spilled block by block to a temporary directory, and
-protected block by block through the same engine as a whole file; each block's output is
-written as it is protected, and the blocks' outputs are interleaved back into the input's
-row order in bounded chunks. Memory follows the block, not the file (docs/files.md).
+protected block by block through the same engine as a whole file, with MDAV's groups refined
+(:func:`block_policy`); each block's output is written as it is protected, and the blocks'
+outputs are interleaved back into the input's row order in bounded chunks. Memory follows the
+block, not the file (docs/files.md).
 
 Each block is one window, as a whole file is: whole-key MDAV within it, randomized response
 with the file's value frequencies (counted over every chunk), noise, recoding. With a seed
@@ -123,6 +124,7 @@ def protect_blocks(
     """Protect ``src`` block by block (see the module docstring); the summary has the keys of
     :func:`protect_file`'s, the file's figures merged from the blocks', and ``blocks``."""
     _refuse_file_grouping(policy, bounds)
+    policy = block_policy(policy)
     scan = scan_file(src, policy, bounds, chunk_rows)
     count = int(scan.blocks.max()) + 1
     with tempfile.TemporaryDirectory(prefix="privgw-blocks-", dir=temp_dir) as tmp:
@@ -164,6 +166,16 @@ def protect_blocks(
             "min_rows": bounds.min_rows,
         },
     }
+
+
+def block_policy(policy: Policy) -> Policy:
+    """The policy a block is protected under: an unset ``microaggregation.refine`` is on,
+    since a block's groups lack the neighbours beyond its bounds and the exchanges recover
+    most of what that costs (docs/files.md); the metadata says so."""
+    spec = policy.microaggregation
+    if spec.refine is not None or spec.algorithm is not MicroaggAlgorithm.MDAV:
+        return policy
+    return policy.model_copy(update={"microaggregation": spec.model_copy(update={"refine": True})})
 
 
 def _refuse_file_grouping(policy: Policy, bounds: BlockBounds) -> None:

@@ -15,11 +15,9 @@ from gateway.grouping.mixed_microaggregation import (
     EditRule,
     QIKind,
     claim_columns,
-    embed,
     mixed_centroids,
     mixed_microaggregate,
 )
-from gateway.grouping.refine import refine_groups
 from gateway.policy import MicroaggAlgorithm, Policy
 
 
@@ -36,10 +34,11 @@ class ClaimPartition:
         self.rules = [EditRule.of(rule) for rule in self.spec.edit_rules]
 
     def partition(
-        self, sub: list[list[object]], k: int | None = None
+        self, sub: list[list[object]], k: int | None = None, *, refine: bool | None = None
     ) -> tuple[list[list[object]], NDArray[np.int64]]:
         """Group the rows in groups of ``k`` (default: the policy's) or more and give each
-        row's published values."""
+        row's published values. ``refine`` (default: the policy's ``refine: true``): MDAV's
+        groups improved by exchanges between neighbouring groups."""
         spec = self.spec
         size = spec.k if k is None else k
         if spec.algorithm is MicroaggAlgorithm.RANKING:  # the policy allows one numeric column
@@ -48,18 +47,19 @@ class ClaimPartition:
             )
             return [masked[:, 0].tolist()], labels[:, 0]
         return mixed_microaggregate(
-            self.columns, sub, size, standardize=spec.standardize, rules=self.rules
+            self.columns,
+            sub,
+            size,
+            standardize=spec.standardize,
+            rules=self.rules,
+            refine=spec.refine is True if refine is None else refine,
         )
 
     def cohorts(self, sub: list[list[object]], k: int) -> NDArray[np.int64]:
-        """Groups of ``k``..2k-1 rows meant to last (the panel's cohorts): MDAV's partition
-        improved by exchanges and moves between neighbouring groups (``refine``), worth the
-        extra pass because the groups are published for many waves."""
-        _, labels = self.partition(sub, k)
-        if self.spec.algorithm is MicroaggAlgorithm.RANKING:
-            return labels
-        x = embed(self.columns, sub, standardize=self.spec.standardize)
-        return refine_groups(x, labels, k)
+        """Groups of ``k``..2k-1 rows meant to last (the panel's cohorts): refined unless the
+        policy says ``refine: false``, worth the extra pass because the groups are published
+        for many waves."""
+        return self.partition(sub, k, refine=self.spec.refine is not False)[1]
 
     def centroids(self, rows: list[list[object]], labels: NDArray[np.int64]) -> list[list[Any]]:
         """The tuple each group of rows (groups labelled 0..n-1) publishes."""

@@ -283,6 +283,7 @@ class Policy(StrictModel):
 # settings added after policies were deployed: left out of the version while unset, so that a
 # policy keeps its version (and the output headers and metadata that carry it) across upgrades
 _ADDED_SETTINGS = (
+    ("microaggregation", "refine"),
     ("window", "max_idle_seconds"),
     ("republication", "retire_after_waves"),
     ("republication", "close_grace_seconds"),

@@ -89,6 +89,10 @@ class MicroaggSpec(StrictModel):
     strata: list[str] | None = None
     small_strata: SmallStrata = SmallStrata.MERGE
     l_diversity: LDiversitySpec | None = None
+    # MDAV's groups improved by exchanges between neighbouring groups (gateway/grouping/
+    # refine.py). Added in 0.4; None leaves the policy's version as it was and means: refine
+    # the panel's cohorts and the blocks of a file larger than one block, not other windows
+    refine: SBool | None = None
 
     @field_validator("k")
     @classmethod
@@ -103,6 +107,15 @@ class MicroaggSpec(StrictModel):
         if v > MAX_K:
             raise ValueError(f"k must be ≤ {MAX_K:_} (a group waits for k records), got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _refine_needs_mdav(self) -> Self:
+        if self.refine and self.algorithm is not MicroaggAlgorithm.MDAV:
+            raise ValueError(
+                f"microaggregation.refine improves MDAV's groups, not {self.algorithm.value}'s; "
+                "remove refine or set algorithm: mdav"
+            )
+        return self
 
 
 class ConsistencySpec(StrictModel):

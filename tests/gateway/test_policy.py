@@ -58,6 +58,13 @@ def test_a_setting_added_later_changes_the_version_only_once_set() -> None:
     same_window = policy_from_yaml(BASE + "window: {max_seconds: 5}\n")
     assert same_window.version == plain.version
     assert idle.version != plain.version
+    unset = policy_from_yaml(BASE.replace("k: 3", "k: 3, standardize: true"))
+    assert unset.microaggregation.refine is None and unset.version == plain.version
+    versions = {
+        policy_from_yaml(BASE.replace("k: 3", f"k: 3, refine: {v}")).version
+        for v in ("true", "false")
+    }
+    assert len(versions) == 2 and plain.version not in versions
 
 
 @pytest.mark.parametrize(
@@ -65,6 +72,10 @@ def test_a_setting_added_later_changes_the_version_only_once_set() -> None:
     [
         (BASE.replace("k: 3", "k: 1"), "microaggregation.k: k must be ≥ 2, got 1"),
         (BASE.replace("k: 3", "k: 3, colour: red"), "microaggregation.colour: unknown key"),
+        (
+            BASE.replace("k: 3", "k: 3, algorithm: ranking, refine: true"),
+            "microaggregation.refine improves MDAV's groups, not ranking's; remove refine",
+        ),
         (
             BASE.replace("retention: 0.5", "retention: 1.5"),
             "rr.retention must be a probability in [0, 1], got 1.5",

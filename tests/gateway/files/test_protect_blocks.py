@@ -86,6 +86,13 @@ def test_blocked_output_has_the_unblocked_rows_and_columns_in_order(
     assert Path(str(runs["blocks"]) + ".meta.json").exists()
 
 
+def test_blocks_refine_their_groups_and_the_metadata_says_so(runs: dict[str, Path]) -> None:
+    meta = {run: orjson.loads(Path(f"{path}.meta.json").read_bytes()) for run, path in runs.items()}
+    assert meta["blocks"]["refine"] is True
+    assert "refine" not in meta["whole"]  # the policy leaves it unset: plain MDAV
+    assert meta["blocks"]["policy_version"] != meta["whole"]["policy_version"]
+
+
 def test_blocked_output_has_no_class_below_k(runs: dict[str, Path]) -> None:
     blocks = pd.read_csv(runs["blocks"], dtype=str, keep_default_na=False)
     assert blocks.groupby(KEY)[KEY[0]].size().min() >= 5
