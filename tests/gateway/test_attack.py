@@ -100,7 +100,9 @@ def _rr_history(
 
 @pytest.mark.slow
 def test_averaging_gains_nothing_with_sticky_responses_and_everything_without() -> None:
-    n = 10_000
+    # 3,000 respondents: the fresh control's gain (0.75 -> 0.94 at 5 releases) is 19 standard
+    # errors of the single release, so a gain a tenth of that still fails the sticky check
+    n = 3_000
     releases, truth = _rr_history(100, n, sticky=True, seed=1)
     points = averaging_attack(releases, truth, [1, 5, 20, 100])
     single = points[0]

@@ -73,7 +73,9 @@ def test_demo_runs_to_completion_and_leaves_the_jsonl_it_names(tmp_path: Path) -
 def test_ctrl_c_says_what_was_left_and_exits_130(tmp_path: Path) -> None:
     """SIGINT in the middle of the demo: it stops cleanly, says it was interrupted and what
     is left, exits 130; meanwhile its /metrics answered."""
-    demo = ["demo", "--records", "200000", "--rate", "2000", "--data-dir", str(tmp_path)]
+    # waves of 10,000: the first closes (and is published) within seconds
+    demo = ["demo", "--records", "200000", "--rate", "2000", "--waves", "20"]
+    demo += ["--data-dir", str(tmp_path)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", *demo],
         stdout=subprocess.PIPE,
