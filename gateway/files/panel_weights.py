@@ -75,9 +75,20 @@ def share_gaps(
     return out
 
 
-def _weighted_shares(values: pd.Series, weights: NDArray[np.float64]) -> Mapping[str, float]:
-    if values.empty:
-        return {}
-    sums = pd.Series(weights).groupby(values.fillna(MISSING_LABEL).to_numpy()).sum()
+def category_shares(
+    values: pd.Series, weights: NDArray[np.float64] | None = None, *, missing: str | None = None
+) -> pd.Series:
+    """Each category's share of ``values``, weighted by ``weights`` if given; a missing value
+    counts as the category ``missing``, or is left out (None). Empty when nothing counts."""
+    if missing is not None:
+        values = values.fillna(missing)
+    present = values.notna().to_numpy()
+    w = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=np.float64)
+    sums = pd.Series(w[present]).groupby(values[present].to_numpy()).sum()
     total = float(sums.sum())
-    return {str(c): float(v) / total for c, v in sums.items()}
+    return sums / total if total else sums.iloc[:0]
+
+
+def _weighted_shares(values: pd.Series, weights: NDArray[np.float64]) -> Mapping[str, float]:
+    shares = category_shares(values, weights, missing=MISSING_LABEL)
+    return {str(c): float(v) for c, v in shares.items()}

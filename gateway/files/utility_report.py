@@ -21,7 +21,7 @@ import orjson
 import pandas as pd
 
 from gateway.files.fileio import read_table
-from gateway.files.panel_weights import categorical_frames, published_weights
+from gateway.files.panel_weights import categorical_frames, category_shares, published_weights
 from gateway.files.report_changes import data_changes
 from gateway.files.report_html import PAGE, Page, cell, html_table
 from gateway.files.report_plots import Bars, correlation_plot, marginal_plot
@@ -40,14 +40,12 @@ FLAG_SES = 2.0  # a published estimate further than this many SEs from the origi
 def _shares(
     values: pd.Series, cats: Sequence[str], weights: np.ndarray | None = None
 ) -> np.ndarray:
-    """Each category's share (weighted: a panel release's analysis weights)."""
-    if weights is None:
-        counts = values.value_counts()
-    else:
-        present = values.notna().to_numpy()
-        counts = pd.Series(weights[present]).groupby(values[present].to_numpy()).sum()
-    total = counts.sum()
-    return np.array([counts.get(c, 0) / total if total else np.nan for c in cats])
+    """Each category's share (weighted: a panel release's analysis weights); missing values
+    left out."""
+    shares = category_shares(values, weights)
+    if shares.empty:
+        return np.full(len(cats), np.nan)
+    return np.array([shares.get(c, 0.0) for c in cats])
 
 
 def _em(name: str, mech: RRMechanism, pub: pd.Series) -> Renormalised | None:
