@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.engine.engine import Engine
-from gateway.engine.records import SourceRef, ValidRecord
+from gateway.engine.records import InputMarks, SourceRef, ValidRecord
 from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
 from gateway.state_store.state_codec import decode_state, encode_state
@@ -148,7 +148,7 @@ def main() -> None:
             before = Volume(**vars(store.volume))
             window = held + new
             result = engine.protect_window(
-                window, now=new[-1].arrived_at, flush_all=last, committed=dict(done)
+                window, now=new[-1].arrived_at, flush_all=last, marks=InputMarks(dict(done))
             )
             held = list(result.held)
             committed_after(window, held, done)

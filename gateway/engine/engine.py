@@ -25,7 +25,9 @@ from gateway.engine.keyed_inputs import (
     strata_of,
 )
 from gateway.engine.records import (
+    NO_MARKS,
     Columns,
+    InputMarks,
     PublishedRecord,
     ValidRecord,
     WindowReport,
@@ -203,8 +205,7 @@ class Engine:
         by_attribute: Mapping[str, Sequence[Any]] | None = None,
         encode: bool = True,
         keys: WindowKeys | None = None,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> WindowResult:
         """Protect a window. ``by_attribute``: the records' values by attribute, aligned with
         ``records``, from a caller that holds the window as columns (the engine process); they
@@ -216,20 +217,17 @@ class Engine:
         to the worker, whose core has time to spare).
         ``keys``: the records' :class:`WindowKeys`, from a :class:`KeyedInputs` of the same
         policy and secret (computed here when not given).
-        ``committed``: the input offsets the caller has committed, (topic, partition) -> offset;
-        what records below them published need not be kept for a replay
-        (:mod:`gateway.grouping.replay`).
-        ``closed_through``: the newest wave an operator closed (``privgw wave close``): it and
-        the waves before it are decided now, with the records in hand."""
+        ``marks``: the offsets committed and the waves closed (:class:`InputMarks`)."""
         if keys is not None and len(keys.respondents) != len(records):
             raise ValueError(
                 f"keys for {len(keys.respondents)} records given with a window of "
                 f"{len(records)}: they must be the window's own (KeyedInputs.of)"
             )
+        committed = marks.committed
         if committed is not None:  # every partition the caller reads: the release clock
             self._claims.releases.own(committed, now)  # waits for those not heard from yet
-        if closed_through is not None:
-            self._claims.releases.close_through(closed_through)
+        if marks.closed_through is not None:
+            self._claims.releases.close_through(marks.closed_through)
         wave = self.policy.republication.wave_attribute
         waves = values_at(records, by_attribute, wave)  # parking reads only a few of them
         parked = self._claims.parked(records, waves, now=now, flush_all=flush_all)

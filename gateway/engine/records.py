@@ -59,6 +59,22 @@ class PublishedRecord(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class InputMarks:
+    """What the input log tells the engine beyond a window's records. ``committed``: per input
+    partition, (topic, partition) -> the offset the caller has committed (-1: nothing yet):
+    what records below it published need not be kept for a replay
+    (:mod:`gateway.grouping.replay`), and the partitions the release clock waits for.
+    ``closed_through``: the newest wave an operator closed on every partition (``privgw wave
+    close``): it and the waves before it are decided with the records in hand."""
+
+    committed: Mapping[tuple[str, int], int] | None = None
+    closed_through: int | None = None
+
+
+NO_MARKS = InputMarks()
+
+
+@dataclass(frozen=True, slots=True)
 class WindowReport:
     window_id: str
     records_in: int

@@ -28,13 +28,14 @@ import numpy as np
 
 from gateway.engine.engine import Engine
 from gateway.engine.records import (
+    NO_MARKS,
+    InputMarks,
     PublishedRecord,
     ValidRecord,
     WindowReport,
     WindowResult,
     window_id,
 )
-from gateway.grouping.replay import Committed
 from gateway.keyed.draw_derivation import DrawsHolder, ShardDraws, settle
 from gateway.measures.window_risk import window_measures
 
@@ -252,8 +253,7 @@ class ShardedEngine(ShardDraws):
         *,
         now: float,
         flush_all: bool = False,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> WindowResult:
         parts = route(records, len(self.engines))
         results = [
@@ -261,8 +261,7 @@ class ShardedEngine(ShardDraws):
                 [records[i] for i in idx],
                 now=now,
                 flush_all=flush_all,
-                committed=committed,
-                closed_through=closed_through,
+                marks=marks,
             )
             for engine, idx in zip(self.engines, parts, strict=True)
         ]

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from gateway.engine.engine import Engine
+from gateway.engine.records import NO_MARKS
 from gateway.errors import PrivgwError
 from stream_jobs.engine_process.engine_process import EngineSpec
 from stream_jobs.engine_process.engine_wire import (
@@ -108,9 +109,8 @@ def _answer(
     if op == "protect":
         # (benches send neither offsets nor held records)
         _, blobs, now, flush_all, *rest = request
-        committed = rest[0] if rest else None
-        kept = rest[-1] if len(rest) > 1 else 0  # held records kept here: always last
-        closed_through = rest[1] if len(rest) > 2 else None
+        marks = rest[0] if rest and rest[0] is not None else NO_MARKS
+        kept = rest[1] if len(rest) > 1 else 0
         records, by_attribute, keys = held.join(kept, *decode_window(blobs))
         result = engine.protect_window(
             records,
@@ -119,8 +119,7 @@ def _answer(
             by_attribute=by_attribute,
             encode=encode,
             keys=keys,
-            committed=committed,
-            closed_through=closed_through,
+            marks=marks,
         )
         at = held_positions(records, result)
         held.keep(records, by_attribute, keys, at)

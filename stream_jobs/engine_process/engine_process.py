@@ -40,10 +40,9 @@ from typing import Any
 
 from gateway.engine.engine import Engine
 from gateway.engine.keyed_inputs import KeyedInputs
-from gateway.engine.records import ValidRecord, WindowResult
+from gateway.engine.records import NO_MARKS, InputMarks, ValidRecord, WindowResult
 from gateway.engine.shards import merge, route
 from gateway.errors import PrivgwError
-from gateway.grouping.replay import Committed
 from gateway.keyed.draw_derivation import META_NAME, DrawDerivation, ShardDraws, settle
 from gateway.keyed.keyed import SECRET_ENV, SECRET_FILE_ENV, Keyring
 from gateway.policy import Policy
@@ -157,11 +156,9 @@ class EngineProcess:
         *,
         now: float,
         flush_all: bool = False,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> WindowResult:
-        closes = {"committed": committed, "closed_through": closed_through}
-        return self.prepare(records, now=now, flush_all=flush_all, **closes)()
+        return self.prepare(records, now=now, flush_all=flush_all, marks=marks)()
 
     @functools.cached_property
     def _inputs(self) -> KeyedInputs:
@@ -178,15 +175,13 @@ class EngineProcess:
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> Callable[[], WindowResult]:
         """``protect_window`` in two steps: the window packed here, on the calling thread (the
         worker's event loop, where the packing does not contend for the GIL with it), and the
         call it returns, which hands it over and waits (the worker's engine thread).
         ``tail``: the window's last records, already packed by :meth:`pack`."""
-        closes = {"committed": committed, "closed_through": closed_through}
-        request = self.request(records, now, flush_all, tail, self._inputs, **closes)
+        request = self.request(records, now, flush_all, tail, self._inputs, marks=marks)
         return functools.partial(self._protect_request, records, request)
 
     def request(
@@ -197,14 +192,12 @@ class EngineProcess:
         tail: PackedRecords | None = None,
         inputs: KeyedInputs | None = None,
         *,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> tuple[Any, ...]:
         """The window packed for the child (``window_request``): the records it handed back
         held last time, if they start the window as they came back, stay in the child."""
         kept = held_prefix(records, self._held)
-        closes = {"committed": committed, "closed_through": closed_through}
-        return window_request(records, now, flush_all, tail, inputs, kept=kept, **closes)
+        return window_request(records, now, flush_all, tail, inputs, kept=kept, marks=marks)
 
     def pack(self, records: Sequence[ValidRecord]) -> bytes:
         """Records packed ahead of their window, for :meth:`prepare`'s ``tail``, with their
@@ -397,11 +390,9 @@ class EngineShards(ShardDraws):
         *,
         now: float,
         flush_all: bool = False,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> WindowResult:
-        closes = {"committed": committed, "closed_through": closed_through}
-        return self.prepare(records, now=now, flush_all=flush_all, **closes)()
+        return self.prepare(records, now=now, flush_all=flush_all, marks=marks)()
 
     def pack(self, records: Sequence[ValidRecord]) -> None:
         """Nothing is packed ahead: a window is routed to the shards when it is handed over."""
@@ -414,8 +405,7 @@ class EngineShards(ShardDraws):
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> Callable[[], WindowResult]:
         """As :meth:`EngineProcess.prepare`: the shards' windows packed here, handed over and
         waited for by the call returned (``tail`` is always None: see :meth:`pack`)."""
@@ -423,9 +413,7 @@ class EngineShards(ShardDraws):
         windows = [[records[i] for i in idx] for idx in parts]
         # every shard gets every window, an empty one too: their risk sampling stays in step
         requests = [
-            shard.request(
-                window, now, flush_all, committed=committed, closed_through=closed_through
-            )
+            shard.request(window, now, flush_all, marks=marks)
             for shard, window in zip(self.shards, windows, strict=True)
         ]
         return functools.partial(self._protect_requests, records, parts, windows, requests)

@@ -24,6 +24,8 @@ from typing import Any, NamedTuple, overload
 
 from gateway.engine.keyed_inputs import KeyedInputs, WindowKeys, keys_at
 from gateway.engine.records import (
+    NO_MARKS,
+    InputMarks,
     PublishedRecord,
     SourceRef,
     ValidRecord,
@@ -32,7 +34,6 @@ from gateway.engine.records import (
     starts_with,
     uniform_columns,
 )
-from gateway.grouping.replay import Committed
 
 _MARSHAL, _PICKLE = b"m", b"p"
 
@@ -102,20 +103,19 @@ def window_request(
     tail: PackedRecords | None = None,
     inputs: KeyedInputs | None = None,
     *,
-    committed: Committed | None = None,
-    closed_through: int | None = None,
+    marks: InputMarks = NO_MARKS,
     kept: int = 0,
 ) -> tuple[Any, ...]:
     """The ``protect`` request of a window. ``kept``: its first records are the ones the child
     handed back held last time, in that order (:class:`HeldInChild`); only the others travel.
-    ``closed_through``: the newest wave an operator closed (``privgw wave close``).
+    ``marks``: the offsets committed and the waves closed (:class:`InputMarks`).
     ``tail``: the window's last records, already packed."""
     if tail is None or not 0 < tail.count <= len(records) - kept:
         segments = [encode_window(records[kept:], inputs)] if len(records) > kept else []
-        return ("protect", segments, now, flush_all, committed, closed_through, kept)
+        return ("protect", segments, now, flush_all, marks, kept)
     head = records[kept : len(records) - tail.count]
     segments = [encode_window(head, inputs)] if head else []
-    return ("protect", [*segments, *tail.segments], now, flush_all, committed, closed_through, kept)
+    return ("protect", [*segments, *tail.segments], now, flush_all, marks, kept)
 
 
 def held_prefix(records: Sequence[ValidRecord], held: Sequence[ValidRecord]) -> int:

@@ -33,8 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gateway.engine.records import ValidRecord, WindowReport, WindowResult
-from gateway.grouping.replay import Committed
+from gateway.engine.records import (
+    NO_MARKS,
+    InputMarks,
+    ValidRecord,
+    WindowReport,
+    WindowResult,
+)
 from stream_jobs.delivery.delivery import Delivery, Forward
 from stream_jobs.engine_process.engine_process import PackedRecords
 from stream_jobs.engine_process.memory import Collector
@@ -74,8 +79,7 @@ class WindowEngine(Protocol):
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> Callable[[], WindowResult]:
         """The window made ready on the event loop's thread; the call returned protects it on
         the engine's thread. ``tail``: its last records, as :meth:`pack` packed them."""
@@ -96,8 +100,7 @@ class ProtectsWindows(Protocol):
         *,
         now: float,
         flush_all: bool = False,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> WindowResult: ...
 
 
@@ -122,16 +125,14 @@ class InThread:
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> Callable[[], WindowResult]:
         return functools.partial(
             self.engine.protect_window,
             records,
             now=now,
             flush_all=flush_all,
-            committed=committed,
-            closed_through=closed_through,
+            marks=marks,
         )
 
 
@@ -312,8 +313,7 @@ class WindowLifecycle:
             now=now,
             flush_all=flush_all,
             tail=tail,
-            committed=committed,
-            closed_through=closed_through,
+            marks=InputMarks(committed, closed_through),
         )
 
     async def protected(self, then: FlushReason | None = None) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from test_republication import CLAIM, KEY, POLICY, panel_waves
 
 from gateway.engine.engine import Engine
-from gateway.engine.records import ValidRecord
+from gateway.engine.records import InputMarks, ValidRecord
 from gateway.policy import policy_from_yaml
 from state.memory_store import MemoryStore
 
@@ -71,7 +71,7 @@ def test_a_replay_publishes_what_was_published_and_keeps_k_per_release(p: dict[s
                 held + batch,
                 now=0.0,
                 flush_all=at >= len(stream),
-                committed={("in", 0): start},  # what the worker committed so far
+                marks=InputMarks({("in", 0): start}),  # what the worker committed so far
             )
             held = list(res.held)
             windows += 1

@@ -27,8 +27,7 @@ from streamkit import (
 )
 
 from gateway.engine.engine import Engine
-from gateway.engine.records import ValidRecord, WindowResult
-from gateway.grouping.replay import Committed
+from gateway.engine.records import NO_MARKS, InputMarks, ValidRecord, WindowResult
 from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, load_policy
 from state.sqlite_store import SQLiteStore
@@ -99,8 +98,7 @@ class PackingFailsOnWindow:
         now: float,
         flush_all: bool = False,
         tail: PackedRecords | None = None,
-        committed: Committed | None = None,
-        closed_through: int | None = None,
+        marks: InputMarks = NO_MARKS,
     ) -> Callable[[], WindowResult]:
         self.calls += 1
         self.tails.append(tail is not None)
@@ -111,8 +109,7 @@ class PackingFailsOnWindow:
             now=now,
             flush_all=flush_all,
             tail=tail,
-            committed=committed,
-            closed_through=closed_through,
+            marks=marks,
         )
 
 

@@ -21,7 +21,7 @@ from streamkit import regroup_adult, validated_panel
 
 from gateway.engine.engine import Engine
 from gateway.engine.keyed_inputs import KeyedInputs
-from gateway.engine.records import ValidRecord
+from gateway.engine.records import InputMarks, ValidRecord
 from gateway.engine.shards import ShardedEngine
 from gateway.keyed.keyed import Keyring
 from gateway.policy import load_policy
@@ -386,7 +386,7 @@ def test_committed_offsets_reach_the_child_and_bound_what_a_replay_keeps(
     done = {("in", p): 400 for p in range(3)}  # everything below offset 400 is committed
     for engine, committed in ((engine_process, done), (local, None)):
         engine.protect_window(first, now=1.0, flush_all=True)
-        engine.protect_window(second, now=1.0, flush_all=True, committed=committed)
+        engine.protect_window(second, now=1.0, flush_all=True, marks=InputMarks(committed))
     engine_process.close()
     local_store.close()
 
