@@ -26,6 +26,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.grouping import microaggregation as ma
+from gateway.grouping.mdav_arith import sdc_weights
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "synth_gauss_20000x5.csv"
 SDCMICRO_K3_SECONDS = {20_000: (1.3, 1.9), 100_000: (68.0, 68.0)}
@@ -58,7 +59,7 @@ def main() -> int:
     print(f"{'data':32} {'k':>3} {'default s':>10} {'direct s':>10} {'speed-up':>9}  partition")
     for n in (int(s) for s in args.sizes.split(",")):
         name, x = dataset(n, args.seed)
-        w = ma._sdc_weights(x)
+        w = sdc_weights(x)
         for k in (int(s) for s in args.ks.split(",")):
             fast_s, fast = best_of(args.repeat, lambda x=x, k=k: ma.mdav_groups(x, k))
             slow_s, slow = best_of(

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway.grouping.mdav_anchor import Anchor
 from gateway.grouping.mdav_arith import (
     SAFE,
     TINY32,
@@ -70,6 +71,10 @@ class Pruned:
     the k-th smallest) get their exact float32 distance. The centroid is tracked as a running
     sum with a bound on its distance to sdcMicro's sequential-sum centroid; when candidates
     for the farthest record remain that differ, sdcMicro's centroid is computed exactly.
+
+    The first search of a step, the record farthest from the centroid, evaluates v only on
+    the records an :class:`~gateway.grouping.mdav_anchor.Anchor` (the farthest records from an
+    earlier centroid) cannot rule out, and makes the full pass only when it cannot tell.
 
     z is formed only for the columns evaluated densely (``zd``, the z-rows of ``acol``); the
     columns of the look-up blocks (``Lookup``) exist as z only in its table of distinct
@@ -150,6 +155,7 @@ class Pruned:
         self.err = 0.0
         self.m_sums = 0
         self._reset_sums()
+        self.anchor: Anchor | None = None  # the farthest from an earlier centroid
 
     @staticmethod
     def build(md: Mdav) -> Pruned | None:
@@ -233,6 +239,18 @@ class Pruned:
             v += look.table(ql).take(look.codes[:m])
         return v
 
+    def _distances_at(
+        self, qd: NDArray[np.float64], ql: NDArray[np.float64] | None, at: NDArray[np.intp]
+    ) -> NDArray[np.float64]:
+        """``_distances`` at the positions ``at`` only."""
+        np.multiply(qd, -2.0, out=self.qvd)
+        v: NDArray[np.float64] = self.qv @ self.acol[:, at]
+        look = self.look
+        if look is not None:
+            assert ql is not None
+            v += look.table(ql).take(look.codes[at])
+        return v
+
     def _record_distances(self, q: int, m: int) -> tuple[NDArray[np.float64], float]:
         """v (see ``_distances``) and |zq|² for the query record q."""
         look = self.look
@@ -247,10 +265,18 @@ class Pruned:
         v += tab.take(look.codes[:m])
         return v, float(self.sq[q])
 
-    def _farthest(
-        self, v: NDArray[np.float64], q2: float, dz: float, kc: float, kabs: float
+    def _farthest(  # noqa: PLR0917 - the bounds' terms
+        self,
+        v: NDArray[np.float64],
+        q2: float,
+        dz: float,
+        kc: float,
+        kabs: float,
+        ids: NDArray[np.intp],
     ) -> tuple[int, NDArray[np.intp] | None]:
-        """The farthest position if the bounds single it out, else (-1, candidate records).
+        """The farthest record if the bounds single it out, else (-1, candidate records);
+        ``ids``: the record of each entry of v (which holds every record the bounds cannot
+        rule out).
 
         dz bounds the distance between the query used for v and the true query point."""
         rho, tau, eps = self.rho, self.tau, self.eps
@@ -270,8 +296,8 @@ class Pruned:
         second = float(v.max()) if v.size > 1 else -math.inf
         v[i] = top
         if second < thr:
-            return i, None
-        return -1, self.ids[np.flatnonzero(v >= thr)]
+            return int(ids[i]), None
+        return -1, ids[np.flatnonzero(v >= thr)]
 
     def _farthest_from_centre(self) -> int:
         md = self.md
@@ -280,10 +306,24 @@ class Pruned:
         kc, kabs = self._const_term()
         look = self.look
         ql = None if look is None else zc[look.lpos]
-        v = self._distances(zc[self.dense], ql, m)
-        i, cand = self._farthest(v, float(zc @ zc), dz, kc, kabs)
+        q2 = float(zc @ zc)
+        # the width of _farthest's bounds in distance, with room (mdav_anchor)
+        extra = 3.0 * dz + 6.0 * math.sqrt(self.eps)
+        extra += 2.0 * math.sqrt(2.0 * self.rho * kabs + 2.0 * self.tau + SAFE * kabs)
+        near = (
+            None
+            if self.anchor is None
+            else self.anchor.candidates(zc, md.alive, 4.0 * self.rho + 1e-4, extra)
+        )
+        if near is None:  # a full pass, and a new anchor from it
+            v = self._distances(zc[self.dense], ql, m)
+            self.anchor = Anchor.of(zc, v + q2, self.ids, self.eps)
+            i, cand = self._farthest(v, q2, dz, kc, kabs, self.ids)
+        else:
+            v = self._distances_at(zc[self.dense], ql, self.pos[near])
+            i, cand = self._farthest(v, q2, dz, kc, kabs, near)
         if cand is None:
-            return int(self.ids[i])
+            return i
         rows = md.x[cand]
         if (rows == rows[0]).all():
             return int(cand.min())  # identical records have identical distances
@@ -292,9 +332,9 @@ class Pruned:
 
     def _farthest_from(self, v: NDArray[np.float64], q2: float, q: int) -> int:
         md = self.md
-        i, cand = self._farthest(v, q2, 0.0, 0.0, 0.0)
+        i, cand = self._farthest(v, q2, 0.0, 0.0, 0.0, self.ids[: v.size])
         if cand is None:
-            return int(self.ids[i])
+            return i
         f = exact_dist(md.x[cand], md.x[q], md.wx)
         return first_max(f, cand)
 

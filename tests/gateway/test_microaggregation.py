@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from gateway.errors import MechanismError
-from gateway.grouping import mdav_arith
+from gateway.grouping import mdav_anchor, mdav_arith
 from gateway.grouping import microaggregation as ma
 from gateway.grouping.microaggregation import (
     group_means,
@@ -384,6 +384,18 @@ def test_group_sizes_and_exact_partition_on_random_data(data: tuple) -> None:
     expected = ref_mdav(x, k)
     np.testing.assert_array_equal(labels, expected)
     np.testing.assert_array_equal(fast_labels(x, k, "pruned"), expected)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tie_heavy_data(), st.integers(1, 12))
+def test_the_anchored_farthest_search_keeps_the_partition(data: tuple, keep: int) -> None:
+    """The first search of a step looks only at the records an anchor cannot rule out
+    (gateway.grouping.mdav_anchor); with few records kept, anchors are rebuilt and their
+    bound on the others decides often, and the partition stays sdcMicro's."""
+    x, k = data
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mdav_anchor, "KEEP", keep)
+        np.testing.assert_array_equal(fast_labels(x, k, "pruned"), ref_mdav(x, k))
 
 
 @settings(max_examples=60, deadline=None)
