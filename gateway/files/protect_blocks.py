@@ -124,6 +124,7 @@ def protect_blocks(
     """Protect ``src`` block by block (see the module docstring); the summary has the keys of
     :func:`protect_file`'s, the file's figures merged from the blocks', and ``blocks``."""
     _refuse_file_grouping(policy, bounds)
+    version = policy.version  # an unset refine means refined blocks: the same policy
     policy = block_policy(policy)
     scan = scan_file(src, policy, bounds, chunk_rows)
     count = int(scan.blocks.max()) + 1
@@ -150,8 +151,10 @@ def protect_blocks(
             progress.update(done)
         progress.close()
         _assemble(out, columns, scan.blocks, spill, jsonl=jsonl, chunk_rows=chunk_rows)
+    meta["policy_version"] = version
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     summary = merge_figures(figures)
+    summary["policy_version"] = version
     summary["measures"]["sse_sst_pct"] = sums.sse_sst_pct()
     sizes = np.bincount(scan.blocks)
     return {
@@ -171,7 +174,8 @@ def protect_blocks(
 def block_policy(policy: Policy) -> Policy:
     """The policy a block is protected under: an unset ``microaggregation.refine`` is on,
     since a block's groups lack the neighbours beyond its bounds and the exchanges recover
-    most of what that costs (docs/files.md); the metadata says so."""
+    more than that costs (docs/files.md). That is what unset means, so the metadata keeps the
+    policy's version (``privgw reconstruct`` checks it) and says ``"refine": true``."""
     spec = policy.microaggregation
     if spec.refine is not None or spec.algorithm is not MicroaggAlgorithm.MDAV:
         return policy

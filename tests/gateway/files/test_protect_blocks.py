@@ -90,7 +90,10 @@ def test_blocks_refine_their_groups_and_the_metadata_says_so(runs: dict[str, Pat
     meta = {run: orjson.loads(Path(f"{path}.meta.json").read_bytes()) for run, path in runs.items()}
     assert meta["blocks"]["refine"] is True
     assert "refine" not in meta["whole"]  # the policy leaves it unset: plain MDAV
-    assert meta["blocks"]["policy_version"] != meta["whole"]["policy_version"]
+    # unset means refined blocks: the same policy, so analysts reconstruct with it
+    assert meta["blocks"]["policy_version"] == meta["whole"]["policy_version"]
+    out = privgw("reconstruct", runs["blocks"], "--policy", POLICY).stdout
+    assert "occupation" in out
 
 
 def test_blocked_output_has_no_class_below_k(runs: dict[str, Path]) -> None:
