@@ -53,13 +53,19 @@ class Anchor:
 
     @staticmethod
     def of(
-        za: NDArray[np.float64], sq: NDArray[np.float64], ids: NDArray[np.intp], eps: float
+        za: NDArray[np.float64],
+        v: NDArray[np.float64],
+        q2: float,
+        ids: NDArray[np.intp],
+        eps: float,
     ) -> Anchor:
-        """From a full pass: ``sq`` the squared z-distances to ``za`` of the records at
-        positions 0..len(sq)-1 (``ids``: position -> record), each within ``eps`` of the true
+        """From a full pass: v + q2 the squared z-distances to ``za`` of the records at
+        positions 0..len(v)-1 (``ids``: position -> record), each within ``eps`` of the true
         value, so each distance within sqrt(eps)."""
-        m = sq.size
-        d = np.sqrt(np.maximum(sq, 0.0))
+        m = v.size
+        d = v + q2
+        np.maximum(d, 0.0, out=d)
+        np.sqrt(d, out=d)
         slack = 2.0 * math.sqrt(eps) + 1e-300
         if m <= KEEP:
             return Anchor(za.copy(), ids[:m].copy(), d, 0.0, slack)
@@ -89,3 +95,48 @@ class Anchor:
             return None  # (floor <= 0: records all but as near as the farthest; full pass)
         out: NDArray[np.intp] = self.records[self.dist >= floor]
         return out
+
+
+class Anchors:
+    """The anchor in use, and when to build the next. An anchor that cannot tell at its first
+    use (ties: many records as far as the farthest, as on a grid or a sphere) makes the next
+    builds wait 1, 2, 4 ... up to 256 full passes, so such data pays a build now and then
+    rather than at every step; one that served resets the wait."""
+
+    __slots__ = ("anchor", "backoff", "used", "wait")
+
+    def __init__(self) -> None:
+        self.anchor: Anchor | None = None
+        self.used = False
+        self.wait = 0
+        self.backoff = 0
+
+    def candidates(
+        self, zc: NDArray[np.float64], alive: NDArray[np.bool_], rel: float, extra: float
+    ) -> NDArray[np.intp] | None:
+        """:meth:`Anchor.candidates` of the anchor in use (None: none, or it cannot tell)."""
+        if self.anchor is None:
+            return None
+        near = self.anchor.candidates(zc, alive, rel, extra)
+        if near is not None:
+            self.used = True
+            return near
+        self.backoff = 0 if self.used else min(max(1, 2 * self.backoff), 256)
+        self.wait = self.backoff
+        self.anchor = None
+        return None
+
+    def full_pass(
+        self,
+        za: NDArray[np.float64],
+        v: NDArray[np.float64],
+        q2: float,
+        ids: NDArray[np.intp],
+        eps: float,
+    ) -> None:
+        """After a full pass (``Anchor.of``'s arguments): a new anchor, unless it must wait."""
+        if self.wait:
+            self.wait -= 1
+            return
+        self.anchor = Anchor.of(za, v, q2, ids, eps)
+        self.used = False

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.grouping.mdav_anchor import Anchor
+from gateway.grouping.mdav_anchor import Anchors
 from gateway.grouping.mdav_arith import (
     SAFE,
     TINY32,
@@ -155,7 +155,7 @@ class Pruned:
         self.err = 0.0
         self.m_sums = 0
         self._reset_sums()
-        self.anchor: Anchor | None = None  # the farthest from an earlier centroid
+        self.anchors = Anchors()  # the farthest from an earlier centroid
 
     @staticmethod
     def build(md: Mdav) -> Pruned | None:
@@ -310,14 +310,10 @@ class Pruned:
         # the width of _farthest's bounds in distance, with room (mdav_anchor)
         extra = 3.0 * dz + 6.0 * math.sqrt(self.eps)
         extra += 2.0 * math.sqrt(2.0 * self.rho * kabs + 2.0 * self.tau + SAFE * kabs)
-        near = (
-            None
-            if self.anchor is None
-            else self.anchor.candidates(zc, md.alive, 4.0 * self.rho + 1e-4, extra)
-        )
+        near = self.anchors.candidates(zc, md.alive, 4.0 * self.rho + 1e-4, extra)
         if near is None:  # a full pass, and a new anchor from it
             v = self._distances(zc[self.dense], ql, m)
-            self.anchor = Anchor.of(zc, v + q2, self.ids, self.eps)
+            self.anchors.full_pass(zc, v, q2, self.ids, self.eps)
             i, cand = self._farthest(v, q2, dz, kc, kabs, self.ids)
         else:
             v = self._distances_at(zc[self.dense], ql, self.pos[near])
