@@ -23,8 +23,13 @@ in the same WriteBatch as the rows (a multi-get of the batch's keys tells which 
 data column family holds nothing but respondent entries, so any key is allowed and iteration
 needs no filtering.
 
-Threads: RocksDB is thread-safe; writes are serialised by a lock (the count is
-read-modify-write). One process per directory (RocksDB's own LOCK file enforces it).
+Threads: RocksDB is thread-safe. Writers are serialised by ``_writing``, held across the
+changelog's acknowledgement; ``_lock`` guards the database handle and the count (read-modify-
+write) and is held only for local reads and writes. So a reader on another thread (a metrics
+scrape, the worker's event loop, which the changelog itself sends on) never waits for the
+broker: with one lock it did, and the engine's write, waiting for the event loop, and the event
+loop, waiting for the lock, stalled each other until the changelog's timeout. One process per
+directory (RocksDB's own LOCK file enforces it).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class RocksStore:
     ) -> None:
         self.path = Path(path)
         self._changelog = changelog
+        self._writing = threading.Lock()  # one writer; taken before _lock, never inside it
         self._lock = threading.Lock()
         self.path.mkdir(parents=True, exist_ok=True)
         os.chmod(self.path, 0o700)  # RocksDB creates its files 0644; keep others out of the dir
@@ -128,11 +134,12 @@ class RocksStore:
         check_entries(entries)  # before the changelog: a bad batch goes nowhere
         if not entries:
             return
-        with self._lock:
+        with self._writing:
             self._open()
             if self._changelog is not None:
                 self._changelog.write(entries)  # first: the changelog is never behind
-            self._write(entries, self._count + self._new_keys(list(entries)))
+            with self._lock:
+                self._write(entries, self._count + self._new_keys(list(entries)))
 
     def restore(self, entries: Iterable[tuple[bytes, bytes]]) -> int:
         """Apply changelog entries in order (later ones win); return how many were read.
@@ -141,7 +148,7 @@ class RocksStore:
         """
         applied = 0
         chunk: dict[bytes, bytes] = {}
-        with self._lock:
+        with self._writing, self._lock:
             for key, value in entries:
                 check_entry(key, value)
                 if key == FINGERPRINT_ENTRY:  # not a respondent: into the meta family
@@ -185,11 +192,12 @@ class RocksStore:
     def set_key_fingerprint(self, fingerprint: str) -> None:
         """Changelog first, as every write: a store rebuilt from it gets the fingerprint too."""
         value = fingerprint.encode()
-        with self._lock:
+        with self._writing:
             self._open()
             if self._changelog is not None:
                 self._changelog.write({FINGERPRINT_ENTRY: value})
-            self._put_meta(_FINGERPRINT_KEY, value)
+            with self._lock:
+                self._put_meta(_FINGERPRINT_KEY, value)
 
     def meta(self, name: str) -> str | None:
         """A fact about the partition's state (e.g. its draw derivation), restored with it."""
@@ -200,11 +208,12 @@ class RocksStore:
     def set_meta(self, name: str, value: str) -> None:
         """Through the changelog first, as every write, so a restore brings it along."""
         raw = value.encode()
-        with self._lock:
+        with self._writing:
             self._open()
             if self._changelog is not None:
                 self._changelog.write({META_ENTRY_PREFIX + name.encode(): raw})
-            self._put_meta(_META_KEY + name.encode(), raw)
+            with self._lock:
+                self._put_meta(_META_KEY + name.encode(), raw)
 
     def _put_meta(self, key: bytes, value: bytes) -> None:
         db, _ = self._open()
@@ -224,7 +233,7 @@ class RocksStore:
             yield cast(bytes, key), cast(bytes, value)
 
     def close(self) -> None:
-        with self._lock:
+        with self._writing, self._lock:  # after a write in flight, as before
             if self._db is not None:
                 # column-family views and handles keep the DB (and its LOCK) alive: drop them
                 self._meta = None

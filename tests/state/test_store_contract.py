@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -420,6 +421,44 @@ def test_rocks_changelog_failure_writes_nothing_locally(tmp_path: Path) -> None:
         with pytest.raises(TypeError):
             r.put_many(bad)  # type: ignore[arg-type]
     assert len(log.entries) == 10  # neither the failed nor the bad batch reached the changelog
+
+
+class _HeldChangelog:
+    """A changelog whose acknowledgement waits until the test releases it (a slow broker)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, entries: Mapping[bytes, bytes]) -> None:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the changelog"
+
+
+def test_rocks_readers_do_not_wait_for_the_changelog(tmp_path: Path) -> None:
+    """The worker's event loop both sends the changelog's records and counts the store (an
+    observer, a scrape): a count that waited for a write in flight stalled the two against
+    each other until the changelog's 120 s timeout (CI, tests/stream_jobs/test_state_routing)."""
+    log = _HeldChangelog()
+    with RocksStore(tmp_path / "r", changelog=log) as r:
+        writer = threading.Thread(target=r.put_many, args=(batch(0, 10),))
+        writer.start()
+        assert log.entered.wait(10)
+        answers: list[tuple[int, int, dict[bytes, bytes]]] = []
+        reader = threading.Thread(
+            target=lambda: answers.append(
+                (r.count(), r.count_prefix(b"group:"), r.get_many([key(0)]))
+            )
+        )
+        reader.start()
+        reader.join(10)
+        stalled = reader.is_alive()
+        log.release.set()
+        writer.join(30)
+        reader.join(30)
+        assert not stalled, "a reader waited for the changelog's acknowledgement"
+        assert answers == [(0, 0, {})]  # the batch is not local before its acknowledgement
+        assert r.count() == 10 and r.get_many([key(0)]) == {key(0): value(0)}
 
 
 # --- the key fingerprint a state was written with (gateway.state_store.state_api)
