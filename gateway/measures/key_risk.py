@@ -86,7 +86,7 @@ def check_positive_int(value: object, setting: str, minimum: int) -> int:
     return int(value)
 
 
-def _codes(column: pd.Series[Any]) -> Int:
+def value_codes(column: pd.Series[Any]) -> Int:
     """Dense codes of the published values; every missing value gets one code of its own."""
     codes, uniques = pd.factorize(column, use_na_sentinel=True)
     out = np.asarray(codes, dtype=np.int64)
@@ -114,7 +114,7 @@ def combine_codes(code_columns: Sequence[Int], n: int) -> tuple[Int, int]:
 
 def _class_ids(published: pd.DataFrame, qi: Sequence[str]) -> tuple[Int, int]:
     n = len(published)
-    return combine_codes([_codes(published[name]) for name in qi], n)
+    return combine_codes([value_codes(published[name]) for name in qi], n)
 
 
 def class_sizes(published: pd.DataFrame, qi: Sequence[str]) -> Int:
@@ -209,7 +209,7 @@ def key_risk(
     sizes = np.bincount(ids, minlength=groups).astype(np.int64)
     below = sizes < kk
     records_below = int(sizes[below].sum())
-    ldiv = {name: _l_diversity(ids, groups, sizes, _codes(frame[name])) for name in sens}
+    ldiv = {name: _l_diversity(ids, groups, sizes, value_codes(frame[name])) for name in sens}
     return KeyRisk(
         records=n,
         classes=groups,

@@ -12,9 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import scipy.sparse as sp
 from numpy.typing import NDArray
-from scipy.optimize import linprog
 
 from gateway.errors import MechanismError
 from gateway.mechanisms.randomized_response import (
@@ -228,6 +226,11 @@ def _solve_fine_grain_lp(
     f: NDArray[np.float64], big: float, small: float, c: float
 ) -> NDArray[np.float64]:
     """max f·p s.t. big·top1(p) + small·top2(p) ≤ c, 0 ≤ p ≤ 1 (see :func:`fine_grain`)."""
+    # imported here: scipy.optimize costs every command ~0.4 s at start, and only a policy
+    # with fine-grain retention solves this program
+    import scipy.sparse as sp  # noqa: PLC0415
+    from scipy.optimize import linprog  # noqa: PLC0415
+
     m = f.size
     if c <= 0.0:
         return np.zeros(m)

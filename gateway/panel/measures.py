@@ -6,14 +6,15 @@ over every published record, present or imputed, class by class within its wave'
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
 
-from gateway.measures.attack import unique_combinations
+from gateway.measures.key_risk import combine_codes, value_codes
 from gateway.measures.window_risk import window_measures
 
 
@@ -38,38 +39,53 @@ def panel_measures(
     suppressed: set[int],
 ) -> dict[str, float]:
     """``names``/``cols``: the published columns, aligned with ``pub_idx`` (below ``n_in``: a
-    present record, whose true values are ``truth[name][i]``; from ``n_in``: an imputed one)."""
+    present record, whose true values are ``truth[name][i]``; from ``n_in``: an imputed one).
+    Classes are counted on codes, not on tuples of values (a window's release holds every
+    active member: the per-record tuples were the largest cost of the panel's measures)."""
     by_name = dict(zip(names, cols, strict=True))
-    rows = [j for j, i in enumerate(pub_idx) if i not in suppressed]
+    idx = np.asarray(pub_idx, dtype=np.int64)
+    shown = ~np.isin(idx, np.fromiter(suppressed, dtype=np.int64, count=len(suppressed)))
+    rows = np.flatnonzero(shown)
     out: dict[str, float] = {
-        "key_records": float(len(rows)),
+        "key_records": float(rows.size),
         "key_suppressed": float(len(suppressed)),
     }
-    present = [j for j in rows if pub_idx[j] < n_in]
-    if spec.numeric and len(present) > 1:
-        x = np.array([[truth[n][pub_idx[j]] for n in spec.numeric] for j in present], dtype=float)
-        masked = np.array([[by_name[n][j] for n in spec.numeric] for j in present], dtype=float)
+    present = rows[idx[rows] < n_in]
+    if spec.numeric and present.size > 1:
+        x = np.column_stack([_floats(truth[n])[idx[present]] for n in spec.numeric])
+        masked = np.column_stack([_floats(by_name[n])[present] for n in spec.numeric])
         ok = np.isfinite(x).all(axis=1) & np.isfinite(masked).all(axis=1)
         out.update(window_measures(x[ok], masked[ok], spec.p_pct))
-    if not rows:
+    if not rows.size:
         return out
-    waves = by_name[spec.wave]
-    tuples = [(waves[j], *(by_name[n][j] for n in spec.claim)) for j in rows]
-    sizes = Counter(tuples)
-    n = len(rows)
-    out["key_smallest_class"] = float(min(sizes.values()))
-    out["key_share_below_k"] = sum(c for c in sizes.values() if c < spec.k) / n
-    out["key_uniques"] = float(sum(1 for c in sizes.values() if c == 1))
+    n = rows.size
+    codes = [_codes_at(by_name[name], rows) for name in (spec.wave, *spec.claim)]
+    classes, count = combine_codes(codes, n)
+    sizes = np.bincount(classes, minlength=count)
+    out["key_smallest_class"] = float(sizes.min())
+    out["key_share_below_k"] = int(sizes[sizes < spec.k].sum()) / n
+    out["key_uniques"] = float(np.count_nonzero(sizes == 1))
     # Σ 1/fk over the release's records: one per class (a cohort keeps its tuple over waves)
-    out["key_expected_reidentifications"] = float(len(sizes))
-    out["key_global_risk"] = len(sizes) / n
-    for name in spec.sensitive:
-        values = by_name[name]
-        distinct = Counter(t for t, _ in set(zip(tuples, (values[j] for j in rows), strict=True)))
-        out[f"ldiv_min:{name}"] = float(min(distinct.values()))
+    out["key_expected_reidentifications"] = float(count)
+    out["key_global_risk"] = count / n
+    sensitive = [_codes_at(by_name[name], rows) for name in spec.sensitive]
+    for name, values in zip(spec.sensitive, sensitive, strict=True):
+        pairs, _ = combine_codes([classes, values], n)
+        first = np.unique(pairs, return_index=True)[1]  # one row per (class, value)
+        out[f"ldiv_min:{name}"] = float(np.bincount(classes[first], minlength=count).min())
     if spec.sensitive:
+        combos, m = combine_codes(sensitive, n)
         out["sensitive_records"] = float(n)
-        out["sensitive_uniques"] = float(
-            unique_combinations([[by_name[s][j] for j in rows] for s in spec.sensitive])
-        )
+        out["sensitive_uniques"] = float(np.count_nonzero(np.bincount(combos, minlength=m) == 1))
     return out
+
+
+def _floats(values: Sequence[Any]) -> NDArray[np.float64]:
+    """A column as floats (None: NaN, which the measures leave out)."""
+    return np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
+
+
+def _codes_at(values: Sequence[Any], rows: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Dense codes of a published column at ``rows`` (equal values, one code; every missing
+    value one code of its own kind, as key_risk counts them)."""
+    return value_codes(pd.Series(np.asarray(values, dtype=object)[rows], dtype=object))

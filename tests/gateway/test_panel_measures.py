@@ -50,6 +50,14 @@ def test_measures_count_classes_per_wave_and_numbers_over_present_members(
     assert got["key_smallest_class"] == min(classes.values())
     assert got["key_uniques"] == sum(c == 1 for c in classes.values())
     assert np.isclose(got["key_global_risk"], len(classes) / len(rows))
+    below = sum(c for c in classes.values() if c < SPEC.k)
+    assert np.isclose(got["key_share_below_k"], below / len(rows))
+    incomes: dict[tuple[object, ...], set[object]] = {}
+    for j in rows:
+        incomes.setdefault((cols[0][j], cols[1][j], cols[2][j]), set()).add(cols[3][j])
+    assert got["ldiv_min:income"] == min(len(v) for v in incomes.values())
+    alone = [v for v in (cols[3][j] for j in rows) if [cols[3][i] for i in rows].count(v) == 1]
+    assert got["sensitive_uniques"] == len(alone)
     present = [j for j in rows if j < n_in]
     if len(present) > 1:
         x = np.array([[truth["age"][j]] for j in present], dtype=float)

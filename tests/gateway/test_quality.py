@@ -17,9 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from scipy.stats import rankdata
 
 from gateway.errors import InputDataError
 from gateway.measures import quality as q
+from gateway.measures.disclosure_risk import _ranks
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -264,6 +266,23 @@ def test_interval_disclosure_matches_loops(p_pct: float) -> None:
     values, records = _id_loops(_rows(x), _rows(xm), p_pct)
     assert q.interval_disclosure(x, xm, p_pct) == pytest.approx(values)
     assert q.interval_disclosure(x, xm, p_pct, per_record=True) == pytest.approx(records)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    xm=hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=40),
+        elements=st.sampled_from([-2.0, -0.0, 0.0, 0.5, 1.0, 3.0, np.nan]),
+    )
+)
+def test_mid_ranks_are_scipys_average_ranks(xm: np.ndarray) -> None:
+    """The masked columns' mid-ranks (computed with numpy, from the one sort) are scipy's
+    "average" ranks less one, ties and NaN (the whole column NaN) alike."""
+    got = _ranks(xm)
+    want = rankdata(xm, method="average", axis=0) - 1.0
+    assert np.array_equal(got.mid, want, equal_nan=True)
+    assert np.array_equal(got.sorted_m, np.sort(xm, axis=0), equal_nan=True)
 
 
 def test_interval_disclosure_averaged_is_mean_over_p() -> None:
