@@ -3,13 +3,16 @@ disclosure, DR and the score (sources and conventions in :mod:`gateway.measures.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 
+from gateway.measures.key_risk import combine_codes
 from gateway.measures.numeric_input import NAN, Float, Prepared, prepare
 
 
@@ -52,24 +55,45 @@ def dld_of(prep: Prepared, weight_second: float) -> float:
     # imported here: scipy.spatial costs the file commands' start ~0.3 s, and few need it
     from scipy.spatial import cKDTree  # noqa: PLC0415
 
-    tree = cKDTree(z)
-    nearest, _ = tree.query(zm, k=2)
+    # the tree holds each distinct original once, with its multiplicity, and each distinct
+    # masked point is asked once: releases of discrete quasi-identifiers repeat points by the
+    # hundred (200,000 panel records: 7,676 distinct originals, 11,746 distinct masked), and a
+    # ball counted every copy. A copy is at the same distance as its point, so the counts and
+    # the two nearest distances are the same.
+    _, first_z, copies = _distinct_rows(z)
+    at_q, first_q, _ = _distinct_rows(zm)
+    tree = cKDTree(z[first_z])
+    near_q, nearest_q = tree.query(zm[first_q], k=2)
+    near, at = near_q[at_q], nearest_q[at_q]
+    # the second nearest original is the nearest point again when that point has copies
+    at0 = np.minimum(at[:, 0], first_z.size - 1)
+    nearest = np.column_stack([near[:, 0], np.where(copies[at0] > 1, near[:, 0], near[:, 1])])
     closer = (nearest < (d_own - tol)[:, None]).sum(axis=1)  # a, capped at 2
     candidates = np.flatnonzero(closer < 2)
     if candidates.size == 0:
         return 0.0
-    within = np.asarray(
-        tree.query_ball_point(
-            zm[candidates], d_own[candidates] + tol[candidates], return_length=True
-        ),
-        dtype=np.float64,
-    )
+    balls = tree.query_ball_point(zm[candidates], d_own[candidates] + tol[candidates])
+    sizes = np.fromiter(map(len, balls), dtype=np.intp, count=len(balls))
+    inside = np.fromiter(itertools.chain.from_iterable(balls), dtype=np.intp, count=sizes.sum())
+    owner = np.repeat(np.arange(sizes.size), sizes)
+    within = np.bincount(owner, weights=copies[inside], minlength=sizes.size)
     a = closer[candidates]
     ties = np.maximum(within - a, 1.0)  # t ≥ 1: the own original is always within reach
     first = (a == 0).astype(np.float64)
     second = ((a == 0) & (ties >= 2)) | (a == 1)
     share = (first + weight_second * second) / ties
     return float(share.sum()) / n
+
+
+def _distinct_rows(a: Float) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.intp]]:
+    """Each row's index among the distinct rows of ``a``, the first row of each distinct one,
+    and how many rows each has (hashed column by column: np.unique by rows sorts, 30x slower)."""
+    n = a.shape[0]
+    ids, _ = combine_codes(
+        [pd.factorize(a[:, j])[0].astype(np.int64) for j in range(a.shape[1])], n
+    )
+    _, first = np.unique(ids, return_index=True)
+    return ids, first, np.bincount(ids)
 
 
 def check_p_pct(p_pct: float) -> None:

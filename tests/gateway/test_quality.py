@@ -239,6 +239,38 @@ def test_dld_matches_brute_force(seed: int) -> None:
         )
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(2, 60),
+    distinct=st.integers(1, 5),
+    masking=st.sampled_from(["identity", "groups", "shift"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_dld_counts_every_copy_of_a_repeated_point(
+    n: int, distinct: int, masking: str, seed: int
+) -> None:
+    """DLD asks its tree for each distinct point once, with its copies counted: the same as
+    the loops over every record, down to one distinct original and one distinct masked point."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, distinct, size=(n, 2)).astype(float)
+    x[:, 1] += rng.integers(0, 2, size=n)  # a second column, so few rows are constant
+    if masking == "identity":
+        xm = x.copy()
+    elif masking == "groups":
+        labels = np.arange(n) // 3
+        xm = np.array([x[labels == g].mean(axis=0) for g in labels])
+    else:
+        xm = x + rng.integers(-1, 2, size=x.shape).astype(float)
+    varying = np.ptp(x, axis=0) > 0  # the measure leaves constant columns out
+    for w in (0.0, 1.0):
+        got = q.dld(x, xm, weight_second=w)
+        if not varying.any():
+            assert math.isnan(got)
+            continue
+        want = _dld_loops(_rows(x[:, varying]), _rows(xm[:, varying]), w)
+        assert got == pytest.approx(want, abs=1e-12)
+
+
 def test_interval_disclosure_hand_example() -> None:
     # n=5, p=40% → window of ±1 rank. Masked sorted 10..50.
     # r0 [10,20]∋12 ✓; r1 [10,30]∌35; r2 [20,40]∋29 ✓; r3 [30,50]∋41 ✓; r4 [40,50]∌90
