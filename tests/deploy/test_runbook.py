@@ -11,10 +11,9 @@ import io
 import itertools
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import clikit
 import pytest
 import yaml
 
@@ -180,15 +179,7 @@ def test_every_exit_code_of_the_runbook_is_a_constant_of_the_code_and_back() -> 
     assert set(documented) == set(constants.values()), (documented, constants)
 
 
-def privgw(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+privgw = clikit.privgw
 
 
 def test_the_exit_codes_the_runbook_gives_are_observed(tmp_path: Path) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
-import subprocess
-import sys
 from pathlib import Path
 from statistics import NormalDist
 
+import clikit
 import orjson
 import pandas as pd
 import pytest
@@ -19,18 +19,7 @@ DATA = ROOT.parent / "shared" / "data"
 POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
 
 
-def privgw(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+privgw = functools.partial(clikit.privgw, check=True)  # a failed command fails the test
 
 
 @pytest.fixture(scope="module")

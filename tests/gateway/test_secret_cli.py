@@ -3,28 +3,19 @@ fingerprint printed (never the secret), an existing file never overwritten."""
 
 from __future__ import annotations
 
-import os
+import functools
 import re
 import stat
-import subprocess
-import sys
 from pathlib import Path
+
+import clikit
 
 from gateway.keyed.keyed import SECRET_FILE_ENV, Keyring, load_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def privgw(*args: str | Path, umask: int = 0o022) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-        preexec_fn=lambda: os.umask(umask),
-    )
+privgw = functools.partial(clikit.privgw, umask=0o022)  # the usual umask unless a test sets one
 
 
 def test_secret_create_writes_a_private_secret_and_prints_its_fingerprint(tmp_path: Path) -> None:

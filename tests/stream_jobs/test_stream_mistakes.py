@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+import clikit
 import pytest
 from streamkit import create_input_topic, high_watermarks
 
@@ -27,15 +28,7 @@ POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
 def privgw(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """(exit code, stderr, seconds) of `privgw ARGS` in a fresh process."""
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-        check=False,
-    )
+    proc = clikit.privgw(*args, env=env or {}, timeout=120)
     return proc.returncode, proc.stderr, time.monotonic() - t0
 
 

@@ -4,11 +4,11 @@ merged from the blocks' (real files, the shipped Adult policy)."""
 
 from __future__ import annotations
 
+import functools
 import io
-import subprocess
-import sys
 from pathlib import Path
 
+import clikit
 import numpy as np
 import orjson
 import pandas as pd
@@ -30,18 +30,7 @@ NUMERIC = ["age", "education_num", "hours_per_week"]
 KEY = [*NUMERIC, "sex", "race", "marital_status", "relationship", "workclass", "native_country"]
 
 
-def privgw(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+privgw = functools.partial(clikit.privgw, check=True)  # a failed command fails the test
 
 
 @pytest.fixture(scope="module")
