@@ -171,7 +171,9 @@ class KeyRisk:
         }
 
 
-def _l_diversity(ids: Int, groups: int, sizes: Int, values: Int) -> LDiversity:
+def l_diversity(ids: Int, groups: int, sizes: Int, values: Int) -> LDiversity:
+    """Distinct l-diversity of the coded ``values`` within the classes ``ids`` (0..groups-1,
+    of ``sizes`` records each)."""
     n = ids.size
     if n == 0:
         return LDiversity(min_l=0, share_classes_below_2=0.0, records_in_homogeneous_classes=0.0)
@@ -209,7 +211,7 @@ def key_risk(
     sizes = np.bincount(ids, minlength=groups).astype(np.int64)
     below = sizes < kk
     records_below = int(sizes[below].sum())
-    ldiv = {name: _l_diversity(ids, groups, sizes, value_codes(frame[name])) for name in sens}
+    ldiv = {name: l_diversity(ids, groups, sizes, value_codes(frame[name])) for name in sens}
     return KeyRisk(
         records=n,
         classes=groups,

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from gateway.measures.key_risk import combine_codes, value_codes
+from gateway.measures.key_risk import combine_codes, l_diversity, value_codes
 from gateway.measures.window_risk import window_measures
 
 
@@ -52,8 +52,11 @@ def panel_measures(
     }
     present = rows[idx[rows] < n_in]
     if spec.numeric and present.size > 1:
-        x = np.column_stack([_floats(truth[n])[idx[present]] for n in spec.numeric])
-        masked = np.column_stack([_floats(by_name[n])[present] for n in spec.numeric])
+        # (None: NaN, which the measures leave out)
+        x = np.column_stack([np.asarray(truth[n], dtype=float)[idx[present]] for n in spec.numeric])
+        masked = np.column_stack(
+            [np.asarray(by_name[n], dtype=float)[present] for n in spec.numeric]
+        )
         ok = np.isfinite(x).all(axis=1) & np.isfinite(masked).all(axis=1)
         out.update(window_measures(x[ok], masked[ok], spec.p_pct))
     if not rows.size:
@@ -70,19 +73,12 @@ def panel_measures(
     out["key_global_risk"] = count / n
     sensitive = [_codes_at(by_name[name], rows) for name in spec.sensitive]
     for name, values in zip(spec.sensitive, sensitive, strict=True):
-        pairs, _ = combine_codes([classes, values], n)
-        first = np.unique(pairs, return_index=True)[1]  # one row per (class, value)
-        out[f"ldiv_min:{name}"] = float(np.bincount(classes[first], minlength=count).min())
+        out[f"ldiv_min:{name}"] = float(l_diversity(classes, count, sizes, values).min_l)
     if spec.sensitive:
         combos, m = combine_codes(sensitive, n)
         out["sensitive_records"] = float(n)
         out["sensitive_uniques"] = float(np.count_nonzero(np.bincount(combos, minlength=m) == 1))
     return out
-
-
-def _floats(values: Sequence[Any]) -> NDArray[np.float64]:
-    """A column as floats (None: NaN, which the measures leave out)."""
-    return np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=float)
 
 
 def _codes_at(values: Sequence[Any], rows: NDArray[np.int64]) -> NDArray[np.int64]:
