@@ -63,11 +63,10 @@ def dld_of(prep: Prepared, weight_second: float) -> float:
     _, first_z, copies = _distinct_rows(z)
     at_q, first_q, _ = _distinct_rows(zm)
     tree = cKDTree(z[first_z])
-    near_q, nearest_q = tree.query(zm[first_q], k=2)
-    near, at = near_q[at_q], nearest_q[at_q]
+    near, at = tree.query(zm[first_q], k=2)
     # the second nearest original is the nearest point again when that point has copies
-    at0 = np.minimum(at[:, 0], first_z.size - 1)
-    nearest = np.column_stack([near[:, 0], np.where(copies[at0] > 1, near[:, 0], near[:, 1])])
+    near[:, 1] = np.where(copies[at[:, 0]] > 1, near[:, 0], near[:, 1])
+    nearest = near[at_q]
     closer = (nearest < (d_own - tol)[:, None]).sum(axis=1)  # a, capped at 2
     candidates = np.flatnonzero(closer < 2)
     if candidates.size == 0:
