@@ -23,6 +23,7 @@ far, or the kept records were grouped), the step makes a full pass and anchors a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,25 +32,16 @@ from numpy.typing import NDArray
 KEEP = 1024
 
 
+@dataclass(slots=True)
 class Anchor:
     """The records farthest from an earlier centroid, for bounding the farthest from the
     current one (module docstring)."""
 
-    __slots__ = ("cut", "dist", "records", "slack", "za")
-
-    def __init__(
-        self,
-        za: NDArray[np.float64],
-        records: NDArray[np.intp],
-        dist: NDArray[np.float64],
-        cut: float,
-        slack: float,
-    ) -> None:
-        self.za = za
-        self.records = records
-        self.dist = dist
-        self.cut = cut
-        self.slack = slack
+    za: NDArray[np.float64]
+    records: NDArray[np.intp]
+    dist: NDArray[np.float64]
+    cut: float
+    slack: float
 
     @staticmethod
     def of(
