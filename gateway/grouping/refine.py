@@ -132,8 +132,9 @@ def _pass(  # noqa: PLR0917 - the search's state, passed whole
 
 
 def _neighbour_groups(centres: NDArray[np.float64]) -> NDArray[np.int64]:
-    """Per group, its ``_NEIGHBOURS`` nearest other groups by centroid (in float32: they only
-    choose where to look; the gains are computed in float64)."""
+    """Per group, its ``_NEIGHBOURS`` nearest other groups by centroid, nearest first, ties
+    by group number (in float32: they only choose where to look; the gains are computed in
+    float64)."""
     groups = centres.shape[0]
     m = min(_NEIGHBOURS, groups - 1)
     out = np.empty((groups, m), dtype=np.int64)
@@ -142,11 +143,16 @@ def _neighbour_groups(centres: NDArray[np.float64]) -> NDArray[np.int64]:
     for start in range(0, groups, _CHUNK):
         cs = c32[start : start + _CHUNK]
         rows = np.arange(cs.shape[0])
-        d = c2[None, :] - 2.0 * (cs @ c32.T)  # |c|² of the row's own centroid: the same
+        d = cs @ c32.T  # |c|² of the row's own centroid left out: the same for the whole row
+        d *= -2.0
+        d += c2
         d[rows, start + rows] = np.inf
-        part = np.argpartition(d, m - 1, axis=1)[:, :m]
-        order = np.argsort(d[rows[:, None], part], axis=1, kind="stable")
-        out[start : start + cs.shape[0]] = part[rows[:, None], order]
+        # m passes of argmin (first among equal minima), each pick then ruled out: a tenth
+        # of argpartition's time on a block this wide, and a defined order among ties
+        for j in range(m):
+            pick = d.argmin(axis=1)
+            out[start : start + cs.shape[0], j] = pick
+            d[rows, pick] = np.inf
     return out
 
 

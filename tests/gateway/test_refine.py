@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from gateway.grouping import refine
 from gateway.grouping.claim_partition import ClaimPartition
 from gateway.grouping.microaggregation import mdav_groups
 from gateway.grouping.mixed_microaggregation import claim_inputs, embed, mixed_microaggregate
@@ -118,3 +119,41 @@ def test_the_partition_refines_where_the_policy_says(refine: bool | None) -> Non
     assert np.array_equal(window, refined[1] if refine is True else plain)
     cohorts = claim.cohorts(sub, k)
     assert np.array_equal(cohorts, plain if refine is False else refined[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.integers(min_value=2, max_value=40),
+    p=st.integers(min_value=1, max_value=5),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    ties=st.booleans(),
+)
+def test_neighbour_groups_are_the_nearest_ties_by_group_number(
+    groups: int, p: int, seed: int, ties: bool
+) -> None:
+    """Each group's neighbours are the nearest other centroids, nearest first. With centroids
+    of 0s and 1s (``ties``) every float32 distance is an exact small integer, so the order is
+    checked exactly, equal distances in group order; otherwise within float32 rounding."""
+    rng = np.random.default_rng(seed)
+    centres = (
+        rng.integers(0, 2, size=(groups, p)).astype(float) if ties else rng.normal(size=(groups, p))
+    )
+    chunk = refine._CHUNK
+    try:
+        refine._CHUNK = 7  # several blocks, so the block offsets are exercised too
+        near = refine._neighbour_groups(centres)
+    finally:
+        refine._CHUNK = chunk
+    d = ((centres[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2)  # exact for 0/1 values
+    tol = 0.0 if ties else 1e-5 * (1.0 + float(np.abs(centres).max()) ** 2) * p
+    m = min(refine._NEIGHBOURS, groups - 1)
+    assert near.shape == (groups, m)
+    for g in range(groups):
+        others = np.array([h for h in range(groups) if h != g])
+        assert g not in near[g] and len(set(near[g].tolist())) == m
+        got = d[g, near[g]]
+        rest = np.setdiff1d(others, near[g])
+        assert (np.diff(got) >= -tol).all()  # nearest first
+        assert not rest.size or got.max() <= d[g, rest].min() + tol  # none nearer left out
+        if ties:
+            assert np.array_equal(near[g], others[np.lexsort((others, d[g, others]))][:m])
