@@ -11,7 +11,10 @@ What is timed is the engine process's work on a window
 with SQLite state and keyed randomness, the result packed), on the simulated Adult panel of
 bench/stream_throughput.py in windows of 5,000 fed as the worker feeds them: the records the engine
 held come back first in the next window (they stay in the engine process: only their count travels),
-the clock advances 0.1 s a window, and only the last window flushes. So with ``republication.pool:
+the clock advances 0.1 s a window, only the last window flushes, and the operator's close of each
+wave (``privgw wave close``, as bench/stream_throughput.py writes it after the wave's records)
+comes with the window that holds the wave's last record. Before 2026-11-28 no close was passed, so
+under ``panel`` every wave was decided in the last window's flush. So with ``republication.pool:
 release`` a wave is decided when it closes, in one pool, as in the stream. (A flush every window
 would close every release at once: returning respondents, short of a quorum within 5,000 records,
 would nearly all be grouped afresh, a path the stream seldom takes. ``--feed flush`` does that, for
@@ -26,7 +29,9 @@ between runs a minute apart, more than most changes to the engine. Each version 
 its packages renamed (``gateway`` -> ``base_gateway``, ...), both are imported side by side,
 and their windows alternate (the order swapped every window and round), so a drift of the
 machine falls on both. Each version has its own state file. The figure that matters is the
-ratio head / base, printed for wave 1 (every respondent new) and waves 2-3 (returning).
+ratio head / base, printed for wave 1 (every respondent new) and waves 2-3 (returning). A side's
+windows count as wave 1's until it has decided as many records as wave 1 has, so the window that
+decides wave 1 counts there however late the wave closes (under ``panel``, after its grace).
 
 It then says whether the two versions gave the same bytes: the published columns and the
 window reports of every window (digested outside the timed part), and the rows of each state
@@ -190,10 +195,11 @@ def digest_state(h: Any, store: Any) -> None:
         h.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
 
 
-def held_after(reply: tuple[Any, ...]) -> int:
-    """How many records the engine handed back held: they start the next window."""
+def report_of(reply: tuple[Any, ...]) -> Any:
+    """The window's report: how many records the engine handed back held (they start the next
+    window), and how many it decided (published or suppressed)."""
     report, _ = pickle.loads(reply[2])
-    return int(report.held)
+    return report
 
 
 def _module_of(side: str, name: str, engine_mod: ModuleType) -> ModuleType:
@@ -227,6 +233,32 @@ def prepare(side: str, text: str, answers: list[Any], state: Path, feed: str) ->
         pack = functools.partial(pack, inputs=keyed_inputs.KeyedInputs(policy, keyring))
     blobs = [pack(valid[s : s + WINDOW]) for s in range(0, len(valid), WINDOW)]
     return answer, engine, store, blobs
+
+
+def closed_through(answers: list[Any], windows: int) -> list[int | None]:
+    """Per window, the newest wave closed by the time it is fed: as bench/stream_throughput.py
+    writes the operator's close of a wave (``privgw wave close``) after the wave's last record,
+    a wave is closed in the window that holds its last record. None: no record carries a wave."""
+    last: dict[int, int] = {}  # wave -> index of its last record
+    for i, (_, values) in enumerate(answers):
+        wave = values.get("wave")
+        if isinstance(wave, int):
+            last[wave] = i
+    out: list[int | None] = []
+    for w in range(windows):
+        end = (w + 1) * WINDOW
+        done = [wave for wave, i in last.items() if i < end]
+        out.append(max(done) if done else None)
+    return out
+
+
+def marks_of(side: str) -> Any:
+    """The side's ``InputMarks`` with a wave closed (a version without them: None, no marks)."""
+    engine_mod, _ = load(side)
+    marks = getattr(_module_of(side, "records", engine_mod), "InputMarks", None)
+    if marks is None:
+        return lambda closed: None
+    return lambda closed: marks(closed_through=closed)
 
 
 def main() -> None:
@@ -270,20 +302,21 @@ def main() -> None:
                 texts["head"] += "republication: {mode: deferred}\n"
         spent = {side: [0.0, 0.0] for side in sides}  # wave 1, waves 2-3
         hashes = {side: {part: hashlib.sha256() for part in PARTS} for side in sides}
-        # a window is wave 1's when it starts among wave 1's records (the first third), or is
-        # the one holding wave 2's first record: that window closes wave 1 and decides it
-        starts = range(0, len(answers), WINDOW)
-        phase = [0 if start <= len(answers) // 3 else 1 for start in starts]
-        counted = [0, 0]  # records timed in each phase, per side
-        for start, p in zip(starts, phase, strict=True):
-            counted[p] += min(WINDOW, len(answers) - start) * args.rounds
+        # a side's window is wave 1's until that side has decided (published or suppressed) as
+        # many records as wave 1 has: the window that does so, however late the wave closes
+        # (under ``panel`` it closes after its grace, among wave 2's records), is wave 1's too
+        wave1 = len(answers) // 3
+        counted = [wave1 * args.rounds, (len(answers) - wave1) * args.rounds]
+        closes = closed_through(answers, len(range(0, len(answers), WINDOW)))
         for rnd in range(args.rounds):
             runs = {
                 s: prepare(s, texts[s], answers, Path(tmp) / f"{s}{rnd}.db", args.feed)
                 for s in sides
             }
             windows = len(runs["base"][3])
+            runs_marks = {s: marks_of(s) for s in sides}
             kept = dict.fromkeys(sides, 0)  # records held in each side's engine
+            decided = dict.fromkeys(sides, 0)  # records each side published or suppressed
             held: dict[str, list[Any]] = {side: [] for side in sides}  # --feed records
             gc.disable()  # collected between windows, as the engine process does
             try:
@@ -292,13 +325,16 @@ def main() -> None:
                     last = w == windows - 1
                     for side in order:
                         answer, engine, store, blobs = runs[side]
+                        phase = 0 if decided[side] < wave1 else 1
+                        marks = runs_marks[side](closes[w])
                         if args.feed == "records":
                             t0 = time.perf_counter()
                             res = engine.protect_window(
-                                [*held[side], *blobs[w]], now=w * 0.1, flush_all=last
+                                [*held[side], *blobs[w]], now=w * 0.1, flush_all=last, marks=marks
                             )
-                            spent[side][phase[w]] += time.perf_counter() - t0
+                            spent[side][phase] += time.perf_counter() - t0
                             digest_result(hashes[side], res)
+                            decided[side] += res.report.published + res.report.suppressed
                             held[side] = list(res.held)
                             kept[side] = len(held[side])
                             gc.collect(0)
@@ -306,13 +342,15 @@ def main() -> None:
                         if args.feed == "flush":
                             ask: tuple[Any, ...] = ("protect", [blobs[w]], 0.0, True)
                         else:
-                            ask = ("protect", [blobs[w]], w * 0.1, last, None, kept[side])
+                            ask = ("protect", [blobs[w]], w * 0.1, last, marks, kept[side])
                         t0 = time.perf_counter()
                         reply = answer(ask, engine, store, False)
-                        spent[side][phase[w]] += time.perf_counter() - t0
+                        spent[side][phase] += time.perf_counter() - t0
                         digest_reply(hashes[side], reply, side)
+                        report = report_of(reply)
+                        decided[side] += report.published + report.suppressed
                         if args.feed == "worker":
-                            kept[side] = held_after(reply)
+                            kept[side] = report.held
                         gc.collect(0)
                 if any(kept.values()):
                     raise SystemExit(f"records still held after the last flush: {kept}")
