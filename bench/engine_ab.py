@@ -258,6 +258,8 @@ def marks_of(side: str) -> Any:
     marks = getattr(_module_of(side, "records", engine_mod), "InputMarks", None)
     if marks is None:
         return lambda closed: None
+    if "closed_through" not in getattr(marks, "__dataclass_fields__", {}):
+        return lambda closed: marks()  # a version before wave closes: offsets only
     return lambda closed: marks(closed_through=closed)
 
 
