@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +26,13 @@ from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mdav import best_of
+
+from gateway.files.evaluate import claim_frame
 from gateway.grouping import refine
 from gateway.grouping.claim_partition import ClaimPartition
 from gateway.grouping.microaggregation import mdav_groups
-from gateway.grouping.mixed_microaggregation import claim_inputs, embed
+from gateway.grouping.mixed_microaggregation import embed
 from gateway.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,25 +62,10 @@ def adult_centres() -> NDArray[np.float64]:
     policy = load_policy(POLICY)
     claim = ClaimPartition(policy)
     df = pd.read_csv(ADULT, dtype=str, keep_default_na=False, skipinitialspace=True)
-    missing = set(policy.input.missing_tokens)
-    sub = [
-        claim_inputs(policy.attributes[n], [None if v in missing else v for v in df[n]])
-        for n in policy.k_claim
-    ]
-    keep = [i for i in range(len(df)) if all(col[i] is not None for col in sub)]
-    x = embed(claim.columns, [[col[i] for i in keep] for col in sub])
+    frame = claim_frame(df, policy, published=False).dropna()  # the records MDAV can group
+    x = embed(claim.columns, [frame[n].tolist() for n in policy.k_claim])
     labels = mdav_groups(x, policy.microaggregation.k, standardize=False)
     return refine._centres(x, labels, np.bincount(labels))
-
-
-def best(repeat: int, fn: object, arg: object) -> tuple[float, NDArray[np.int64]]:
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn(arg)  # type: ignore[operator]
-        times.append(time.perf_counter() - t0)
-    assert out is not None
-    return min(times), out
 
 
 def main() -> int:
@@ -97,8 +85,8 @@ def main() -> int:
             base + rng.normal(scale=0.01, size=base.shape) * spread for _ in range(copies - 1)
         ]
         centres = np.vstack(parts)
-        t_old, old = best(args.repeat, by_argpartition, centres)
-        t_new, new = best(args.repeat, refine._neighbour_groups, centres)
+        t_old, old = best_of(args.repeat, partial(by_argpartition, centres))
+        t_new, new = best_of(args.repeat, partial(refine._neighbour_groups, centres))
         same = float((old == new).all(axis=1).mean())
         print(
             f"{centres.shape[0]:>7} {centres.shape[1]:>7} {t_old:>15.3f} {t_new:>16.3f} "
