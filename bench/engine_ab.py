@@ -310,13 +310,13 @@ def main() -> None:
         wave1 = len(answers) // 3
         counted = [wave1 * args.rounds, (len(answers) - wave1) * args.rounds]
         closes = closed_through(answers, len(range(0, len(answers), WINDOW)))
+        marks_for = {s: marks_of(s) for s in sides}  # a wave closed -> the side's marks
         for rnd in range(args.rounds):
             runs = {
                 s: prepare(s, texts[s], answers, Path(tmp) / f"{s}{rnd}.db", args.feed)
                 for s in sides
             }
             windows = len(runs["base"][3])
-            runs_marks = {s: marks_of(s) for s in sides}
             kept = dict.fromkeys(sides, 0)  # records held in each side's engine
             decided = dict.fromkeys(sides, 0)  # records each side published or suppressed
             held: dict[str, list[Any]] = {side: [] for side in sides}  # --feed records
@@ -328,7 +328,7 @@ def main() -> None:
                     for side in order:
                         answer, engine, store, blobs = runs[side]
                         phase = 0 if decided[side] < wave1 else 1
-                        marks = runs_marks[side](closes[w])
+                        marks = marks_for[side](closes[w])
                         if args.feed == "records":
                             t0 = time.perf_counter()
                             res = engine.protect_window(
