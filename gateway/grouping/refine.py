@@ -80,10 +80,12 @@ def _pass(  # noqa: PLR0917 - the search's state, passed whole
     members = _members(lab, groups, cap)
     gains: list[NDArray[np.float64]] = []
     ops: list[NDArray[np.int64]] = []  # (i, j or -1, g, h)
-    own = np.einsum("nd,nd->n", x - centres[lab], x - centres[lab])
+    diff = x - centres[lab]  # each difference formed once, not once per einsum operand
+    own = np.einsum("nd,nd->n", diff, diff)
     for col in range(near.shape[1]):
         h_all = near[lab, col]
-        to_h = np.einsum("nd,nd->n", x - centres[h_all], x - centres[h_all])
+        np.subtract(x, centres[h_all], out=diff)
+        to_h = np.einsum("nd,nd->n", diff, diff)
         # only rows nearer h's centroid than their own look for a partner in h: the others'
         # exchanges rarely gain, and this keeps the pass to a few per cent of the rows
         i = np.flatnonzero(to_h < own)
@@ -91,7 +93,8 @@ def _pass(  # noqa: PLR0917 - the search's state, passed whole
         js = members[h]  # rows x cap, -1 padded
         valid = js >= 0
         jj = np.where(valid, js, 0)
-        delta = x[jj] - x[i][:, None, :]  # rows x cap x columns
+        delta = x[jj]  # rows x cap x columns, less each row's own (in place: no second copy)
+        delta -= x[i][:, None, :]
         dc = (centres[g] - centres[h])[:, None, :]
         inv = (1.0 / sizes[g] + 1.0 / sizes[h])[:, None]
         gain = -2.0 * np.einsum("nmd,nmd->nm", dc, delta) - inv * np.einsum(
