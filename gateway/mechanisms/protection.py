@@ -12,9 +12,11 @@ fresh draws are stored. A deterministic recoding ignores ``draws``.
 from __future__ import annotations
 
 import math
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, count, repeat
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -74,12 +76,15 @@ class Draws:
         """The stored publications of ``name``'s values (those ``drawn`` at all) and what is
         left to draw: a fresh draw is keyed by its draw key and the value's digest."""
         maps = self.stored.maps(kind, name)
-        # one pass per step over the window rather than one loop with branches
-        found = [
-            m.get(hexed) if d else None
-            for m, (_, hexed), d in zip(maps, digests, drawn, strict=True)
-        ]
-        fresh = [i for i, (f, d) in enumerate(zip(found, drawn, strict=True)) if f is None and d]
+        if len(maps) != len(digests) or len(drawn) != len(digests):
+            raise ValueError("recall: the stored maps, digests and drawn flags must align")
+        # the look-ups and the positions left to draw walked in C (map, compress), then the
+        # values not drawn at all (few: missing categories) taken out
+        found: list[Any] = list(map(dict.get, maps, [hexed for _, hexed in digests]))  # type: ignore[arg-type]
+        fresh = list(compress(count(), map(operator.is_, found, repeat(None))))
+        if not all(drawn):
+            found = [f if d else None for f, d in zip(found, drawn, strict=True)]
+            fresh = [i for i in fresh if drawn[i]]
         keys = self.keys
         fresh_keys = [(keys[i] or b"") + digests[i][0] for i in fresh]
         return Recalled(found, fresh, len(found) - found.count(None), fresh_keys)

@@ -7,6 +7,7 @@ them through :class:`StoredLookup` and :class:`DrawnStates`."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any, Protocol
 
 _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never written to
@@ -38,11 +39,13 @@ class StoredLookup:
         self._kinds: dict[str, list[Mapping[str, Any]]] = {}
 
     def maps(self, kind: str, name: str) -> list[Mapping[str, Any]]:
-        nothing = _NOTHING
+        # map(dict.get, ...) walks the records in C (states and their maps are dicts)
         of_kind = self._kinds.get(kind)
         if of_kind is None:
-            of_kind = self._kinds[kind] = [state.get(kind, nothing) for state in self._states]
-        return [by_name.get(name, nothing) for by_name in of_kind]
+            of_kind = self._kinds[kind] = list(
+                map(dict.get, self._states, repeat(kind), repeat(_NOTHING))  # type: ignore[arg-type]
+            )
+        return list(map(dict.get, of_kind, repeat(name), repeat(_NOTHING)))  # type: ignore[arg-type]
 
 
 def store_drawn(
