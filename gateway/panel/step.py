@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from gateway.engine.columns import Output, PublishedColumns, WindowInputs
@@ -293,10 +294,15 @@ class PanelStep:
     def _carry(self, pw: PanelWindow, rows: list[int]) -> list[dict[str, Any]]:
         """What each respondent at ``rows`` is carried forward with, should it be absent."""
         names = [n for n in self._carried if n in pw.columns]
-        # gathered column by column, then one dict per respondent from a row of the zip
-        gathered = [[col[i] for i in rows] for col in (pw.columns[n] for n in names)]
-        out = [dict(zip(names, row, strict=True)) for row in zip(*gathered, strict=True)]
-        if not names:
+        # gathered column by column (itemgetter: in C), then one dict per respondent from a
+        # row of the zip
+        if names and rows:
+            take = itemgetter(*rows)
+            gathered = [take(pw.columns[n]) for n in names]
+            if len(rows) == 1:  # itemgetter of one position gives the item, not a tuple
+                gathered = [(g,) for g in gathered]
+            out = [dict(zip(names, row, strict=True)) for row in zip(*gathered, strict=True)]
+        else:
             out = [{} for _ in rows]
         if self._pseudonym is not None:
             for values, i in zip(out, rows, strict=True):
