@@ -206,7 +206,7 @@ class Roster:
         sizes = np.frombuffer(doc["lsize"], dtype=np.int32)
         flat = np.frombuffer(doc["lflat"], dtype=np.int32).tolist()
         ends = np.cumsum(sizes, dtype=np.int64).tolist()
-        linked = [set(flat[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        linked = [set(flat[a:b]) for a, b in zip([0, *ends][:-1], ends, strict=True)]
         outcomes = [
             Outcome(
                 wave=int(o["wave"]),

@@ -68,3 +68,9 @@ def test_a_migration_and_a_live_count_audit_leave_the_roster_alone() -> None:
     dropped, rows, seen = groups_to_drop([(key, raw)], MigrationPlan(regroup_all=True))
     assert (dropped, rows, seen) == (set(), {}, 0)
     assert not audit_live_counts([(key, raw)]).drifted
+
+
+def test_an_empty_roster_round_trips() -> None:
+    sealer, key = Sealer(b"k" * 32), roster_key(None)
+    back = Roster.decode(Roster().encode(sealer, key), sealer, key)
+    assert back.keys == [] and back.linked == [] and back.carried == [] and back.last_wave is None
