@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 
@@ -69,25 +69,35 @@ def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
         microseconds (``+05:30:17.424242``), finer than the unit. Day, week and month publish the
         local date, without an offset. Unparseable text, and a timestamp with no UTC instant (which
     validation dead-letters first), become None: never passed through."""
+    start = _UNIT_START[unit]
+    to_utc = unit in {TimeUnit.MINUTE, TimeUnit.HOUR}
+    parse = datetime.fromisoformat
     out: list[str | None] = []
-    for v in values:
-        ts = parse_timestamp(v) if v is not None else None
-        if ts is None:
-            out.append(None)
+    append = out.append
+    for v in values:  # parse_timestamp inlined: this runs once per published record
+        try:
+            ts = parse(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # None, or not ISO 8601
+            append(None)
             continue
-        if ts.tzinfo is not None and unit in {TimeUnit.MINUTE, TimeUnit.HOUR}:
+        if ts.tzinfo is not None and not 1 < ts.year < 9999 and _beyond_utc(ts):
+            append(None)
+            continue
+        if to_utc and ts.tzinfo is not None:
             ts = ts.astimezone(UTC)
-        if unit is TimeUnit.MINUTE:
-            out.append(ts.replace(second=0, microsecond=0).isoformat(timespec="minutes"))
-        elif unit is TimeUnit.HOUR:
-            out.append(ts.replace(minute=0, second=0, microsecond=0).isoformat(timespec="hours"))
-        elif unit is TimeUnit.DAY:
-            out.append(ts.date().isoformat())
-        elif unit is TimeUnit.WEEK:
-            out.append((ts.date() - timedelta(days=ts.weekday())).isoformat())
-        else:
-            out.append(f"{ts.year:04d}-{ts.month:02d}")
+        append(start(ts))
     return out
+
+
+_UNIT_START: dict[TimeUnit, Callable[[datetime], str]] = {
+    TimeUnit.MINUTE: lambda ts: ts.replace(second=0, microsecond=0).isoformat(timespec="minutes"),
+    TimeUnit.HOUR: lambda ts: ts.replace(minute=0, second=0, microsecond=0).isoformat(
+        timespec="hours"
+    ),
+    TimeUnit.DAY: lambda ts: ts.date().isoformat(),
+    TimeUnit.WEEK: lambda ts: (ts.date() - timedelta(days=ts.weekday())).isoformat(),
+    TimeUnit.MONTH: lambda ts: f"{ts.year:04d}-{ts.month:02d}",
+}
 
 
 def add_noise(
