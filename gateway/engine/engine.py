@@ -361,7 +361,7 @@ class Engine:
         window = PanelWindow(
             records,
             rids,
-            {name: list(col) for name, col in columns.items()},
+            columns,  # read only (the panel step copies what it extends)
             rkeys,
             list(dkeys),
             keys,

@@ -22,7 +22,7 @@ class PanelWindow:
 
     records: Sequence[ValidRecord]
     rids: list[str]
-    columns: dict[str, list[Any]]
+    columns: Mapping[str, Sequence[Any]]  # read only: the panel step extends a copy
     rkeys: list[bytes | None]
     dkeys: list[bytes | None]
     keys: WindowKeys
