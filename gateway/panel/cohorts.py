@@ -96,22 +96,26 @@ def decide_wave(
     transitions = Transitions()
     nominal = nominal_of(numeric)
     returned = 0
+    # the roster's columns as locals: this loop runs once per present member
+    carried, seen, active, streak = roster.carried, roster.seen, roster.active, roster.streak
+    observe, previous = transitions.observe, wave - 1
     for row, claim, carry, sw in zip(
         rows_of, present.rows, present.carry, present.sampling, strict=True
     ):
         if row is None:
             continue
-        last = roster.carried[row]
-        if roster.seen[row] == wave - 1 and int(last[3]) == wave - 1:
-            transitions.observe(nominal(last[0]), nominal(claim))
-        returned += not roster.active[row]
-        roster.active[row] = True
-        roster.streak[row] = 0
-        roster.seen[row] = wave
-        roster.carried[row] = [list(claim), carry, sw, wave]
+        last = carried[row]
+        if seen[row] == previous and int(last[3]) == previous:
+            observe(nominal(last[0]), nominal(claim))
+        returned += not active[row]
+        active[row] = True
+        streak[row] = 0
+        seen[row] = wave
+        carried[row] = [list(claim), carry, sw, wave]
     transitions.freeze()
-    here = {row for row in rows_of if row is not None}
-    absent = [r for r in range(len(roster.keys)) if roster.active[r] and r not in here]
+    here = set(rows_of)
+    here.discard(None)
+    absent = [r for r, on in enumerate(active) if on and r not in here]
     _age(roster, absent, transitions=transitions, numeric=numeric, uniforms=uniforms, wave=wave)
     retired = _retire(roster, absent, rules)
     new_idx = [i for i, row in enumerate(rows_of) if row is None]
