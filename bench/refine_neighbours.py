@@ -1,6 +1,6 @@
 """The cohorts' local search (``gateway.grouping.refine``) against what it replaced, in the same
 run, on Adult's whole key: its neighbour search against the argpartition before it, and the whole
-search (``refine_groups``) against its pass before the differences were formed in place.
+search (``refine_groups``) against its pass before 2026-11-28, on every column and by category.
 
     .venv/bin/python bench/refine_neighbours.py               # Adult, 1x 2x 4x copies
     .venv/bin/python bench/refine_neighbours.py --copies 1,8 --repeat 3
@@ -13,9 +13,12 @@ their ratio, and how many groups get the same neighbours in the same order (the 
 only among equal float32 distances, where argpartition's pick is arbitrary and the argmin passes
 take the lower group number).
 
-The whole search runs on the records' embedded rows and their MDAV labels (k = 5), stacked and
-jittered the same way; both passes must give the same labels (the same arithmetic, fewer
-temporaries), which the bench checks.
+The whole search runs on the records' embedded rows and their MDAV labels (k = 5), stacked, the
+copies jittered in their numeric columns (the one-hot columns stay one-hot). Three ways: the pass
+before 2026-11-28 and today's on every column, which must give the same labels (the same
+arithmetic, fewer temporaries; the bench checks it), and today's by category (the one-hot blocks
+given, as the engine gives them), whose sums differ by rounding: it prints the share of records
+in the same group and the ratio of the sums of squares.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from gateway.files.evaluate import claim_frame
 from gateway.grouping import refine
 from gateway.grouping.claim_partition import ClaimPartition
 from gateway.grouping.microaggregation import mdav_groups
-from gateway.grouping.mixed_microaggregation import embed
+from gateway.grouping.mixed_microaggregation import _embed
 from gateway.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,14 +68,16 @@ def by_argpartition(centres: NDArray[np.float64]) -> NDArray[np.int64]:
 
 
 def old_pass(  # noqa: PLR0917 - refine._pass's signature
-    x: NDArray[np.float64],
+    geometry: Any,
     lab: NDArray[np.int64],
     sizes: NDArray[np.int64],
     near: NDArray[np.int64],
     k: int,
     cap: int,
 ) -> float:
-    """refine._pass before 2026-11-28 (each difference formed twice, delta not in place)."""
+    """refine._pass before 2026-11-28 (every column; each difference formed twice, delta not
+    in place)."""
+    x = geometry.x
     groups = sizes.size
     centres = refine._centres(x, lab, sizes)
     members = refine._members(lab, groups, cap)
@@ -126,25 +131,28 @@ def old_pass(  # noqa: PLR0917 - refine._pass's signature
     return removed
 
 
-def refine_with(pass_: Any, x: NDArray[np.float64], labels: NDArray[np.int64], k: int) -> Any:
+def refine_with(
+    pass_: Any, x: NDArray[np.float64], labels: NDArray[np.int64], k: int, blocks: Any = ()
+) -> Any:
     """refine_groups with ``pass_`` as its pass."""
     kept = refine._pass
     refine._pass = pass_
     try:
-        return refine.refine_groups(x, labels, k)
+        return refine.refine_groups(x, labels, k, blocks=blocks)
     finally:
         refine._pass = kept
 
 
-def adult_rows() -> tuple[NDArray[np.float64], NDArray[np.int64], int]:
-    """Adult's embedded whole-key rows, their MDAV labels and k."""
+def adult_rows() -> tuple[NDArray[np.float64], NDArray[np.int64], int, list[Any]]:
+    """Adult's embedded whole-key rows (standardized, as the policy's claim embeds them), their
+    MDAV labels, k and the one-hot blocks."""
     policy = load_policy(POLICY)
     claim = ClaimPartition(policy)
     df = pd.read_csv(ADULT, dtype=str, keep_default_na=False, skipinitialspace=True)
     frame = claim_frame(df, policy, published=False).dropna()  # the records MDAV can group
-    x = embed(claim.columns, [frame[n].tolist() for n in policy.k_claim])
+    x, blocks, _ = _embed(claim.columns, [frame[n].tolist() for n in policy.k_claim], True)
     k = policy.microaggregation.k
-    return x, mdav_groups(x, k, standardize=False), k
+    return x, mdav_groups(x, k, standardize=False), k, blocks
 
 
 def jittered(base: NDArray[np.float64], copies: int, rng: np.random.Generator) -> Any:
@@ -161,7 +169,7 @@ def main() -> int:
     ap.add_argument("--copies", default="1,2,4")
     ap.add_argument("--repeat", type=int, default=2, help="best of N runs per method")
     args = ap.parse_args()
-    x, labels, k = adult_rows()
+    x, labels, k, blocks = adult_rows()
     base = refine._centres(x, labels, np.bincount(labels))
     rng = np.random.default_rng(20261128)
     print(
@@ -178,21 +186,33 @@ def main() -> int:
             f"{t_old / t_new:>7.1f}x {same:>15.1%}"
         )
     print(
-        f"\n{'records':>8} {'groups':>7} {'pass before s':>14} {'pass now s':>11} {'speed-up':>8}"
+        f"\n{'records':>8} {'groups':>7} {'pass before s':>14} {'every column s':>15} "
+        f"{'by category s':>14} {'speed-up':>8} {'same groups':>12} {'SSE ratio':>10}"
     )
+    dense_cols = np.setdiff1d(np.arange(x.shape[1]), np.concatenate([c for c, _ in blocks]))
     for copies in (int(c) for c in args.copies.split(",")):
-        rows = jittered(x, copies, rng)
+        rows = np.vstack([x] * copies)  # copies jittered in their numeric columns only
+        rows[x.shape[0] :, dense_cols] = jittered(x[:, dense_cols], copies, rng)[x.shape[0] :]
+        coded = [(cols, np.tile(codes, copies)) for cols, codes in blocks]
         # each copy's groups numbered after the previous copies'
         lab = np.concatenate([labels + c * (int(labels.max()) + 1) for c in range(copies)])
         t_old, old = best_of(args.repeat, partial(refine_with, old_pass, rows, lab, k))
         t_new, new = best_of(args.repeat, partial(refine_with, refine._pass, rows, lab, k))
+        t_cat, cat = best_of(args.repeat, partial(refine_with, refine._pass, rows, lab, k, coded))
         if not np.array_equal(old, new):
-            raise SystemExit("the two passes gave different groups")
+            raise SystemExit("the two passes on every column gave different groups")
         print(
-            f"{rows.shape[0]:>8} {int(lab.max()) + 1:>7} {t_old:>14.3f} {t_new:>11.3f} "
-            f"{t_old / t_new:>7.2f}x"
+            f"{rows.shape[0]:>8} {int(lab.max()) + 1:>7} {t_old:>14.3f} {t_new:>15.3f} "
+            f"{t_cat:>14.3f} {t_old / t_cat:>7.2f}x {float((cat == new).mean()):>11.2%} "
+            f"{sse(rows, cat) / sse(rows, new):>10.5f}"
         )
     return 0
+
+
+def sse(x: NDArray[np.float64], labels: NDArray[np.int64]) -> float:
+    """The within-group sum of squares."""
+    diff = x - refine._centres(x, labels, np.bincount(labels))[labels]
+    return float(np.einsum("nd,nd->", diff, diff))
 
 
 if __name__ == "__main__":

@@ -382,7 +382,7 @@ def mixed_microaggregate(
     x, blocks, codes = _embed(columns, values, standardize)
     labels = mdav_blocks(x, k, blocks)  # = mdav_groups(x, k, standardize=False)
     if refine:
-        labels = refine_groups(x, labels, k)
+        labels = refine_groups(x, labels, k, blocks=blocks)
     return _centroids(columns, values, labels, codes, rules), labels
 
 

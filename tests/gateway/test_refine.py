@@ -4,6 +4,7 @@ raises the within-group sum of squares."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,14 @@ from numpy.typing import NDArray
 from gateway.grouping import refine
 from gateway.grouping.claim_partition import ClaimPartition
 from gateway.grouping.microaggregation import mdav_groups
-from gateway.grouping.mixed_microaggregation import claim_inputs, embed, mixed_microaggregate
+from gateway.grouping.mixed_microaggregation import (
+    QIColumn,
+    QIKind,
+    _embed,
+    claim_inputs,
+    embed,
+    mixed_microaggregate,
+)
 from gateway.grouping.refine import refine_groups
 from gateway.measures import quality
 from gateway.policy import Policy, load_policy
@@ -157,3 +165,72 @@ def test_neighbour_groups_are_the_nearest_ties_by_group_number(
         assert not rest.size or got.max() <= d[g, rest].min() + tol  # none nearer left out
         if ties:
             assert np.array_equal(near[g], others[np.lexsort((others, d[g, others]))][:m])
+
+
+def _mixed(seed: int, n: int, nominal: int, numeric: int) -> tuple[Any, list[Any]]:
+    """An embedded mixed matrix (numeric columns, one-hot blocks) and its blocks."""
+    rng = np.random.default_rng(seed)
+    columns = [QIColumn(f"n{j}", QIKind.NUMERIC) for j in range(numeric)]
+    values: list[list[object]] = [rng.normal(size=n).round(1).tolist() for _ in range(numeric)]
+    for j in range(nominal):
+        cats = tuple(f"c{c}" for c in range(int(rng.integers(1, 6))))
+        columns.append(QIColumn(f"m{j}", QIKind.NOMINAL, cats))
+        values.append([cats[int(c)] for c in rng.integers(0, len(cats), size=n)])
+    x, blocks, _ = _embed(columns, values, bool(seed % 2))
+    return x, blocks
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(min_value=4, max_value=150),
+    k=st.integers(min_value=2, max_value=5),
+    nominal=st.integers(min_value=1, max_value=4),
+    numeric=st.integers(min_value=0, max_value=2),
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+)
+def test_one_hot_blocks_by_category_give_every_column_s_distances(
+    n: int, k: int, nominal: int, numeric: int, seed: int
+) -> None:
+    """Distances taken per block from a record's category alone (refine._Coded) equal those on
+    every column (refine._Dense) up to rounding: to the centroids, between partners, and the
+    centroids themselves; and the search on them keeps a valid partition that never worsens."""
+    n = max(n, k)
+    x, blocks = _mixed(seed, n, nominal, numeric)
+    coded = refine._Coded.of(x, blocks)
+    if coded is None:  # no narrower than x (one category per attribute): the dense search
+        assert all(cols.size == 1 for cols, _ in blocks)  # every attribute of one category
+        return
+    dense = refine._Dense(x)
+    labels = mdav_groups(x, k, standardize=False)
+    sizes = np.bincount(labels)
+    scale = 1.0 + float((x * x).sum(axis=1).max())
+    centres = dense.centres(labels, sizes)
+    assert np.allclose(coded.centres(labels, sizes), centres, rtol=0, atol=1e-12 * scale)
+    rng = np.random.default_rng(seed)
+    other = rng.integers(0, sizes.size, size=n)
+    for groups in (labels, other):
+        assert np.allclose(coded.to(centres)(groups), dense.to(centres)(groups), atol=1e-9 * scale)
+    i = np.arange(n)[: max(1, n // 3)]
+    jj = rng.integers(0, n, size=(i.size, 3))
+    got, want = (
+        coded.pairs(centres, i, labels[i], other[i], jj),
+        dense.pairs(centres, i, labels[i], other[i], jj),
+    )
+    for a, b in zip(got, want, strict=True):
+        assert np.allclose(a, b, atol=1e-9 * scale)
+    out = refine_groups(x, labels, k, blocks=blocks)
+    after = np.bincount(out, minlength=sizes.size)
+    assert after.size == sizes.size and after.min() >= k
+    assert after.max() <= max(2 * k - 1, sizes.max())
+    assert _sse(x, out) <= _sse(x, labels) + 1e-9 * max(1.0, _sse(x, labels))
+    assert np.array_equal(out, refine_groups(x, labels, k, blocks=blocks))
+
+
+def test_blocks_that_do_not_describe_x_fall_back_to_every_column() -> None:
+    x, blocks = _mixed(7, 60, 3, 1)
+    assert refine._Coded.of(x, blocks) is not None
+    bent = x.copy()
+    bent[0, blocks[0][0]] += 0.5  # a block column off its one-hot value
+    assert refine._Coded.of(bent, blocks) is None
+    shifted = [(cols + 1, codes) for cols, codes in blocks]  # blocks over other columns
+    assert refine._Coded.of(x, shifted) is None
