@@ -63,9 +63,11 @@ def store_drawn(
     same value republishes it: ``[value, version]`` with a mechanism version (randomized
     response's matrix), else the value."""
     states = view.states
-    # one look-up of the respondent's map per key (inlined: this runs once per fresh draw)
+    stored = drawn if version is None else [[value, version] for value in drawn]
+    # one look-up of the respondent's map per key (inlined: this runs once per fresh draw); a
+    # respondent without a state (every one of a first wave) gets its nested maps in one go
     maps: dict[bytes, dict[str, Any]] = {}
-    for i, value in zip(fresh, drawn, strict=True):
+    for i, value in zip(fresh, stored, strict=True):
         key = keys[i]
         if key is None:
             continue
@@ -73,15 +75,19 @@ def store_drawn(
         if values is None:
             state = states.get(key)
             if state is None:
-                state = states[key] = {}
-            by_name = state.get(kind)
-            if by_name is None:
-                by_name = state[kind] = {}
-            values = by_name.get(name)
-            if values is None:
-                values = by_name[name] = {}
+                values = {}
+                states[key] = {kind: {name: values}}
+            else:
+                by_name = state.get(kind)
+                if by_name is None:
+                    values = {}
+                    state[kind] = {name: values}
+                else:
+                    values = by_name.get(name)
+                    if values is None:
+                        values = by_name[name] = {}
             maps[key] = values
-        values[digests[i][1]] = value if version is None else [value, version]
+        values[digests[i][1]] = value
     view.touched.update(maps)
 
 
