@@ -213,13 +213,15 @@ def _enter(
         size = k + rules.slack if len(new_idx) >= k + rules.slack else len(new_idx)
         labels = partition(sub, size)
         base = roster.next_cohort
-        for i, label in zip(new_idx, labels.tolist(), strict=True):
-            rows_of[i] = roster.add(
-                present.keys[i],
-                base + int(label),
-                wave,
-                [list(present.rows[i]), present.carry[i], present.sampling[i], wave],
-            )
+        rows = present.rows
+        added = roster.add_many(
+            [present.keys[i] for i in new_idx],
+            (labels + base).tolist(),
+            wave,
+            [[list(rows[i]), present.carry[i], present.sampling[i], wave] for i in new_idx],
+        )
+        for i, row in zip(new_idx, added, strict=True):
+            rows_of[i] = row
         roster.next_cohort = base + int(labels.max()) + 1
         return 0
     if not members:  # fewer than k respondents in all: nothing to hide them in

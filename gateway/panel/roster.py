@@ -130,6 +130,23 @@ class Roster:
         self._index[key] = row
         return row
 
+    def add_many(
+        self, keys: list[bytes], cohorts: list[int], wave: int, carried: list[list[Any]]
+    ) -> range:
+        """:meth:`add` of each key in turn (the lists extended at once); their rows."""
+        start, n = len(self.keys), len(keys)
+        if not len(cohorts) == len(carried) == n:
+            raise ValueError("add_many: one cohort and one carried row per key")
+        self.keys.extend(keys)
+        self.cohort.extend(cohorts)
+        self.active.extend([True] * n)
+        self.streak.extend([0] * n)
+        self.seen.extend([wave] * n)
+        self.linked.extend(set() for _ in range(n))
+        self.carried.extend(carried)
+        self._index.update(zip(keys, range(start, start + n), strict=True))
+        return range(start, start + n)
+
     @property
     def last_wave(self) -> int | None:
         """The newest wave decided (None: none yet)."""
