@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -301,7 +302,8 @@ class PanelStep:
             gathered = [take(pw.columns[n]) for n in names]
             if len(rows) == 1:  # itemgetter of one position gives the item, not a tuple
                 gathered = [(g,) for g in gathered]
-            out = [dict(zip(names, row, strict=True)) for row in zip(*gathered, strict=True)]
+            # each respondent's row of the gathered columns, zipped with the names (in C)
+            out = list(map(dict, map(zip, repeat(names), zip(*gathered, strict=True))))
         else:
             out = [{} for _ in rows]
         if self._pseudonym is not None:
