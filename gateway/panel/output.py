@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from gateway.engine.columns import Output
@@ -60,14 +61,18 @@ def assembled(
         return names, cols, pub_rids, flags, respondents, keys
     wave_at = names.index(wave_name)
     waves = [w or -1 for w in waves_of(cols[wave_at])]
-    order = sorted(range(len(pub_rids)), key=waves.__getitem__)
+    n = len(pub_rids)
+    order = sorted(range(n), key=waves.__getitem__)
+    if n < 2 or order == list(range(n)):  # one wave, or already oldest first (a stable sort)
+        return names, cols, pub_rids, flags, respondents, keys
+    take = itemgetter(*order)  # in C, once per column
     return (
         names,
-        [[col[at] for at in order] for col in cols],
-        [pub_rids[at] for at in order],
-        [flags[at] for at in order],
-        [respondents[at] for at in order],
-        [keys[at] for at in order],
+        [list(take(col)) for col in cols],
+        list(take(pub_rids)),
+        list(take(flags)),
+        list(take(respondents)),
+        list(take(keys)),
     )
 
 
