@@ -71,16 +71,11 @@ def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
     validation dead-letters first), become None: never passed through."""
     start = _UNIT_START[unit]
     to_utc = unit in {TimeUnit.MINUTE, TimeUnit.HOUR}
-    parse = datetime.fromisoformat
     out: list[str | None] = []
     append = out.append
-    for v in values:  # parse_timestamp inlined: this runs once per published record
-        try:
-            ts = parse(v)  # type: ignore[arg-type]
-        except (TypeError, ValueError):  # None, or not ISO 8601
-            append(None)
-            continue
-        if ts.tzinfo is not None and not 1 < ts.year < 9999 and _beyond_utc(ts):
+    for v in values:
+        ts = parse_timestamp(v) if v is not None else None
+        if ts is None:
             append(None)
             continue
         if to_utc and ts.tzinfo is not None:
