@@ -119,21 +119,13 @@ class Roster:
         return list(map(self._index.get, keys))
 
     def add(self, key: bytes, cohort: int, wave: int, carried: list[Any]) -> int:
-        row = len(self.keys)
-        self.keys.append(key)
-        self.cohort.append(cohort)
-        self.active.append(True)
-        self.streak.append(0)
-        self.seen.append(wave)
-        self.linked.append(set())
-        self.carried.append(carried)
-        self._index[key] = row
-        return row
+        """A new member, active, seen in ``wave``; its row."""
+        return self.add_many([key], [cohort], wave, [carried])[0]
 
     def add_many(
         self, keys: list[bytes], cohorts: list[int], wave: int, carried: list[list[Any]]
     ) -> range:
-        """:meth:`add` of each key in turn (the lists extended at once); their rows."""
+        """New members in order (the lists extended at once); their rows."""
         start, n = len(self.keys), len(keys)
         if not len(cohorts) == len(carried) == n:
             raise ValueError("add_many: one cohort and one carried row per key")
