@@ -110,6 +110,17 @@ class WindowResult:
     aggregated: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
 
+def take_at(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """The items at ``positions`` of a sequence, always as a tuple (``operator.itemgetter``,
+    in C, gives the bare item for one position and refuses none)."""
+    if not positions:
+        return lambda seq: ()
+    if len(positions) == 1:
+        one = positions[0]
+        return lambda seq: (seq[one],)
+    return operator.itemgetter(*positions)
+
+
 def record_ids_at(records: Sequence[ValidRecord], positions: Sequence[int]) -> list[str]:
     """:func:`record_ids` of the records at ``positions`` (their positions in ``records``)."""
     out = []

@@ -12,9 +12,10 @@ the imputed tuples then move as the present ones did.
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from gateway.engine.records import take_at
 
 Combo = tuple[object, ...]
 
@@ -68,13 +69,7 @@ def nominal_of(numeric: Sequence[bool]) -> Callable[[Sequence[object]], Combo]:
 @functools.cache
 def _nominal(numeric: tuple[bool, ...]) -> Callable[[Sequence[object]], Combo]:
     """A function taking a claim row's nominal part (itemgetter: in C, for every record)."""
-    at = [j for j, is_num in enumerate(numeric) if not is_num]
-    if not at:
-        return lambda row: ()
-    if len(at) == 1:
-        one = at[0]
-        return lambda row: (row[one],)
-    return operator.itemgetter(*at)
+    return take_at([j for j, is_num in enumerate(numeric) if not is_num])
 
 
 def with_combo(row: Sequence[object], numeric: Sequence[bool], combo: Combo) -> list[object]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any
 
 from gateway.engine.columns import Output
-from gateway.engine.records import ValidRecord
+from gateway.engine.records import ValidRecord, take_at
 
 PSEUDONYM = "\x00pseudonym"  # the carried pseudonym of a member (output.pseudonym: hmac)
 
@@ -63,9 +62,9 @@ def assembled(
     waves = [w or -1 for w in waves_of(cols[wave_at])]
     n = len(pub_rids)
     order = sorted(range(n), key=waves.__getitem__)
-    if n < 2 or order == list(range(n)):  # one wave, or already oldest first (a stable sort)
+    if order == list(range(n)):  # one wave, or already oldest first (a stable sort)
         return names, cols, pub_rids, flags, respondents, keys
-    take = itemgetter(*order)  # in C, once per column
+    take = take_at(order)  # in C, once per column
     return (
         names,
         [list(take(col)) for col in cols],

@@ -22,7 +22,6 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import itemgetter
 from typing import Any
 
 from gateway.engine.columns import Output, PublishedColumns, WindowInputs
@@ -34,6 +33,7 @@ from gateway.engine.records import (
     attribute_values,
     encode_rows,
     output_rows,
+    take_at,
     window_digest,
 )
 from gateway.errors import PolicyError
@@ -298,10 +298,8 @@ class PanelStep:
         # gathered column by column (itemgetter: in C), then one dict per respondent from a
         # row of the zip
         if names and rows:
-            take = itemgetter(*rows)
+            take = take_at(rows)
             gathered = [take(pw.columns[n]) for n in names]
-            if len(rows) == 1:  # itemgetter of one position gives the item, not a tuple
-                gathered = [(g,) for g in gathered]
             # each respondent's row of the gathered columns, zipped with the names (in C)
             out = list(map(dict, map(zip, repeat(names), zip(*gathered, strict=True))))
         else:
