@@ -11,12 +11,18 @@ as ciphertext, and the canary scans of state files find nothing.
 The newest decided waves' outcomes (each row's class, the classes' tuples and weights, and the
 imputed records as published) let a record of such a wave read again after a crash, or
 arriving late, republish what was published for its respondent, byte for byte.
+
+A roster measures about 490 bytes a member, and a Kafka broker refuses a changelog record above
+the topic's ``max.message.bytes`` (1 MiB unless configured). So a roster above
+:data:`PART_BYTES` is written in parts (:func:`roster_entries`): a head at the roster's key, and
+its bytes in parts of at most that size, read back and checked whole by :func:`read_roster`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -25,10 +31,11 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.state_store.state_keys import group_key, roster_group_id
+from gateway.state_store.state_keys import group_key, roster_group_id, roster_part_key
 
 NONCE_BYTES = 12
 OUTCOMES_KEPT = 4  # decided waves a replay can republish (a backlog decides several at once)
+PART_BYTES = 512 * 1024  # a roster's largest entry: half of Kafka's default record limit
 _encode = msgspec.msgpack.Encoder(order="sorted").encode
 _decode = msgspec.msgpack.Decoder().decode
 
@@ -106,6 +113,8 @@ class Roster:
     # the newest decided waves' outcomes, oldest first: a crash can lose the outputs of the
     # last windows (a backlog decides several waves in one), which a replay publishes again
     outcomes: list[Outcome] = field(default_factory=list)
+    # how many times it was written in parts (0: never): the slot its next parts go to
+    generation: int = field(default=0, compare=False)
     _index: dict[bytes, int] = field(default_factory=dict)
 
     def row_of(self, key: bytes) -> int | None:
@@ -209,7 +218,10 @@ class Roster:
 
     @classmethod
     def decode(cls, raw: bytes, sealer: Sealer, context: bytes) -> Roster:
-        doc = _decode(raw)
+        return cls.from_doc(_decode(raw), sealer, context)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any], sealer: Sealer, context: bytes) -> Roster:
         n, klen = int(doc["size"]), int(doc["klen"])
         keys = [doc["keys"][i * klen : (i + 1) * klen] for i in range(n)]
         sizes = np.frombuffer(doc["lsize"], dtype=np.int32)
@@ -240,6 +252,69 @@ class Roster:
             next_cohort=int(doc["next"]),
             outcomes=outcomes,
         )
+
+
+def roster_entries(
+    roster: Roster, sealer: Sealer, key: bytes, *, part_bytes: int = PART_BYTES
+) -> dict[bytes, bytes]:
+    """The state entries that hold ``roster`` at ``key``: its bytes in the entry itself or,
+    above ``part_bytes``, a head there and the bytes in parts of at most ``part_bytes``.
+
+    The parts alternate between two slots and the head comes last, so a changelog write cut
+    short leaves the previous head, whose parts are in the other slot, untouched; a head whose
+    parts do not match is refused by :func:`read_roster`, never read as a roster."""
+    body = roster.encode(sealer, key)
+    if len(body) <= part_bytes:
+        return {key: body}
+    generation = roster.generation + 1
+    slot = generation % 2
+    entries = {
+        roster_part_key(key, slot, i): _encode({"gen": generation, "b": body[at : at + part_bytes]})
+        for i, at in enumerate(range(0, len(body), part_bytes))
+    }
+    entries[key] = _encode(
+        {
+            "live": int(sum(roster.active)),  # the registry's counters, as in the whole entry
+            "size": len(roster.keys),
+            "panel": 1,
+            "parts": len(entries),
+            "slot": slot,
+            "gen": generation,
+            "bytes": len(body),
+            "sha256": hashlib.sha256(body).digest(),
+        }
+    )
+    return entries
+
+
+def read_roster(
+    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], key: bytes, sealer: Sealer
+) -> Roster:
+    """The roster at ``key`` (an empty one if none is stored), whole or from its parts."""
+    raw = get_many([key]).get(key)
+    if raw is None:
+        return Roster()
+    doc = _decode(raw)
+    if "parts" not in doc:
+        return Roster.from_doc(doc, sealer, key)
+    keys = [roster_part_key(key, int(doc["slot"]), i) for i in range(int(doc["parts"]))]
+    found = get_many(keys)
+    parts = [_decode(found[k]) for k in keys if k in found]
+    body = b"".join(p["b"] for p in parts)
+    if (
+        len(parts) != len(keys)
+        or any(p["gen"] != doc["gen"] for p in parts)
+        or len(body) != doc["bytes"]
+        or hashlib.sha256(body).digest() != doc["sha256"]
+    ):
+        raise ValueError(
+            f"the panel roster's parts do not match its head ({len(parts)} of {len(keys)} "
+            "parts found): its state was cut short or altered, so no wave can be decided. "
+            "Restore the state directory from a backup"
+        )
+    roster = Roster.decode(body, sealer, key)
+    roster.generation = int(doc["gen"])
+    return roster
 
 
 def is_roster(doc: dict[str, Any]) -> bool:

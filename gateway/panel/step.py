@@ -46,7 +46,7 @@ from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
 from gateway.panel.measures import PanelMeasureSpec, panel_measures
 from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
-from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
+from gateway.panel.roster import Outcome, Roster, Sealer, read_roster, roster_entries, roster_key
 from gateway.policy import Method, Policy, RepublicationMode, Role
 from gateway.state_store.state_api import StateStore
 from gateway.state_store.state_codec import encode_state
@@ -205,9 +205,7 @@ class PanelStep:
         return panel_record_id(key, wave, repeat)
 
     def _load(self, scope: int | None) -> Roster:
-        key = roster_key(scope)
-        raw = self._store.get_many([key]).get(key)
-        return Roster() if raw is None else Roster.decode(raw, self._sealer, key)
+        return read_roster(self._store.get_many, roster_key(scope), self._sealer)
 
     # -- deciding a wave ----------------------------------------------------------------
     def _decide(
@@ -436,8 +434,7 @@ class PanelStep:
         """The respondents' states (sticky draws) and the rosters, in one durable batch."""
         entries = {key: encode_state(view.states[key]) for key in view.touched}
         for scope, roster in rosters.items():
-            key = roster_key(scope)
-            entries[key] = roster.encode(self._sealer, key)
+            entries.update(roster_entries(roster, self._sealer, roster_key(scope)))
         if entries:
             self._store.put_many(entries)
 

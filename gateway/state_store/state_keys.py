@@ -31,6 +31,7 @@ def is_group_key(key: bytes) -> bool:
 
 
 PANEL_ROSTER = "panel"  # a panel's roster: group id ``panel`` or ``<partition>.panel``
+ROSTER_PART = "~"  # a part of a roster written in parts: ``<roster id>~<slot>-<part>``
 
 
 def roster_group_id(scope: int | None) -> str:
@@ -38,10 +39,19 @@ def roster_group_id(scope: int | None) -> str:
     return PANEL_ROSTER if scope is None else f"{scope}.{PANEL_ROSTER}"
 
 
+def roster_part_key(roster: bytes, slot: int, part: int) -> bytes:
+    """The entry of part ``part`` of a roster written in ``slot`` (0 or 1): after the roster's
+    own key, so that partitioned state routes it with the roster."""
+    return roster + f"{ROSTER_PART}{slot}-{part}".encode()
+
+
 def is_roster_key(key: bytes) -> bool:
-    """Whether a registry key holds a panel roster, not one group (its ``live`` and ``size``
-    count members; migrations and live-count audits leave it alone)."""
-    return is_group_key(key) and group_id(key).rsplit(".", 1)[-1] == PANEL_ROSTER
+    """Whether a registry key holds a panel roster or one of its parts, not one group (its
+    ``live`` and ``size`` count members; migrations and live-count audits leave it alone)."""
+    if not is_group_key(key):
+        return False
+    last = group_id(key).rsplit(".", 1)[-1]
+    return last == PANEL_ROSTER or last.startswith(PANEL_ROSTER + ROSTER_PART)
 
 
 def scoped_key(partition: int, key: bytes) -> bytes:

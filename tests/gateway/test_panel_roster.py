@@ -1,13 +1,26 @@
 """The panel roster's bytes: carried values only as AES-GCM ciphertext, a round trip that keeps
-everything, and a clear error under another secret."""
+everything, a clear error under another secret, and a roster written in parts that a write cut
+short never corrupts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.panel.roster import Outcome, Roster, Sealer, roster_key
-from gateway.state_store.state_codec import registry_counts
+from gateway.panel.roster import (
+    Outcome,
+    Roster,
+    Sealer,
+    read_roster,
+    roster_entries,
+    roster_key,
+)
+from gateway.state_store.state_codec import decode_state, registry_counts
+from gateway.state_store.state_keys import is_roster_key, state_key_partition
 
 CANARY = "Canary-Value-7f3a"
 
@@ -74,3 +87,117 @@ def test_an_empty_roster_round_trips() -> None:
     sealer, key = Sealer(b"k" * 32), roster_key(None)
     back = Roster.decode(Roster().encode(sealer, key), sealer, key)
     assert back.keys == [] and back.linked == [] and back.carried == [] and back.last_wave is None
+
+
+# -- a roster written in parts -------------------------------------------------------------
+COLUMNS = ("keys", "cohort", "active", "streak", "seen", "linked", "carried", "next_cohort")
+
+
+def _grown(members: int, seed: int) -> Roster:
+    """A roster of ``members`` with carried values of varied sizes and a decided wave."""
+    rng = np.random.default_rng(seed)
+    r = Roster()
+    for i in range(members):
+        text = CANARY * int(rng.integers(0, 4))
+        r.add(i.to_bytes(32, "big"), i // 3, 1, [[float(i), text], {"occ": text}, 1.5, 1])
+    r.linked = [{i - i % 3, i - i % 3 + 1} for i in range(members)]
+    r.decided(Outcome(1, np.arange(members, dtype=np.int32) // 3, [[1.0, "x"]], [2.0]))
+    return r
+
+
+class _Dict(dict[bytes, bytes]):
+    def get_many(self, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        return {k: self[k] for k in keys if k in self}
+
+
+def _same(a: Roster, b: Roster) -> None:
+    for name in COLUMNS:
+        assert getattr(a, name) == getattr(b, name), name
+    assert [o.class_of.tolist() for o in a.outcomes] == [o.class_of.tolist() for o in b.outcomes]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    members=st.integers(0, 60),
+    part_bytes=st.integers(64, 4096),
+    scope=st.sampled_from([None, 0, 7]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_roster_round_trips_through_parts_that_stay_with_it(
+    members: int, part_bytes: int, scope: int | None, seed: int
+) -> None:
+    """Whatever its size: every entry within the part size (a head's few fields aside), every
+    entry routed to the roster's partition and left alone by migrations and audits as the
+    roster is, and the roster read back whole, counters included."""
+    sealer, key = Sealer(b"k" * 32), roster_key(scope)
+    r = _grown(members, seed)
+    entries = roster_entries(r, sealer, key, part_bytes=part_bytes)
+    body = r.encode(sealer, key)
+    if len(body) <= part_bytes:  # the whole entry, as rosters were always written
+        assert entries == {key: body}
+    else:
+        assert list(entries)[-1] == key  # the head last
+        assert sum(1 for k in entries if k != key) == -(-len(body) // part_bytes)
+    for k, v in entries.items():
+        assert len(v) <= part_bytes + 128, "a part above the part size"
+        assert is_roster_key(k) and state_key_partition(k) == scope
+        decode_state(v)  # the changelog's restore audit decodes every value
+        assert CANARY.encode() not in v
+    assert registry_counts(entries[key]) == (members, members)
+    store = _Dict(entries)
+    back = read_roster(store.get_many, key, sealer)
+    _same(back, r)
+
+
+@settings(max_examples=40, deadline=None)
+@given(members=st.integers(20, 60), cut=st.integers(0, 200), seed=st.integers(0, 2**16))
+def test_a_write_cut_short_leaves_the_previous_roster_or_is_refused(
+    members: int, cut: int, seed: int
+) -> None:
+    """Two writes in parts; the second applied in order up to ``cut`` entries (a changelog
+    write cut short): the reader gets the first roster, or the second once its head is in, and
+    a head whose parts are not all there is refused, never read as a roster."""
+    sealer, key, part_bytes = Sealer(b"k" * 32), roster_key(1), 256
+    first = _grown(members, seed)
+    store = _Dict(roster_entries(first, sealer, key, part_bytes=part_bytes))
+    loaded = read_roster(store.get_many, key, sealer)
+    second = _grown(members + 5, seed + 1)
+    second.generation = loaded.generation  # as the step writes the roster it loaded
+    new = list(roster_entries(second, sealer, key, part_bytes=part_bytes).items())
+    store.update(new[: min(cut, len(new))])
+    back = read_roster(store.get_many, key, sealer)
+    _same(back, second if cut >= len(new) else first)
+
+    # the head in, a part of its slot missing: refused
+    store.update(new)
+    del store[new[min(cut, len(new) - 2)][0]]
+    with pytest.raises(ValueError, match="do not match its head"):
+        read_roster(store.get_many, key, sealer)
+
+
+def test_a_roster_stored_whole_is_read_and_then_written_in_parts() -> None:
+    """State written before parts (one entry, however large) reads as it did, and the next
+    write of a roster above the part size goes to parts."""
+    sealer, key = Sealer(b"k" * 32), roster_key(2)
+    r = _grown(200, 1)
+    store = _Dict({key: r.encode(sealer, key)})  # the format before parts
+    back = read_roster(store.get_many, key, sealer)
+    _same(back, r)
+    assert back.generation == 0
+    store.update(roster_entries(back, sealer, key, part_bytes=1024))
+    again = read_roster(store.get_many, key, sealer)
+    _same(again, r)
+    assert again.generation == 1
+
+
+def test_a_migration_and_an_audit_leave_a_roster_s_parts_alone() -> None:
+    from gateway.policy.migration import MigrationPlan, groups_to_drop  # noqa: PLC0415
+    from gateway.state_store.live_counts import audit_live_counts  # noqa: PLC0415
+
+    sealer, key = Sealer(b"k" * 32), roster_key(2)
+    entries = list(roster_entries(_grown(100, 3), sealer, key, part_bytes=512).items())
+    assert len(entries) > 2
+    dropped, rows, seen = groups_to_drop(entries, MigrationPlan(regroup_all=True))
+    assert (dropped, rows, seen) == (set(), {}, 0)
+    audit = audit_live_counts(entries)
+    assert not audit.drifted and audit.groups == 0 and audit.respondents == 0
