@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 from aiokafka.errors import KafkaError
 
+from gateway.engine.records import json_bytes
 from stream_jobs.kafka import make_producer
 from stream_jobs.ops.broker_watch import BrokerTiming, BrokerWatch
 from stream_jobs.settings import WorkerSettings
@@ -153,7 +154,7 @@ def generate_panel(
 
 def encode(record: dict[str, Any]) -> tuple[bytes, bytes]:
     """(Kafka key, value) of a survey record: keyed by respondent id."""
-    return str(record["respondent_id"]).encode(), orjson.dumps(record)
+    return str(record["respondent_id"]).encode(), json_bytes(record)  # held by the thousand
 
 
 async def produce_panel(

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
+import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.engine.records import ValidRecord, attribute_values, values_at, window_columns
+from gateway.engine.records import (
+    ValidRecord,
+    attribute_values,
+    encode_rows,
+    values_at,
+    window_columns,
+)
 
 NAMES = ("age", "sex", "wave", "zip")
 value_maps = st.lists(
@@ -59,3 +67,39 @@ def test_a_record_missing_a_name_of_the_same_width_reads_as_none() -> None:
     records = _records([{"age": 30, "sex": "F"}, {"age": 40, "zip": 9}])
     columns = window_columns(records)
     assert columns == {"age": [30, 40], "sex": ["F", None], "zip": [None, 9]}
+
+
+_JSON_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(),
+)
+
+
+@given(
+    names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=8, unique=True),
+    data=st.data(),
+)
+def test_published_records_are_orjson_s_bytes(names: list[str], data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 20))
+    columns = [data.draw(st.lists(_JSON_VALUE, min_size=n, max_size=n)) for _ in names]
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+    assert encode_rows(names, columns) == [orjson.dumps(r) for r in rows]
+
+
+def test_published_records_hold_no_more_memory_than_their_bytes() -> None:
+    """Published records are held until the broker acknowledges them: each must cost its
+    length, not the encoder's buffer (orjson.dumps's result holds about 8 KiB)."""
+    names = [f"attribute_{i}" for i in range(20)]
+    columns = [[f"value {i} of {j}" for i in range(2000)] for j in range(20)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        encoded = encode_rows(names, columns)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    payload = sum(map(len, encoded))
+    assert held < 1.25 * payload + 64 * len(encoded) + 65536, (held, payload)
