@@ -7,10 +7,11 @@ Both sides read the same simulated panel from one input topic of the development
 ``bench/stream_throughput.py`` does, and alternate:
 
 * passthrough: ``stream_throughput.passthrough``, the records copied unchanged;
-* validate and re-encode: the same loop (``passthrough(encode=...)``), each record validated against
-  the Adult policy (``gateway.validation``) and its values encoded again (orjson) with the
-  headers privgw's output records carry (record id, policy version, window id). No engine, no
-  windows, no keys, no state: every privgw worker does at least this much a record.
+* validate and re-encode: the same loop (``passthrough(encode=...)``), each record validated
+  against the Adult policy (``gateway.validation``) and its values encoded again as the worker
+  encodes its outputs (``json_bytes``), with the headers privgw's output records carry (record
+  id, policy version, window id). No engine, no windows, no keys, no state: every privgw worker
+  does at least this much a record.
 
 Printed per side: records/s, and CPU µs a record of this process and of the broker. The ratio of
 the validating loop to the passthrough in the same pair is what the target of
@@ -25,7 +26,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import orjson
 from aiokafka import ConsumerRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import stream_throughput as st
 
+from gateway.engine.records import json_bytes
 from gateway.policy import policy_from_yaml
 from gateway.validation import Rejection, Validator
 from stream_jobs.commands.broker import EmbeddedBroker
@@ -54,7 +55,7 @@ def validate_and_reencode(validator: Validator) -> st.Encode:
             ("policy_version", version),
             ("window_id", window),
         ]
-        return orjson.dumps(values), headers
+        return json_bytes(values), headers  # as the worker encodes its outputs
 
     return copy_of
 
