@@ -70,7 +70,7 @@ async def main_async(args: argparse.Namespace) -> None:
     with EmbeddedBroker() as broker:
         bs = broker.bootstrap
         await st.bench_topics(bs, "floor.in", "floor.out")
-        await st.preload(bs, "floor.in", records)
+        await st.preload(bs, "floor.in", records, close_waves=False)
         for i in range(args.pairs):
             rate: dict[str, float] = {}
             sides = ("passthrough", "validate") if i % 2 == 0 else ("validate", "passthrough")
