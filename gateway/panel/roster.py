@@ -255,14 +255,16 @@ class Roster:
 
 
 def roster_entries(
-    roster: Roster, sealer: Sealer, key: bytes, *, part_bytes: int = PART_BYTES
+    roster: Roster, sealer: Sealer, key: bytes, *, part_bytes: int | None = None
 ) -> dict[bytes, bytes]:
     """The state entries that hold ``roster`` at ``key``: its bytes in the entry itself or,
-    above ``part_bytes``, a head there and the bytes in parts of at most ``part_bytes``.
+    above ``part_bytes`` (default :data:`PART_BYTES`), a head there and the bytes in parts of at
+    most ``part_bytes``.
 
     The parts alternate between two slots and the head comes last, so a changelog write cut
     short leaves the previous head, whose parts are in the other slot, untouched; a head whose
     parts do not match is refused by :func:`read_roster`, never read as a roster."""
+    part_bytes = PART_BYTES if part_bytes is None else part_bytes
     body = roster.encode(sealer, key)
     if len(body) <= part_bytes:
         return {key: body}
