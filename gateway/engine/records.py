@@ -217,16 +217,16 @@ def output_rows(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[
 
 def json_bytes(obj: Any) -> bytes:
     """``orjson.dumps(obj)`` copied into bytes of their own size: what orjson returns keeps its
-    whole output buffer (tracemalloc: 8,154 bytes held for a record of 571), which costs every
-    record held in bulk, published or produced, 14 times its size."""
+    whole output buffer (tracemalloc: 8,154 bytes held for a record of 571, orjson 3.13), which
+    would cost every record held in bulk, published or produced, 14 times its size."""
     return bytes(memoryview(orjson.dumps(obj)))
 
 
 def encode_published(rows: Sequence[Mapping[str, Any]]) -> list[bytes]:
     """The published records as the output topic carries them: one JSON object each, by
-    :func:`json_bytes`. Held until the broker acknowledges them, the 66,666 records of a panel
-    wave took 611 MiB of peak memory with ``orjson.dumps`` alone against 127, and page-faulting
-    that in made encoding them 0.34 s against 0.05 (orjson 3.13)."""
+    :func:`json_bytes`. They are held until the broker acknowledges them, and a panel wave is
+    one window: bench/output_encoding.py, 66,666 records, 713 MiB of peak memory with
+    ``orjson.dumps`` alone against 199, and 0.36-0.60 s against 0.09-0.12 (page faults)."""
     return list(map(json_bytes, rows))
 
 
