@@ -51,6 +51,7 @@ import functools
 import gc
 import hashlib
 import importlib
+import marshal
 import pickle
 import pickletools
 import re
@@ -163,12 +164,26 @@ def digest_reply(hashes: dict[str, Any], reply: tuple[Any, ...], side: str) -> N
     """Fold a window's reply into the side's digests. The report travels pickled, naming its
     classes' modules (``base_gateway...``): those are renamed alike for both sides (the same
     length, so the same bytes when the reports are equal), and folded by the class's module's
-    last name, so that two layouts of the packages compare (issue 47)."""
-    hashes[PARTS[0]].update(bytes(reply[1]))
+    last name, so that two layouts of the packages compare (issue 47). The published columns
+    are folded by value (their ``repr`` once unpacked): ``marshal`` writes a value met again
+    as a reference to the first, so the same values packed from objects shared differently
+    (a roster kept in memory, or decoded afresh) give other bytes."""
+    hashes[PARTS[0]].update(_by_value(bytes(reply[1]), side))
     report = reply[2]
     for pkg in PACKAGES:
         report = report.replace(f"{side}_{pkg}".encode(), f"side_{pkg}".encode())
     hashes[PARTS[1]].update(_layout_free(report))
+
+
+def _by_value(packed: bytes, side: str) -> bytes:
+    """The packed published columns by value, unpacked by the side's own wire (versions
+    without ``_unpack`` packed plain ``marshal``; bytes that neither reads are taken as
+    they are)."""
+    wire = side_module(side, "stream_jobs", "engine_process.engine_wire", "engine_process")
+    try:
+        return repr(getattr(wire, "_unpack", marshal.loads)(packed)).encode()
+    except (ValueError, EOFError, TypeError):
+        return packed
 
 
 _MODULE_PATH = re.compile(rf"side_(?:{'|'.join(PACKAGES)})(?:\.\w+)+")
