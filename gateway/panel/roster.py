@@ -263,12 +263,16 @@ def roster_entries(
 
     The parts alternate between two slots and the head comes last, so a changelog write cut
     short leaves the previous head, whose parts are in the other slot, untouched; a head whose
-    parts do not match is refused by :func:`read_roster`, never read as a roster."""
+    parts do not match is refused by :func:`read_roster`, never read as a roster.
+
+    ``roster.generation`` becomes the one written, as :func:`read_roster` would read it back (a
+    caller that keeps the roster writes its next parts to the other slot)."""
     part_bytes = PART_BYTES if part_bytes is None else part_bytes
     body = roster.encode(sealer, key)
     if len(body) <= part_bytes:
+        roster.generation = 0
         return {key: body}
-    generation = roster.generation + 1
+    generation = roster.generation = roster.generation + 1
     slot = generation % 2
     entries = {
         roster_part_key(key, slot, i): _encode({"gen": generation, "b": body[at : at + part_bytes]})
@@ -290,12 +294,22 @@ def roster_entries(
 
 
 def read_roster(
-    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], key: bytes, sealer: Sealer
+    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]],
+    key: bytes,
+    sealer: Sealer,
+    *,
+    kept: tuple[bytes, Roster] | None = None,
 ) -> Roster:
-    """The roster at ``key`` (an empty one if none is stored), whole or from its parts."""
+    """The roster at ``key`` (an empty one if none is stored), whole or from its parts.
+
+    ``kept``: a roster the caller wrote, with the entry it wrote at ``key``; it is the roster
+    if the store still holds that entry (a head names its parts' hash and generation, a whole
+    entry is the roster's bytes), and is read again otherwise."""
     raw = get_many([key]).get(key)
     if raw is None:
         return Roster()
+    if kept is not None and kept[0] == raw:
+        return kept[1]
     doc = _decode(raw)
     if "parts" not in doc:
         return Roster.from_doc(doc, sealer, key)

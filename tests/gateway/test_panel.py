@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from test_republication import CLAIM
 from test_republication import POLICY as REPUBLICATION_POLICY
 
+import gateway.panel.roster as roster_module
 from gateway.engine.engine import Engine
 from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
 from gateway.errors import PolicyError
@@ -148,6 +149,45 @@ def test_random_panels_keep_every_member_and_every_linked_set(p: dict[str, Any])
     run.feed([], 1e9, flush=True)
     assert not run.held
     _check(run.out, waves, k)
+
+
+def _taking_turns(
+    p: dict[str, Any], waves: list[list[ValidRecord]], engines: int, *, part_bytes: int | None
+) -> tuple[list[tuple[str, bytes]], dict[bytes, bytes]]:
+    """The panel fed window by window to ``engines`` engines over one store, in turn (an input
+    partition that moves between workers and back); what they published and stored."""
+    store = MemoryStore()
+    policy = _policy(p["k"], p["slack"], p["retire"])
+    pool = [Engine(policy, keyring=KEY, store=store) for _ in range(engines)]
+    held: list[ValidRecord] = []
+    out: list[tuple[str, bytes]] = []
+    turn = 0
+    size = p["window"]
+    with pytest.MonkeyPatch.context() as patch:
+        if part_bytes is not None:
+            patch.setattr(roster_module, "PART_BYTES", part_bytes)
+        feeds = [(records, 100.0 * w, False) for w, records in enumerate(waves, start=1)]
+        for records, now, flush in [*feeds, ([], 1e9, True)]:
+            batches = [records[s : s + size] for s in range(0, len(records), size)] or [[]]
+            for batch in batches:
+                res = pool[turn % engines].protect_window(held + batch, now=now, flush_all=flush)
+                turn += 1
+                held = list(res.held)
+                out.extend((r.record_id, r.value) for r in res.published)
+    return out, dict(store.items())
+
+
+@given(panels(), st.sampled_from([None, 256]))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_engines_taking_turns_on_one_store_publish_what_one_engine_publishes(
+    p: dict[str, Any], part_bytes: int | None
+) -> None:
+    """An engine keeps the rosters it wrote, and must read the one in the store when another
+    engine wrote it since: two engines taking windows in turn publish and store exactly what
+    one engine does (rosters whole, or in parts of 256 bytes)."""
+    waves = _waves(p)
+    alone = _taking_turns(p, waves, 1, part_bytes=part_bytes)
+    assert alone == _taking_turns(p, waves, 2, part_bytes=part_bytes)
 
 
 def _check(out: list[PublishedRecord], waves: list[list[ValidRecord]], k: int) -> None:
