@@ -46,7 +46,7 @@ from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
 from gateway.panel.measures import PanelMeasureSpec, panel_measures
 from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
-from gateway.panel.roster import Outcome, Roster, Sealer, read_roster, roster_entries, roster_key
+from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
 from gateway.policy import Method, Policy, RepublicationMode, Role
 from gateway.state_store.state_api import StateStore
 from gateway.state_store.state_codec import encode_state
@@ -142,10 +142,7 @@ class PanelStep:
         )
         self._store = store
         self._sealer = Sealer(carry_key)
-        # the rosters this step wrote last, with the entry each was written as: a roster the
-        # store still holds as written is not decoded again (0.3-0.4 s for 33,000 members);
-        # one another engine wrote since (a partition that moved away and back) is
-        self._kept: dict[bytes, tuple[bytes, Roster]] = {}
+        self._rosters = KeptRosters()
         self._claim = claim
         self._columns = columns
         self._inputs = inputs
@@ -209,10 +206,7 @@ class PanelStep:
         return panel_record_id(key, wave, repeat)
 
     def _load(self, scope: int | None) -> Roster:
-        key = roster_key(scope)
-        # taken out: a window that fails after changing it leaves nothing stale behind
-        kept = self._kept.pop(key, None)
-        return read_roster(self._store.get_many, key, self._sealer, kept=kept)
+        return self._rosters.load(self._store.get_many, roster_key(scope), self._sealer)
 
     # -- deciding a wave ----------------------------------------------------------------
     def _decide(
@@ -440,13 +434,12 @@ class PanelStep:
     def _write(self, view: StateView, rosters: dict[int | None, Roster]) -> None:
         """The respondents' states (sticky draws) and the rosters, in one durable batch."""
         entries = {key: encode_state(view.states[key]) for key in view.touched}
-        for scope, roster in rosters.items():
-            entries.update(roster_entries(roster, self._sealer, roster_key(scope)))
+        keyed = {roster_key(scope): roster for scope, roster in rosters.items()}
+        for key, roster in keyed.items():
+            entries.update(roster_entries(roster, self._sealer, key))
         if entries:
             self._store.put_many(entries)
-        for scope, roster in rosters.items():  # durable: kept as written
-            key = roster_key(scope)
-            self._kept[key] = (entries[key], roster)
+        self._rosters.written(entries, keyed)
 
 
 def _batches(
