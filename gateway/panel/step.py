@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 from gateway.engine.columns import Output, PublishedColumns, WindowInputs
@@ -294,13 +293,10 @@ class PanelStep:
     def _carry(self, pw: PanelWindow, rows: list[int]) -> list[dict[str, Any]]:
         """What each respondent at ``rows`` is carried forward with, should it be absent."""
         names = [n for n in self._carried if n in pw.columns]
-        # gathered column by column (itemgetter: in C), then one dict per respondent from a
-        # row of the zip
+        # gathered column by column (itemgetter: in C), then one dict per respondent
         if names and rows:
             take = take_at(rows)
-            gathered = [take(pw.columns[n]) for n in names]
-            # each respondent's row of the gathered columns, zipped with the names (in C)
-            out = list(map(dict, map(zip, repeat(names), zip(*gathered, strict=True))))
+            out = output_rows(names, [take(pw.columns[n]) for n in names])
         else:
             out = [{} for _ in rows]
         if self._pseudonym is not None:
