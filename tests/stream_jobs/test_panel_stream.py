@@ -79,8 +79,15 @@ def _waves(respondents: int, waves: int, skip: float, seed: int) -> list[list[tu
     return out
 
 
-def _record_id(keyring: Keyring, respondent: str, wave: int) -> str:
+def _record_id(
+    keyring: Keyring, respondent: str, wave: int, *, partitions: int | None = None
+) -> str:
+    """A member's record id in ``wave``; with ``partitions`` (partitioned state), its state key
+    carries the input partition its respondent id is keyed to."""
     key = keyring.respondent_key(respondent)
+    if partitions is not None:
+        [partition] = partitions_for_keys([respondent.encode()], list(range(partitions)))
+        key = scoped_key(partition, key)
     digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
     return f"{wave}-{digest}"
 
@@ -326,19 +333,12 @@ def test_the_partitioned_backend_keeps_the_roster_in_parts_through_its_changelog
     out = consume_all(broker.bootstrap, topics.output)
     published = {m.headers["record_id"].decode() for m in out}
 
-    def record_id(respondent: str, wave: int) -> str:
-        # in partition scope a respondent's state key carries its input partition
-        partition = partitions_for_keys([respondent.encode()], [0, 1, 2])[0]
-        key = scoped_key(partition, keyring.respondent_key(respondent))
-        digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
-        return f"{wave}-{digest}"
-
     seen: set[str] = set()
     for wave, records in enumerate(waves, start=1):
         here = {key.decode() for key, _ in records}
         seen |= here
-        present = {record_id(r, wave) for r in here}
-        imputed = {record_id(r, wave) for r in seen - here}
+        present = {_record_id(keyring, r, wave, partitions=3) for r in here}
+        imputed = {_record_id(keyring, r, wave, partitions=3) for r in seen - here}
         assert imputed or wave == 1, f"nobody skipped wave {wave}"
         assert present | imputed <= published, f"wave {wave} lost members"
         assert len(published & (present | imputed)) == len(seen)
