@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,10 +336,18 @@ def _publish(
     cohort_class = [class_index.setdefault(tuple(t), len(class_index)) for t in tuples]
     classes = [list(t) for t in class_index]
     class_of_row[rows] = np.asarray(cohort_class, dtype=np.int32)[labels]
+    sets = roster.linked
     for c in cohorts:
-        group = set(members[c])
+        group = frozenset(members[c])
+        # members holding one set object get one intersection (id -> (the set, the result):
+        # the set is held, so its id names it for the whole cohort)
+        met: dict[int, tuple[Set[int], Set[int]]] = {}
         for r in members[c]:
-            roster.linked[r] = roster.linked[r] & group if roster.linked[r] else set(group)
+            held = sets[r]
+            known = met.get(id(held))
+            if known is None:
+                known = met[id(held)] = (held, held & group if held else group)
+            sets[r] = known[1]
     sizes = np.bincount(class_of_row[rows], minlength=len(classes))
     weights, measures = _weights(
         roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules, cols=cols

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -105,7 +105,9 @@ class Roster:
     active: list[bool] = field(default_factory=list)
     streak: list[int] = field(default_factory=list)
     seen: list[int] = field(default_factory=list)  # last wave answered
-    linked: list[set[int]] = field(default_factory=list)
+    # never changed in place: a cohort's members whose sets are equal share one object, so a
+    # wave intersects, and the encoding sorts, each distinct set once
+    linked: list[Set[int]] = field(default_factory=list)
     # per row: [claim row, {attribute: raw value} of the carried attributes, sampling weight,
     # wave the values were observed in (an imputed row keeps its last observation's)]
     carried: list[list[Any]] = field(default_factory=list)
@@ -143,7 +145,7 @@ class Roster:
         self.active.extend([True] * n)
         self.streak.extend([0] * n)
         self.seen.extend([wave] * n)
-        self.linked.extend(set() for _ in range(n))
+        self.linked.extend([_NO_ROWS] * n)
         self.carried.extend(carried)
         self._index.update(zip(keys, range(start, start + n), strict=True))
         return range(start, start + n)
@@ -179,10 +181,11 @@ class Roster:
     # -- bytes ------------------------------------------------------------------------------
     def encode(self, sealer: Sealer, context: bytes) -> bytes:
         n = len(self.keys)
-        # each member's linked set in row order, sorted (map and chain: walked in C)
+        # each member's linked set in row order, sorted: each distinct set object once
         linked_sizes = np.fromiter(map(len, self.linked), dtype=np.int32, count=n)
+        in_order: dict[int, list[int]] = {}
         linked_flat = np.fromiter(
-            chain.from_iterable(map(sorted, self.linked)),
+            chain.from_iterable(_sorted_once(s, in_order) for s in self.linked),
             dtype=np.int32,
             count=int(linked_sizes.sum(dtype=np.int64)),
         )
@@ -225,9 +228,17 @@ class Roster:
         n, klen = int(doc["size"]), int(doc["klen"])
         keys = [doc["keys"][i * klen : (i + 1) * klen] for i in range(n)]
         sizes = np.frombuffer(doc["lsize"], dtype=np.int32)
-        flat = np.frombuffer(doc["lflat"], dtype=np.int32).tolist()
+        raw_flat: bytes = doc["lflat"]
+        flat = np.frombuffer(raw_flat, dtype=np.int32).tolist()
         ends = np.cumsum(sizes, dtype=np.int64).tolist()
-        linked = [set(flat[a:b]) for a, b in zip([0, *ends][:-1], ends, strict=True)]
+        # equal sets (by their bytes) read as one shared object, as the waves had them
+        distinct: dict[bytes, Set[int]] = {b"": _NO_ROWS}
+        linked: list[Set[int]] = []
+        for a, b in zip([0, *ends][:-1], ends, strict=True):
+            held = distinct.get(raw_flat[4 * a : 4 * b])
+            if held is None:
+                held = distinct[raw_flat[4 * a : 4 * b]] = frozenset(flat[a:b])
+            linked.append(held)
         outcomes = [
             Outcome(
                 wave=int(o["wave"]),
@@ -252,6 +263,18 @@ class Roster:
             next_cohort=int(doc["next"]),
             outcomes=outcomes,
         )
+
+
+_NO_ROWS: frozenset[int] = frozenset()
+
+
+def _sorted_once(rows: Set[int], in_order: dict[int, list[int]]) -> list[int]:
+    """``sorted(rows)``, computed once per set object (``in_order`` by its id; the sets are
+    alive while the roster encodes, so an id names one set)."""
+    found = in_order.get(id(rows))
+    if found is None:
+        found = in_order[id(rows)] = sorted(rows)
+    return found
 
 
 def roster_entries(
