@@ -117,9 +117,11 @@ def decide_wave(
     here.discard(None)
     absent = [r for r, on in enumerate(active) if on and r not in here]
     _age(roster, absent, transitions=transitions, numeric=numeric, uniforms=uniforms, wave=wave)
-    retired = _retire(roster, absent, rules)
-    new_idx = [i for i, row in enumerate(rows_of) if row is None]
     members = roster.members()
+    retired = _retire(roster, absent, rules, members)
+    if retired:
+        members = roster.members()
+    new_idx = [i for i, row in enumerate(rows_of) if row is None]
     joined = _enter(
         roster,
         wave,
@@ -130,14 +132,17 @@ def decide_wave(
         rules=rules,
         partition=partition,
     )
-    members = roster.members()
-    _merge_small(roster, members, rules)
-    members = roster.members()
+    if new_idx:
+        members = roster.members()
+    if _merge_small(roster, members, rules):
+        members = roster.members()
     out = _publish(roster, members, rules, centroids)
+    class_of = out.class_of_row.tolist()
+    imputed_rows = [r for r in absent if active[r]]
     outcome = WaveOutcome(
-        present_class=[-1 if r is None else int(out.class_of_row[r]) for r in rows_of],
-        imputed_rows=[r for r in absent if roster.active[r]],
-        imputed_class=[int(out.class_of_row[r]) for r in absent if roster.active[r]],
+        present_class=[-1 if r is None else class_of[r] for r in rows_of],
+        imputed_rows=imputed_rows,
+        imputed_class=[class_of[r] for r in imputed_rows],
         tuples=out.tuples,
         weights=out.weights,
         class_of_row=out.class_of_row,
@@ -175,11 +180,14 @@ def _age(
         carried[0] = with_combo(carried[0], numeric, combo)
 
 
-def _retire(roster: Roster, absent: list[int], rules: PanelRules) -> int:
+def _retire(
+    roster: Roster, absent: list[int], rules: PanelRules, members: dict[int, list[int]]
+) -> int:
     """Retire the long-absent members whose going leaves every other member's linked set
-    >= k (each retirement is checked against those already made)."""
+    >= k (each retirement is checked against those already made); ``members``: the active
+    rows by cohort before."""
     retired = 0
-    active = {c: set(rows) for c, rows in roster.members().items()}
+    active = {c: set(rows) for c, rows in members.items()}
     for r in absent:
         if roster.streak[r] < rules.retire_after:
             continue
@@ -239,12 +247,14 @@ def _enter(
     return len(new_idx)
 
 
-def _merge_small(roster: Roster, members: dict[int, list[int]], rules: PanelRules) -> None:
-    """A cohort below k active members (a policy whose k rose) joins its nearest cohort whole."""
+def _merge_small(roster: Roster, members: dict[int, list[int]], rules: PanelRules) -> bool:
+    """A cohort below k active members (a policy whose k rose) joins its nearest cohort whole.
+    Whether any did."""
     k, numeric = rules.k, rules.numeric
     small = [c for c, rows in members.items() if len(rows) < k]
     if not small or len(members) < 2:
-        return
+        return False
+    merged = False
     for c in small:
         members = roster.members()
         if c not in members or len(members[c]) >= k or len(members) < 2:
@@ -256,6 +266,8 @@ def _merge_small(roster: Roster, members: dict[int, list[int]], rules: PanelRule
         for r in range(len(roster.keys)):
             if roster.cohort[r] == c:
                 roster.cohort[r] = target
+        merged = True
+    return merged
 
 
 @dataclass(frozen=True, slots=True)

@@ -339,3 +339,43 @@ def test_a_wave_trickling_in_forms_the_cohorts_it_forms_fed_at_once() -> None:
     trickled, at_once = run(2.0), run(None)
     assert len(at_once) == len(people)
     assert trickled == at_once
+
+
+@given(panels(), st.integers(1, 3), st.data())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_panel_whose_k_rises_merges_its_small_cohorts_whole(
+    p: dict[str, Any], rise: int, data: st.DataObject
+) -> None:
+    """The policy's k rises between two waves (the roster is kept): from the next wave on,
+    cohorts below the new k join their nearest cohort whole, so no class of a release is
+    below it unless the release holds one class only (a panel smaller than the new k, where
+    nothing can be merged), and every member is still published in every wave."""
+    waves = _waves(p)
+    switch = data.draw(st.integers(1, len(waves) - 1))  # the last wave under the old k
+    run = Run(p, MemoryStore())
+    opened = 0
+    for w, records in enumerate(waves, start=1):
+        run.feed(records[opened:], 100.0 * w)
+        opened = 0
+        if w == switch and waves[w]:
+            # the next wave's first record closes this one, decided under the old k; then a
+            # new engine with the new policy over the same state decides the later ones
+            run.feed(waves[w][:1], 100.0 * (w + 1))
+            run.feed([], 100.0 * (w + 1) + GRACE)
+            run.p = {**p, "k": p["k"] + rise}
+            run.crash()
+            opened = 1
+        elif w == switch:
+            run.p = {**p, "k": p["k"] + rise}
+            run.crash()
+    run.feed([], 1e9, flush=True)
+    _check(run.out, waves, p["k"])  # every member in every wave; the history under the old k
+    classes: dict[int, dict[Any, set[bytes]]] = defaultdict(lambda: defaultdict(set))
+    for rec in run.out:
+        row = orjson.loads(rec.value)
+        if row["age"] is not None and rec.respondent is not None:
+            classes[int(row["wave"])][tuple(row[c] for c in CLAIM)].add(rec.respondent)
+    for wave, release in classes.items():
+        if wave > switch and len(release) > 1:
+            smallest = min(map(len, release.values()))
+            assert smallest >= p["k"] + rise, (wave, smallest)
