@@ -185,6 +185,11 @@ class Engine:
         assert self._keyring is not None
         self._columns.rand = KeyedSource(self._keyring, derivation)
 
+    def forget_partition(self, partition: int) -> None:
+        """A state partition went to another worker: drop what is kept of it between windows."""
+        if self._panel is not None:
+            self._panel.forget_partition(partition)
+
     # ------------------------------------------------------------------ metadata
     def metadata(self) -> dict[str, object]:
         """Everything an analyst needs to reconstruct statistics (the meta topic's value)."""

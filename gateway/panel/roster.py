@@ -31,7 +31,12 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.state_store.state_keys import group_key, roster_group_id, roster_part_key
+from gateway.state_store.state_keys import (
+    group_key,
+    roster_group_id,
+    roster_part_key,
+    state_key_partition,
+)
 
 NONCE_BYTES = 12
 OUTCOMES_KEPT = 4  # decided waves a replay can republish (a backlog decides several at once)
@@ -380,6 +385,20 @@ class KeptRosters:
         """``rosters`` (by key) were written as ``entries``, durably."""
         for key, roster in rosters.items():
             self._kept[key] = (entries[key], roster)
+
+    def forget(self, partition: int) -> int:
+        """Drop the rosters of a state partition this engine no longer owns (its worker lost
+        the input partition): they would be read afresh on its return anyway, and a worker
+        that many partitions pass through would otherwise hold every one. How many."""
+        gone = [key for key in self._kept if state_key_partition(key) == partition]
+        for key in gone:
+            del self._kept[key]
+        return len(gone)
+
+    @property
+    def partitions(self) -> set[int | None]:
+        """The state partitions of the rosters kept (None: an engine without partitions)."""
+        return {state_key_partition(key) for key in self._kept}
 
 
 def is_roster(doc: dict[str, Any]) -> bool:

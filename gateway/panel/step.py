@@ -204,6 +204,10 @@ class PanelStep:
             return unfollowed_record_id(pw.rids[i])
         return panel_record_id(key, wave, repeat)
 
+    def forget_partition(self, partition: int) -> int:
+        """Drop the rosters kept of a state partition gone to another worker; how many."""
+        return self._rosters.forget(partition)
+
     def _load(self, scope: int | None) -> Roster:
         return self._rosters.load(self._store.get_many, roster_key(scope), self._sealer)
 

@@ -257,8 +257,12 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
             return
         gone = self._state_partitions(revoked)
         kept = self._state_partitions(set(self.consumer.assignment()) - set(revoked))
+        # the in-process engine keeps panel rosters between windows: the next owner writes them
+        forget = getattr(self._worker.engine, "forget_partition", None)
         for partition in gone - kept:
             store.close_partition(partition)
+            if forget is not None:
+                forget(partition)
 
     def _state_partitions(self, tps: Iterable[TopicPartition]) -> set[int]:
         """The state partitions that come with ``tps``: those of the routing topic."""

@@ -379,3 +379,46 @@ def test_a_panel_whose_k_rises_merges_its_small_cohorts_whole(
         if wave > switch and len(release) > 1:
             smallest = min(map(len, release.values()))
             assert smallest >= p["k"] + rise, (wave, smallest)
+
+
+def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> None:
+    """Panel waves on two input partitions through an engine with partition scope: it keeps each
+    partition's roster between waves, and after ``forget_partition(0)`` (its worker lost the
+    partition) partition 1's only; wave 3 of partition 0 then goes to another engine (the
+    partition's new owner): together they publish what one engine that forgot nothing does."""
+    p = {"n": 40, "late": 6, "waves": 3, "skip": 0.2, "change": 0.3, "seed": 7}
+    waves = [
+        [
+            ValidRecord(r.respondent_id, r.values, SourceRef("in", i % 2, i), r.arrived_at)
+            for i, r in enumerate(records)
+        ]
+        for records in _waves(p)
+    ]
+
+    def run(handover: bool) -> tuple[list[tuple[str, bytes]], set[int | None]]:
+        store = MemoryStore()
+        engine, other = (
+            Engine(_policy(3), keyring=KEY, store=store, partition_scope=True) for _ in "ab"
+        )
+        out: list[tuple[str, bytes]] = []
+        kept: set[int | None] = set()
+        for w, records in enumerate(waves, start=1):
+            by = {engine: records, other: []}
+            if handover and w == 3:
+                assert engine._panel is not None
+                kept = engine._panel._rosters.partitions
+                engine.forget_partition(0)
+                assert engine._panel._rosters.partitions == {1}
+                by = {
+                    engine: [r for r in records if r.source and r.source.partition == 1],
+                    other: [r for r in records if r.source and r.source.partition == 0],
+                }
+            for eng, batch in by.items():
+                res = eng.protect_window(batch, now=100.0 * w, flush_all=True)
+                assert not res.held
+                out.extend((r.record_id, r.value) for r in res.published)
+        return sorted(out), kept
+
+    handed, kept = run(True)
+    assert kept == {0, 1}
+    assert handed == run(False)[0]
