@@ -11,6 +11,7 @@ themselves, once at least k of them are waiting.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -65,8 +66,9 @@ from gateway.policy import (
     Pseudonym,
     Role,
 )
+from gateway.state_store.kept_states import KeptStates
 from gateway.state_store.state_api import StateStore
-from gateway.state_store.state_codec import decode_state, registry_counts
+from gateway.state_store.state_codec import registry_counts
 from gateway.state_store.state_keys import group_id, group_key, scoped_key
 from gateway.state_store.window_state import write_states
 
@@ -159,9 +161,8 @@ class Engine:
             columns=self._columns,
             inputs=self._inputs,
         )
-        # group id -> formation size: never changes, so kept across windows (each window's
-        # view writes into it), and a window of republished records reads no registry entry
-        # for its measures again
+        # group id -> formation size: never changes, so kept across windows (each window's view
+        # writes into it); a window of republished records reads no registry entry again
         self._group_sizes: dict[str, int] = {}
 
     # ------------------------------------------------------------------ keyed draws
@@ -372,7 +373,8 @@ class Engine:
             keys,
             self._parts if self._partition_scope else None,
         )
-        return self._panel.protect(window, lambda ks: self._read_states(ks, True), encode=encode)
+        read = functools.partial(self._read_states, sticky=True, kept=self._panel.kept_states)
+        return self._panel.protect(window, read, encode=encode)
 
     def _keys(
         self,
@@ -398,13 +400,13 @@ class Engine:
                     rkeys[i] = scoped_key(self._parts[i], rkeys[i] or b"")
         return rkeys, keys.draws, keys
 
-    def _read_states(self, rkeys: Sequence[bytes | None], sticky: bool) -> StateView:
-        """The window's respondents' states, decoded, and its view of groups' live counts."""
-        states: dict[bytes, dict[str, Any]] = {}
-        if self._store is not None:
-            wanted = sorted({key for key in rkeys if key is not None})
-            for key, raw in self._store.get_many(wanted).items():
-                states[key] = decode_state(raw)
+    def _read_states(
+        self, rkeys: Sequence[bytes | None], sticky: bool, *, kept: KeptStates | None = None
+    ) -> StateView:
+        """The window's respondents' states (decoded, or ``kept``), its view of live counts."""
+        wanted = sorted({key for key in rkeys if key is not None})
+        found = self._store.get_many(wanted) if self._store is not None else {}
+        states = (kept if kept is not None else KeptStates(limit=0)).decoded(found)
         if len(self._group_sizes) > DIGEST_CACHE_LIMIT:
             self._group_sizes.clear()
         return StateView(

@@ -47,6 +47,7 @@ from gateway.panel.measures import PanelMeasureSpec, panel_measures
 from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
 from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
 from gateway.policy import Method, Policy, RepublicationMode, Role
+from gateway.state_store.kept_states import KeptStates
 from gateway.state_store.state_api import StateStore
 from gateway.state_store.state_codec import encode_state
 
@@ -142,6 +143,7 @@ class PanelStep:
         self._store = store
         self._sealer = Sealer(carry_key)
         self._rosters = KeptRosters()
+        self.kept_states = KeptStates()  # the members' states between waves (sticky draws)
         self._claim = claim
         self._columns = columns
         self._inputs = inputs
@@ -440,6 +442,7 @@ class PanelStep:
         if entries:
             self._store.put_many(entries)
         self._rosters.written(entries, keyed)
+        self.kept_states.written(view.states, entries)
 
 
 def _batches(
