@@ -60,7 +60,7 @@ STEPS: tuple[tuple[str, int, tuple[tuple[str, str], ...]], ...] = (
         2,
         (("mechanisms/protection.py", "recall"), ("mechanisms/protection.py", "keep")),
     ),
-    ("respondent states read (decoded)", 0, (("engine/engine.py", "_read_states"),)),
+    ("respondent states read (decoded unless kept)", 0, (("engine/engine.py", "_read_states"),)),
     (
         "states and rosters written (encoded, SQLite)",
         0,
