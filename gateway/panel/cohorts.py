@@ -61,7 +61,7 @@ class Present:
 
     keys: Sequence[bytes]
     rows: Sequence[list[object]]
-    carry: Sequence[dict[str, Any]]  # the values an absent member is carried forward with
+    carry: Sequence[list[Any]]  # what an absent member is carried forward with (Roster.carried)
     sampling: Sequence[float]  # sampling weights (1.0 without one)
 
 

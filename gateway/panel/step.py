@@ -241,7 +241,7 @@ class PanelStep:
         present = Present(
             keys=[pw.rkeys[i] for i in lead],  # type: ignore[misc]
             rows=[rows[i] for i in lead],
-            carry=self._carry(pw, lead),
+            carry=self._carry(pw, lead, roster),
             sampling=self._sampling_weights(pw, lead),
         )
         rand = self._columns.rand
@@ -296,21 +296,21 @@ class PanelStep:
         for name, value in out.measures.items():
             plan.measures[name] = _combine(name, plan.measures.get(name), value)
 
-    def _carry(self, pw: PanelWindow, rows: list[int]) -> list[dict[str, Any]]:
-        """What each respondent at ``rows`` is carried forward with, should it be absent."""
+    def _carry(self, pw: PanelWindow, rows: list[int], roster: Roster) -> list[list[Any]]:
+        """What each respondent at ``rows`` is carried forward with, should it be absent: the
+        index of the attributes' names in the roster, then their values (Roster.carried)."""
+        if not rows:
+            return []
         names = [n for n in self._carried if n in pw.columns]
-        # gathered column by column (itemgetter: in C), then one dict per respondent
-        if names and rows:
-            take = take_at(rows)
-            out = output_rows(names, [take(pw.columns[n]) for n in names])
-        else:
-            out = [{} for _ in rows]
-        if self._pseudonym is not None:
-            for values, i in zip(out, rows, strict=True):
-                rid = pw.records[i].respondent_id
-                if rid is not None:
-                    values[PSEUDONYM] = self._pseudonym(rid)
-        return out
+        take = take_at(rows)  # gathered column by column (itemgetter: in C)
+        cols = [take(pw.columns[n]) for n in names]
+        if (pseudonym := self._pseudonym) is not None:
+            names.append(PSEUDONYM)
+            ids = [pw.records[i].respondent_id for i in rows]
+            cols.append(tuple(None if rid is None else pseudonym(rid) for rid in ids))
+        nid = roster.names_id(names)
+        rows_of = zip(*cols, strict=True) if cols else ((),) * len(rows)
+        return [[nid, *values] for values in rows_of]
 
     def _sampling_weights(self, pw: PanelWindow, rows: list[int]) -> list[float]:
         col = pw.columns.get(self._sampling) if self._sampling is not None else None

@@ -27,6 +27,8 @@ from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
 from gateway.errors import PolicyError
 from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import linked_sets
+from gateway.panel.roster import Sealer, read_roster, roster_entries, roster_key
+from gateway.panel.step import CARRY_SALT
 from gateway.policy import policy_from_yaml
 from state.memory_store import MemoryStore
 
@@ -422,3 +424,41 @@ def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> Non
     handed, kept = run(True)
     assert kept == {0, 1}
     assert handed == run(False)[0]
+
+
+@pytest.mark.parametrize("pseudonym", ["drop", "hmac"])
+def test_a_roster_written_with_carried_maps_republishes_as_the_current_format(
+    pseudonym: str,
+) -> None:
+    """Rosters written before 2026-11-29 carried each member's values as one map; they are
+    read as they are: wave 3 (absent members imputed from their carried values) publishes the
+    same bytes from a roster rewritten in that format as from the current one."""
+    p = {"n": 40, "late": 6, "waves": 3, "skip": 0.3, "change": 0.3, "seed": 11}
+    waves = _waves(p)
+    text = _text(3) + f"output: {{pseudonym: {pseudonym}}}\n"
+    policy = policy_from_yaml(text)
+
+    def feed(store: MemoryStore, batches: list[list[ValidRecord]], w0: int) -> list[Any]:
+        engine = Engine(policy, keyring=KEY, store=store)
+        out: list[Any] = []
+        for w, records in enumerate(batches, start=w0):
+            res = engine.protect_window(records, now=100.0 * w, flush_all=True)
+            out.extend((r.record_id, r.value, r.key) for r in res.published)
+        return out
+
+    current = MemoryStore()
+    feed(current, waves[:2], 1)
+    older = MemoryStore()
+    sealer = Sealer(KEY.hkdf(CARRY_SALT, b"aes-256-gcm"))
+    entries = dict(current.items())
+    key = roster_key(None)
+    roster = read_roster(current.get_many, key, sealer)
+    assert roster.carry_names and all(isinstance(c[1], list) for c in roster.carried)
+    for row, carried in enumerate(roster.carried):  # the format before: one map a member
+        carried[1] = {n: v for n, v in roster.carried_values(row).items() if v is not None}
+    roster.carry_names = []
+    entries.update(roster_entries(roster, sealer, key))
+    older.put_many(entries)
+    for name, value in current._meta.items():  # the draw derivation the state is bound to
+        older.set_meta(name, value)
+    assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
