@@ -65,9 +65,9 @@ def _beyond_utc(ts: datetime) -> bool:
 
 def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
     """ISO 8601 timestamps truncated to the start of their ``unit`` (a week starts on Monday).
-        Minute and hour publish a zoned timestamp in UTC: its offset as given may carry seconds and
-        microseconds (``+05:30:17.424242``), finer than the unit. Day, week and month publish the
-        local date, without an offset. Unparseable text, and a timestamp with no UTC instant (which
+    Minute and hour publish a zoned timestamp in UTC: its offset as given may carry seconds and
+    microseconds (``+05:30:17.424242``), finer than the unit. Day, week and month publish the
+    local date, without an offset. Unparseable text, and a timestamp with no UTC instant (which
     validation dead-letters first), become None: never passed through."""
     start = _UNIT_START[unit]
     to_utc = unit in {TimeUnit.MINUTE, TimeUnit.HOUR}

@@ -422,8 +422,3 @@ class KeptRosters:
     def partitions(self) -> set[int | None]:
         """The state partitions of the rosters kept (None: an engine without partitions)."""
         return {state_key_partition(key) for key in self._kept}
-
-
-def is_roster(doc: dict[str, Any]) -> bool:
-    """Whether a registry entry's document is a panel roster."""
-    return doc.get("panel") == 1
