@@ -206,9 +206,10 @@ class PanelStep:
             return unfollowed_record_id(pw.rids[i])
         return panel_record_id(key, wave, repeat)
 
-    def forget_partition(self, partition: int) -> int:
-        """Drop the rosters kept of a state partition gone to another worker; how many."""
-        return self._rosters.forget(partition)
+    def forget_partition(self, partition: int) -> None:
+        """Drop the rosters and states kept of a state partition gone to another worker."""
+        self._rosters.forget(partition)
+        self.kept_states.forget(partition)
 
     def _load(self, scope: int | None) -> Roster:
         return self._rosters.load(self._store.get_many, roster_key(scope), self._sealer)
@@ -297,8 +298,7 @@ class PanelStep:
             plan.measures[name] = _combine(name, plan.measures.get(name), value)
 
     def _carry(self, pw: PanelWindow, rows: list[int], roster: Roster) -> list[list[Any]]:
-        """What each respondent at ``rows`` is carried forward with, should it be absent: the
-        index of the attributes' names in the roster, then their values (Roster.carried)."""
+        """What each respondent at ``rows`` is carried forward with (``Roster.carried``)."""
         if not rows:
             return []
         names = [n for n in self._carried if n in pw.columns]

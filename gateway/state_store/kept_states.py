@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.state_store.state_codec import decode_state
+from gateway.state_store.state_keys import state_key_partition
 
 # states kept at most (~1.3 KiB each for a panel member's sticky draws: ~340 MiB); past it the
 # whole set is dropped and filled again, as the engine's digest caches are
@@ -35,6 +36,18 @@ class KeptStates:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+    @property
+    def partitions(self) -> set[int | None]:
+        """The state partitions of the states kept (None: an engine without partitions)."""
+        return {state_key_partition(key) for key in self._kept}
+
+    def forget(self, partition: int) -> int:
+        """Drop the states of a state partition gone to another worker; how many."""
+        gone = [key for key in self._kept if state_key_partition(key) == partition]
+        for key in gone:
+            del self._kept[key]
+        return len(gone)
 
     def decoded(self, found: Mapping[bytes, bytes]) -> dict[bytes, dict[str, Any]]:
         """The states of the entries the store returned (key -> bytes): a kept one where the

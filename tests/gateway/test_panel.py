@@ -385,8 +385,8 @@ def test_a_panel_whose_k_rises_merges_its_small_cohorts_whole(
 
 def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> None:
     """Panel waves on two input partitions through an engine with partition scope: it keeps each
-    partition's roster between waves, and after ``forget_partition(0)`` (its worker lost the
-    partition) partition 1's only; wave 3 of partition 0 then goes to another engine (the
+    partition's roster and states between waves, and after ``forget_partition(0)`` (its worker
+    lost the partition) partition 1's only; wave 3 of partition 0 then goes to another engine (the
     partition's new owner): together they publish what one engine that forgot nothing does."""
     p = {"n": 40, "late": 6, "waves": 3, "skip": 0.2, "change": 0.3, "seed": 7}
     waves = [
@@ -409,8 +409,10 @@ def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> Non
             if handover and w == 3:
                 assert engine._panel is not None
                 kept = engine._panel._rosters.partitions
+                assert engine._panel.kept_states.partitions == {0, 1}
                 engine.forget_partition(0)
                 assert engine._panel._rosters.partitions == {1}
+                assert engine._panel.kept_states.partitions == {1}
                 by = {
                     engine: [r for r in records if r.source and r.source.partition == 1],
                     other: [r for r in records if r.source and r.source.partition == 0],
