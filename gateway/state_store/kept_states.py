@@ -19,12 +19,14 @@ from typing import Any
 from gateway.state_store.state_codec import decode_state
 from gateway.state_store.state_keys import state_key_partition
 
-# states kept at most (~1.3 KiB each for a panel member's sticky draws: ~340 MiB); past it the
-# whole set is dropped and filled again, as the engine's digest caches are
+# states kept at most (~2.4 KiB each for a panel member's sticky draws, its bytes included:
+# ~600 MiB); past it the whole set is dropped and filled again, as the engine's digest caches are
 KEPT_STATES_LIMIT = 1 << 18
 
 
 class KeptStates:
+    """The kept states of one engine (see the module docstring); ``limit`` 0 keeps none."""
+
     __slots__ = ("_kept", "_read", "limit")
 
     def __init__(self, limit: int = KEPT_STATES_LIMIT) -> None:

@@ -257,7 +257,8 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
             return
         gone = self._state_partitions(revoked)
         kept = self._state_partitions(set(self.consumer.assignment()) - set(revoked))
-        # the in-process engine keeps panel rosters between windows: the next owner writes them
+        # the in-process engine keeps panel rosters and states between windows: the next owner
+        # writes them
         forget = getattr(self._worker.engine, "forget_partition", None)
         for partition in gone - kept:
             store.close_partition(partition)
