@@ -464,3 +464,35 @@ def test_a_roster_written_with_carried_maps_republishes_as_the_current_format(
     for name, value in current._meta.items():  # the draw derivation the state is bound to
         older.set_meta(name, value)
     assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
+
+
+@given(panels())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_window_reports_the_classes_it_publishes(p: dict[str, Any]) -> None:
+    """A window that decides waves reports as many classes, and as small a smallest one, as
+    its records publish: members who retired count nowhere, every member counted is published
+    (present or imputed) with its class's tuple. Panels that retire often: cohorts above k
+    (slack), members who skip most waves and retire after one, no one joining late."""
+    p = {**p, "crash": None, "retire": 1, "slack": 2, "skip": 0.5, "late": 0, "waves": 5}
+    p["n"] = max(p["n"], 30)  # so wave 1 holds k respondents or more (all but 4 in 10^6 draws)
+    engine = Engine(_policy(p["k"], p["slack"], p["retire"]), keyring=KEY, store=MemoryStore())
+    held: list[ValidRecord] = []
+    size = p["window"]
+    checked = 0
+    waves = _waves(p)
+    feeds = [(records, 100.0 * w, False) for w, records in enumerate(waves, start=1)]
+    for records, now, flush in [*feeds, ([], 1e9, True)]:
+        batches = [records[s : s + size] for s in range(0, len(records), size)] or [[]]
+        for batch in batches:
+            res = engine.protect_window(held + batch, now=now, flush_all=flush)
+            held = list(res.held)
+            classes: dict[tuple[int, Any], int] = defaultdict(int)
+            for rec in res.published:
+                row = orjson.loads(rec.value)
+                if row["age"] is not None:
+                    classes[int(row["wave"]), tuple(row[c] for c in CLAIM)] += 1
+            assert res.report.groups == len(classes)
+            if classes:
+                assert res.report.min_group_size == min(classes.values())
+                checked += 1
+    assert checked >= 1
