@@ -34,7 +34,8 @@ between runs a minute apart, more than most changes to the engine. Each version 
 its packages renamed (``gateway`` -> ``base_gateway``, ...), both are imported side by side,
 and their windows alternate (the order swapped every window and round), so a drift of the
 machine falls on both. Each version has its own state file. The figure that matters is the
-ratio head / base, printed for wave 1 (every respondent new) and waves 2-3 (returning). A side's
+ratio head / base, printed for wave 1 (every respondent new) and waves 2-3 (returning), over
+all rounds and round by round (their spread is what a difference must stand out of). A side's
 windows count as wave 1's until it has decided as many records as wave 1 has, so the window that
 decides wave 1 counts there however late the wave closes (under ``panel``, after its grace).
 
@@ -331,7 +332,9 @@ def main() -> None:
         counted = [wave1 * args.rounds, (len(answers) - wave1) * args.rounds]
         closes = closed_through(answers, len(range(0, len(answers), WINDOW)))
         marks_for = {s: marks_of(s) for s in sides}  # a wave closed -> the side's marks
+        per_round: list[tuple[float, float]] = []  # head / base in each round: its spread
         for rnd in range(args.rounds):
+            before = {side: list(spent[side]) for side in sides}
             runs = {
                 s: prepare(s, texts[s], answers, Path(tmp) / f"{s}{rnd}.db", args.feed)
                 for s in sides
@@ -381,6 +384,10 @@ def main() -> None:
                 for side, (_, _, store, _) in runs.items():
                     digest_state(hashes[side][PARTS[2]], store)
                     store.close()
+            head_s, base_s = (
+                [spent[side][k] - before[side][k] for k in (0, 1)] for side in ("head", "base")
+            )
+            per_round.append((head_s[0] / base_s[0], head_s[1] / base_s[1]))
     n1, n23 = counted
     for side in sides:
         w1, w23 = spent[side]
@@ -392,6 +399,12 @@ def main() -> None:
     print(
         f"head / base: wave 1 {h1 / b1:.3f}, waves 2-3 {h23 / b23:.3f}, "
         f"all {(h1 + h23) / (b1 + b23):.3f}"
+    )
+    print(
+        "head / base by round: wave 1 "
+        + " ".join(f"{r[0]:.3f}" for r in per_round)
+        + ", waves 2-3 "
+        + " ".join(f"{r[1]:.3f}" for r in per_round)
     )
     base, head = hashes["base"], hashes["head"]
     verdicts = (
