@@ -31,12 +31,8 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.state_store.state_keys import (
-    group_key,
-    roster_group_id,
-    roster_part_key,
-    state_key_partition,
-)
+from gateway.state_store.kept_states import KeptByKey
+from gateway.state_store.state_keys import group_key, roster_group_id, roster_part_key
 
 NONCE_BYTES = 12
 OUTCOMES_KEPT = 4  # decided waves a replay can republish (a backlog decides several at once)
@@ -384,17 +380,14 @@ def read_roster(
     return roster
 
 
-class KeptRosters:
+class KeptRosters(KeptByKey[Roster]):
     """The rosters an engine wrote, each with the entry it was written as at its key: a roster
     the store still holds as written is not decoded again (0.3-0.4 s for 33,000 members), one
     another engine wrote since (a partition that moved away and back) is. A roster is taken out
     while a window works on it and kept again once its write is durable, so a window that fails
     after changing it leaves nothing stale."""
 
-    __slots__ = ("_kept",)
-
-    def __init__(self) -> None:
-        self._kept: dict[bytes, tuple[bytes, Roster]] = {}
+    __slots__ = ()
 
     def load(
         self,
@@ -408,17 +401,3 @@ class KeptRosters:
         """``rosters`` (by key) were written as ``entries``, durably."""
         for key, roster in rosters.items():
             self._kept[key] = (entries[key], roster)
-
-    def forget(self, partition: int) -> int:
-        """Drop the rosters of a state partition this engine no longer owns (its worker lost
-        the input partition): they would be read afresh on its return anyway, and a worker
-        that many partitions pass through would otherwise hold every one. How many."""
-        gone = [key for key in self._kept if state_key_partition(key) == partition]
-        for key in gone:
-            del self._kept[key]
-        return len(gone)
-
-    @property
-    def partitions(self) -> set[int | None]:
-        """The state partitions of the rosters kept (None: an engine without partitions)."""
-        return {state_key_partition(key) for key in self._kept}

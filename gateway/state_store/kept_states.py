@@ -14,7 +14,7 @@ in sorted order; nothing reads a state's keys in order).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gateway.state_store.state_codec import decode_state
 from gateway.state_store.state_keys import state_key_partition
@@ -23,33 +23,47 @@ from gateway.state_store.state_keys import state_key_partition
 # ~600 MiB); past it the whole set is dropped and filled again, as the engine's digest caches are
 KEPT_STATES_LIMIT = 1 << 18
 
+T = TypeVar("T")
 
-class KeptStates:
-    """The kept states of one engine (see the module docstring); ``limit`` 0 keeps none."""
 
-    __slots__ = ("_kept", "_read", "limit")
+class KeptByKey(Generic[T]):
+    """Documents an engine keeps decoded between windows, each with the bytes the store held
+    for it at its key (:class:`KeptStates`; the panel's ``KeptRosters``)."""
 
-    def __init__(self, limit: int = KEPT_STATES_LIMIT) -> None:
-        if limit < 0:
-            raise ValueError(f"the kept states' limit must be >= 0, got {limit}")
-        self.limit = limit
-        self._kept: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
-        self._read: Mapping[bytes, bytes] = {}
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: dict[bytes, tuple[bytes, T]] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
 
     @property
     def partitions(self) -> set[int | None]:
-        """The state partitions of the states kept (None: an engine without partitions)."""
+        """The state partitions of what is kept (None: an engine without partitions)."""
         return {state_key_partition(key) for key in self._kept}
 
     def forget(self, partition: int) -> int:
-        """Drop the states of a state partition gone to another worker; how many."""
+        """Drop what is kept of a state partition gone to another worker (its worker lost the
+        input partition): it would be read afresh on its return anyway, and a worker that many
+        partitions pass through would otherwise hold every one. How many."""
         gone = [key for key in self._kept if state_key_partition(key) == partition]
         for key in gone:
             del self._kept[key]
         return len(gone)
+
+
+class KeptStates(KeptByKey[dict[str, Any]]):
+    """The kept states of one engine (see the module docstring); ``limit`` 0 keeps none."""
+
+    __slots__ = ("_read", "limit")
+
+    def __init__(self, limit: int = KEPT_STATES_LIMIT) -> None:
+        if limit < 0:
+            raise ValueError(f"the kept states' limit must be >= 0, got {limit}")
+        super().__init__()
+        self.limit = limit
+        self._read: Mapping[bytes, bytes] = {}
 
     def decoded(self, found: Mapping[bytes, bytes]) -> dict[bytes, dict[str, Any]]:
         """The states of the entries the store returned (key -> bytes): a kept one where the
