@@ -23,7 +23,7 @@ from test_republication import POLICY as REPUBLICATION_POLICY
 
 import gateway.panel.roster as roster_module
 from gateway.engine.engine import Engine
-from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
+from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord, WindowResult
 from gateway.errors import PolicyError
 from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import linked_sets
@@ -106,6 +106,7 @@ class Run:
         self.engine = Engine(_policy(p["k"], p["slack"], p["retire"]), keyring=KEY, store=store)
         self.held: list[ValidRecord] = []
         self.out: list[PublishedRecord] = []
+        self.results: list[WindowResult] = []  # each window's, in order
 
     def feed(self, records: list[ValidRecord], now: float, flush: bool = False) -> None:
         size = self.p["window"]
@@ -114,6 +115,7 @@ class Run:
             res = self.engine.protect_window(self.held + batch, now=now, flush_all=flush)
             self.held = list(res.held)
             self.out.extend(res.published)
+            self.results.append(res)
 
     def crash(self) -> None:
         """The worker dies before committing: a new engine, the same state, the records held
@@ -475,24 +477,19 @@ def test_a_window_reports_the_classes_it_publishes(p: dict[str, Any]) -> None:
     (slack), members who skip most waves and retire after one, no one joining late."""
     p = {**p, "crash": None, "retire": 1, "slack": 2, "skip": 0.5, "late": 0, "waves": 5}
     p["n"] = max(p["n"], 30)  # so wave 1 holds k respondents or more (all but 4 in 10^6 draws)
-    engine = Engine(_policy(p["k"], p["slack"], p["retire"]), keyring=KEY, store=MemoryStore())
-    held: list[ValidRecord] = []
-    size = p["window"]
+    run = Run(p, MemoryStore())
+    for w, records in enumerate(_waves(p), start=1):
+        run.feed(records, 100.0 * w)
+    run.feed([], 1e9, flush=True)
     checked = 0
-    waves = _waves(p)
-    feeds = [(records, 100.0 * w, False) for w, records in enumerate(waves, start=1)]
-    for records, now, flush in [*feeds, ([], 1e9, True)]:
-        batches = [records[s : s + size] for s in range(0, len(records), size)] or [[]]
-        for batch in batches:
-            res = engine.protect_window(held + batch, now=now, flush_all=flush)
-            held = list(res.held)
-            classes: dict[tuple[int, Any], int] = defaultdict(int)
-            for rec in res.published:
-                row = orjson.loads(rec.value)
-                if row["age"] is not None:
-                    classes[int(row["wave"]), tuple(row[c] for c in CLAIM)] += 1
-            assert res.report.groups == len(classes)
-            if classes:
-                assert res.report.min_group_size == min(classes.values())
-                checked += 1
+    for res in run.results:
+        classes: dict[tuple[int, Any], int] = defaultdict(int)
+        for rec in res.published:
+            row = orjson.loads(rec.value)
+            if row["age"] is not None:
+                classes[int(row["wave"]), tuple(row[c] for c in CLAIM)] += 1
+        assert res.report.groups == len(classes)
+        if classes:
+            assert res.report.min_group_size == min(classes.values())
+            checked += 1
     assert checked >= 1
