@@ -29,7 +29,7 @@ from gateway.errors import MechanismError
 from gateway.grouping.mdav_pruned import Block
 
 _NEIGHBOURS = 4  # other groups looked at per group
-_CHUNK = 2048  # groups per distance block: bounds memory at _CHUNK x groups floats
+_CHUNK = 256  # groups per distance block: _CHUNK x groups floats, reused (cache-sized at ~5,000)
 _MAX_PASSES = 8
 _ENOUGH = 1e-4  # a pass removing less than this share of the total sum of squares is the last
 
@@ -305,11 +305,15 @@ def _neighbour_groups(centres: NDArray[np.float64]) -> NDArray[np.int64]:
     out = np.empty((groups, m), dtype=np.int64)
     c32 = np.ascontiguousarray(centres, dtype=np.float32)
     c2 = np.einsum("gd,gd->g", c32, c32)
+    # -2 c (exact: a power of two) multiplied into one block reused for every chunk: a fresh
+    # block of tens of MB is mapped anew, and page-faulted in, for each chunk
+    twice = c32 * np.float32(-2.0)
+    block = np.empty((min(_CHUNK, groups), groups), dtype=np.float32)
     for start in range(0, groups, _CHUNK):
-        cs = c32[start : start + _CHUNK]
+        cs = twice[start : start + _CHUNK]
         rows = np.arange(cs.shape[0])
-        d = cs @ c32.T  # |c|² of the row's own centroid left out: the same for the whole row
-        d *= -2.0
+        # |c|² of the row's own centroid left out: the same for the whole row
+        d = np.matmul(cs, c32.T, out=block[: cs.shape[0]])
         d += c2
         d[rows, start + rows] = np.inf
         # m passes of argmin (first among equal minima), each pick then ruled out: a tenth
