@@ -97,14 +97,22 @@ def value_codes(column: pd.Series[Any]) -> Int:
 def combine_codes(code_columns: Sequence[Int], n: int) -> tuple[Int, int]:
     """Dense id (0..g-1) of each row's tuple of codes, and g."""
     key = np.zeros(n, dtype=np.int64)
-    groups = 1 if n else 0
+    if not n:
+        return key, 0
+    bound = 1  # every key is below it
     for codes in code_columns:
-        m = int(codes.max()) + 1 if n else 1
-        # mixed radix, then re-densified so the next step cannot overflow (g·m ≤ n²)
-        uniq, inverse = np.unique(key * m + codes, return_inverse=True)
-        key = inverse.reshape(-1).astype(np.int64)
-        groups = uniq.size
-    return key, groups
+        m = int(codes.max()) + 1
+        if bound * m > _RADIX_LIMIT:  # re-densified first, so the mixed radix cannot overflow
+            uniq, inverse = np.unique(key, return_inverse=True)
+            key, bound = inverse.reshape(-1).astype(np.int64), uniq.size
+        # mixed radix: the keys order as the tuples of codes do, as do the dense ids below
+        key = key * m + codes
+        bound *= m
+    uniq, inverse = np.unique(key, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64), int(uniq.size)
+
+
+_RADIX_LIMIT = 1 << 62  # the mixed-radix keys stay below it (int64)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import InputDataError, MechanismError
 from gateway.grouping.mixed_microaggregation import QIColumn, QIKind, embed, mixed_microaggregate
-from gateway.measures.key_risk import class_sizes, key_risk
+from gateway.measures.key_risk import class_sizes, combine_codes, key_risk
 from gateway.measures.linkage import MixedScaling, mixed_linkage
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -73,6 +73,35 @@ def test_class_sizes_match_a_brute_force_count(frame: pd.DataFrame) -> None:
     assert risk.records_below_k == below
     assert risk.share_below_k == (below / len(frame) if len(frame) else 0.0)
     assert risk.smallest_class == (min(counts.values()) if counts else 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 40).flatmap(
+        lambda n: st.lists(
+            st.integers(1, 2**40).flatmap(
+                lambda radix: st.lists(
+                    st.integers(0, radix - 1) | st.sampled_from([0, radix - 1]),
+                    min_size=n,
+                    max_size=n,
+                )
+            ),
+            max_size=8,
+        ).map(lambda cols: (n, cols))
+    )
+)
+def test_combined_codes_number_the_distinct_tuples_in_their_order(
+    case: tuple[int, list[list[int]]],
+) -> None:
+    """Each row's id is the rank of its tuple of codes among the distinct tuples (in tuple
+    order), whatever the codes' range: columns up to 2^40 codes force the keys to be
+    re-densified midway, which must not change an id."""
+    n, cols = case
+    ids, groups = combine_codes([np.asarray(c, dtype=np.int64) for c in cols], n)
+    tuples = [tuple(c[i] for c in cols) for i in range(n)]
+    rank = {t: r for r, t in enumerate(sorted(set(tuples)))}
+    assert groups == len(rank)
+    assert ids.tolist() == [rank[t] for t in tuples]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
