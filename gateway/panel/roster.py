@@ -202,14 +202,7 @@ class Roster:
     # -- bytes ------------------------------------------------------------------------------
     def encode(self, sealer: Sealer, context: bytes) -> bytes:
         n = len(self.keys)
-        # each member's linked set in row order, sorted: each distinct set object once
-        linked_sizes = np.fromiter(map(len, self.linked), dtype=np.int32, count=n)
-        in_order: dict[int, list[int]] = {}
-        linked_flat = np.fromiter(
-            chain.from_iterable(_sorted_once(s, in_order) for s in self.linked),
-            dtype=np.int32,
-            count=int(linked_sizes.sum(dtype=np.int64)),
-        )
+        linked_sizes, linked_flat = _linked_columns(self.linked)
         doc: dict[str, Any] = {
             "live": int(sum(self.active)),
             "size": n,
@@ -292,13 +285,24 @@ class Roster:
 _NO_ROWS: frozenset[int] = frozenset()
 
 
-def _sorted_once(rows: Set[int], in_order: dict[int, list[int]]) -> list[int]:
-    """``sorted(rows)``, computed once per set object (``in_order`` by its id; the sets are
-    alive while the roster encodes, so an id names one set)."""
-    found = in_order.get(id(rows))
-    if found is None:
-        found = in_order[id(rows)] = sorted(rows)
-    return found
+def _linked_columns(linked: Sequence[Set[int]]) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+    """Each member's linked-set size, and the sets' rows sorted, one after the other in row
+    order: each distinct set object sorted once (members share a few thousand sets), then
+    gathered for every member in one numpy pass."""
+    n = len(linked)
+    # the sets are alive while the roster encodes, so an id names one set
+    ids = np.fromiter(map(id, linked), dtype=np.uint64, count=n)
+    _, first, which = np.unique(ids, return_index=True, return_inverse=True)
+    distinct = [sorted(linked[i]) for i in first.tolist()]
+    d_sizes = np.fromiter(map(len, distinct), dtype=np.int64, count=len(distinct))
+    d_flat = np.fromiter(chain.from_iterable(distinct), dtype=np.int32, count=int(d_sizes.sum()))
+    d_starts = np.cumsum(d_sizes) - d_sizes
+    which = which.reshape(-1)
+    sizes = d_sizes[which]
+    # member i's rows: d_flat[d_starts[which[i]] + 0 .. sizes[i] - 1]
+    at = np.arange(int(sizes.sum()), dtype=np.int64)
+    at += np.repeat(d_starts[which] - (np.cumsum(sizes) - sizes), sizes)
+    return sizes.astype(np.int32), d_flat[at]
 
 
 def roster_entries(
