@@ -25,6 +25,7 @@ import gateway.panel.roster as roster_module
 from gateway.engine.engine import Engine
 from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord, WindowResult
 from gateway.errors import PolicyError
+from gateway.keyed.draw_derivation import META_NAME
 from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import linked_sets
 from gateway.panel.roster import Sealer, read_roster, roster_entries, roster_key
@@ -463,8 +464,9 @@ def test_a_roster_written_with_carried_maps_republishes_as_the_current_format(
     roster.carry_names = []
     entries.update(roster_entries(roster, sealer, key))
     older.put_many(entries)
-    for name, value in current._meta.items():  # the draw derivation the state is bound to
-        older.set_meta(name, value)
+    derivation = current.meta(META_NAME)  # the draw derivation the state is bound to
+    assert derivation is not None
+    older.set_meta(META_NAME, derivation)
     assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
 
 
