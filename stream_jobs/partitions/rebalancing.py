@@ -66,6 +66,7 @@ class RebalancedWorker(Protocol):
     topics: Topics
     stats: WorkerStats
     state_store: Any
+    engine: Any  # under the partitioned backend, the in-process Engine (forget_partition)
     key_fingerprint: str | None
     refused: PrivgwError | None
     policy_record: Any
