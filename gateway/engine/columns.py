@@ -16,7 +16,7 @@ from gateway.grouping.live_view import StateView
 from gateway.keyed.randomness import UniformSource
 from gateway.mechanisms.protection import Draws, Protection
 from gateway.mechanisms.stamp import stamp_column
-from gateway.mechanisms.sticky import StoredLookup, stored_map
+from gateway.mechanisms.sticky import stored_map
 from gateway.policy import Method, Policy, Role
 
 
@@ -112,7 +112,7 @@ class PublishedColumns:
         draws = Draws(
             self.rand,
             [win.dkeys[i] for i in pub_idx],
-            StoredLookup(view.states, rk),
+            view.lookup(rk),
             view,
             self._stores,
             pub_idx,
@@ -179,11 +179,10 @@ class PublishedColumns:
         protection = self.protections[name]
         everyone = range(len(records))
         values = attribute_values(columns, len(records), [name])[0]
-        stored = StoredLookup(view.states, rkeys)
+        stored = view.lookup(rkeys)
         kind, vds = protection.kind, value_digests.get(name)
         if view.sticky and vds is not None and kind is not None:
-            maps = stored.maps(kind, name)
-            hit = [m.get(h) is not None for m, (_, h) in zip(maps, vds, strict=True)]
+            hit = [f is not None for f in stored.found(kind, name, vds)]
         else:
             hit = [False] * len(records)
         aside = StateView(states={}, sticky=view.sticky)

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.mechanisms.sticky import StoredLookup, store_drawn
+
 
 @dataclass(slots=True)
 class StateView:
@@ -25,6 +27,25 @@ class StateView:
     sizes: dict[str, int] = field(default_factory=dict)
     load_live: Callable[[Sequence[str]], dict[str, tuple[int, int | None]]] | None = None
     looked_up: set[str] = field(default_factory=set)
+
+    def lookup(self, keys: Sequence[bytes | None]) -> StoredLookup:
+        """The stored publications of the records with these respondent keys."""
+        return StoredLookup(self.states, keys)
+
+    def keep_drawn(
+        self,
+        kind: str,
+        name: str,
+        *,
+        keys: Sequence[bytes | None],
+        digests: Sequence[tuple[bytes, str]],
+        fresh: Sequence[int],
+        drawn: Sequence[Any],
+        version: str | None = None,
+    ) -> None:
+        store_drawn(
+            self, kind, name, keys=keys, digests=digests, fresh=fresh, drawn=drawn, version=version
+        )
 
     def prefetch(self, group_ids: Iterable[str]) -> None:
         """Read the live counts (and formation sizes) of these groups from the store, in one

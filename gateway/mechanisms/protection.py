@@ -22,7 +22,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from gateway.keyed.randomness import UniformSource
-from gateway.mechanisms.sticky import DrawnStates, StoredLookup, store_drawn
+from gateway.mechanisms.sticky import DrawnStates, StoredDraws
 
 
 class Recalled(NamedTuple):
@@ -55,7 +55,7 @@ class Draws:
 
     rand: UniformSource
     keys: Sequence[bytes | None]
-    stored: StoredLookup
+    stored: StoredDraws
     view: DrawnStates
     stores: bool
     positions: Sequence[int]
@@ -75,12 +75,11 @@ class Draws:
     ) -> Recalled:
         """The stored publications of ``name``'s values (those ``drawn`` at all) and what is
         left to draw: a fresh draw is keyed by its draw key and the value's digest."""
-        maps = self.stored.maps(kind, name)
-        if len(maps) != len(digests) or len(drawn) != len(digests):
-            raise ValueError("recall: the stored maps, digests and drawn flags must align")
-        # the look-ups and the positions left to draw walked in C (map, compress), then the
-        # values not drawn at all (few: missing categories) taken out
-        found: list[Any] = list(map(dict.get, maps, [hexed for _, hexed in digests]))  # type: ignore[arg-type]
+        if len(drawn) != len(digests):
+            raise ValueError("recall: the digests and drawn flags must align")
+        found = self.stored.found(kind, name, digests)
+        # the positions left to draw walked in C (compress), then the values not drawn at all
+        # (few: missing categories) taken out
         fresh = list(compress(count(), map(operator.is_, found, repeat(None))))
         if not all(drawn):
             found = [f if d else None for f, d in zip(found, drawn, strict=True)]
@@ -102,8 +101,7 @@ class Draws:
         """Store the fresh draws (with the mechanism's version, if it has one) if this engine
         stores draws."""
         if self.stores and digests:
-            store_drawn(
-                self.view,
+            self.view.keep_drawn(
                 kind,
                 name,
                 keys=self.stored.keys,

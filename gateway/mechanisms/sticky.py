@@ -15,12 +15,40 @@ _NOTHING: Mapping[str, Any] = {}  # the default of chained look-ups; never writt
 
 class DrawnStates(Protocol):
     """Where a window's fresh draws go (the engine's view of the respondents' states):
-    ``sticky``, whether draws are keyed and republished at all; ``touched``, the respondent
-    keys the window changed."""
+    ``sticky``, whether draws are keyed and republished at all; ``keep_drawn``, how fresh
+    draws are stored (:func:`store_drawn` into respondent states, or a panel's draw table)."""
+
+    sticky: bool
+
+    def keep_drawn(
+        self,
+        kind: str,
+        name: str,
+        *,
+        keys: Sequence[bytes | None],
+        digests: Sequence[tuple[bytes, str]],
+        fresh: Sequence[int],
+        drawn: Sequence[Any],
+        version: str | None = None,
+    ) -> None: ...
+
+
+class StatesView(Protocol):
+    """Respondent states as maps, and the keys a window changed (:func:`store_drawn`)."""
 
     states: dict[bytes, dict[str, Any]]
-    sticky: bool
     touched: set[bytes]
+
+
+class StoredDraws(Protocol):
+    """Each record's stored publications: ``keys``, the records' respondent keys."""
+
+    keys: Sequence[bytes | None]
+
+    def found(self, kind: str, name: str, digests: Sequence[tuple[bytes, str]]) -> list[Any]:
+        """Each record's stored publication of its value (by digest) of ``name``; None:
+        none."""
+        ...
 
 
 class StoredLookup:
@@ -47,9 +75,16 @@ class StoredLookup:
             )
         return list(map(dict.get, of_kind, repeat(name), repeat(_NOTHING)))  # type: ignore[arg-type]
 
+    def found(self, kind: str, name: str, digests: Sequence[tuple[bytes, str]]) -> list[Any]:
+        maps = self.maps(kind, name)
+        if len(maps) != len(digests):
+            raise ValueError("found: one value digest per record")
+        # the look-ups walked in C (map)
+        return list(map(dict.get, maps, [hexed for _, hexed in digests]))  # type: ignore[arg-type]
+
 
 def store_drawn(
-    view: DrawnStates,
+    view: StatesView,
     kind: str,
     name: str,
     *,
