@@ -37,6 +37,7 @@ from typing import Any
 
 from gateway.errors import PrivgwError
 from gateway.mechanisms.rr_constructions import from_spec
+from gateway.panel.roster import drop_roster_draws
 from gateway.policy import Policy
 from gateway.policy.migration import (
     MigrationPlan,
@@ -45,7 +46,7 @@ from gateway.policy.migration import (
     migrate_entries,
 )
 from gateway.policy.upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, facets
-from gateway.state_store.state_keys import is_group_key
+from gateway.state_store.state_keys import is_group_key, is_roster_head
 from state.errors import StateStoreError
 from state.failures import sqlite_error
 from state.layout import (
@@ -248,6 +249,13 @@ def migrate_store(store: Any, plan: MigrationPlan, *, dry_run: bool) -> Migratio
             store.put_many(changed)
     if rows and not dry_run:
         store.put_many(rows)
+    for key in [k for k in keys if is_roster_head(k)] if plan.fresh_draws else []:
+        # a panel keeps its members' draws with its roster (gateway.panel.draws)
+        entries, gone = drop_roster_draws(store.get_many, key, plan.fresh_draws)
+        for name, n in gone.items():
+            report.draws_dropped[name] = report.draws_dropped.get(name, 0) + n
+        if entries and not dry_run:
+            store.put_many(entries)
     return report
 
 

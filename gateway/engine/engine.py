@@ -373,7 +373,7 @@ class Engine:
             keys,
             self._parts if self._partition_scope else None,
         )
-        read = functools.partial(self._read_states, sticky=True, kept=self._panel.kept_states)
+        read = functools.partial(self._read_states, sticky=True)
         return self._panel.protect(window, read, encode=encode)
 
     def _keys(

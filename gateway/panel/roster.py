@@ -31,6 +31,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway.panel.draws import DrawTable, drop_draws
 from gateway.state_store.kept_states import KeptByKey
 from gateway.state_store.state_keys import group_key, roster_group_id, roster_part_key
 
@@ -119,6 +120,9 @@ class Roster:
     # the newest decided waves' outcomes, oldest first: a crash can lose the outputs of the
     # last windows (a backlog decides several waves in one), which a replay publishes again
     outcomes: list[Outcome] = field(default_factory=list)
+    # the members' sticky draws (and those of any respondent of the scope that drew), as
+    # columns (gateway.panel.draws); a roster written before 2026-11-30 has none here
+    draws: DrawTable = field(default_factory=DrawTable)
     # how many times it was written in parts (0: never): the slot its next parts go to
     generation: int = field(default=0, compare=False)
     _index: dict[bytes, int] = field(default_factory=dict)
@@ -220,6 +224,7 @@ class Roster:
         }
         if self.carry_names:
             doc["cnames"] = self.carry_names
+        doc["draws"] = self.draws.to_doc()
         doc["outs"] = [
             {
                 "wave": o.wave,
@@ -279,6 +284,7 @@ class Roster:
             carry_names=[list(names) for names in doc.get("cnames", ())],
             next_cohort=int(doc["next"]),
             outcomes=outcomes,
+            draws=DrawTable.from_doc(doc["draws"]) if "draws" in doc else DrawTable(),
         )
 
 
@@ -318,12 +324,25 @@ def roster_entries(
 
     ``roster.generation`` becomes the one written, as :func:`read_roster` would read it back (a
     caller that keeps the roster writes its next parts to the other slot)."""
-    part_bytes = PART_BYTES if part_bytes is None else part_bytes
     body = roster.encode(sealer, key)
+    entries, roster.generation = _body_entries(
+        body,
+        key,
+        generation=roster.generation,
+        counts=(int(sum(roster.active)), len(roster.keys)),
+        part_bytes=PART_BYTES if part_bytes is None else part_bytes,
+    )
+    return entries
+
+
+def _body_entries(
+    body: bytes, key: bytes, *, generation: int, counts: tuple[int, int], part_bytes: int
+) -> tuple[dict[bytes, bytes], int]:
+    """A roster's encoded bytes as entries (see :func:`roster_entries`), and the generation
+    written (0: whole); ``counts``: its live members and rows, the registry's counters."""
     if len(body) <= part_bytes:
-        roster.generation = 0
-        return {key: body}
-    generation = roster.generation = roster.generation + 1
+        return {key: body}, 0
+    generation += 1
     slot = generation % 2
     entries = {
         roster_part_key(key, slot, i): _encode({"gen": generation, "b": body[at : at + part_bytes]})
@@ -331,8 +350,8 @@ def roster_entries(
     }
     entries[key] = _encode(
         {
-            "live": int(sum(roster.active)),  # the registry's counters, as in the whole entry
-            "size": len(roster.keys),
+            "live": counts[0],  # the registry's counters, as in the whole entry
+            "size": counts[1],
             "panel": 1,
             "parts": len(entries),
             "slot": slot,
@@ -341,7 +360,60 @@ def roster_entries(
             "sha256": hashlib.sha256(body).digest(),
         }
     )
-    return entries
+    return entries, generation
+
+
+def _parts_body(
+    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], key: bytes, doc: Any
+) -> bytes:
+    """The encoded bytes of a roster written in parts, ``doc`` its decoded head (the parts
+    checked against it)."""
+    keys = [roster_part_key(key, int(doc["slot"]), i) for i in range(int(doc["parts"]))]
+    found = get_many(keys)
+    parts = [_decode(found[k]) for k in keys if k in found]
+    body = b"".join(p["b"] for p in parts)
+    if (
+        len(parts) != len(keys)
+        or any(p["gen"] != doc["gen"] for p in parts)
+        or len(body) != doc["bytes"]
+        or hashlib.sha256(body).digest() != doc["sha256"]
+    ):
+        raise ValueError(
+            f"the panel roster's parts do not match its head ({len(parts)} of {len(keys)} "
+            "parts found): its state was cut short or altered, so no wave can be decided. "
+            "Restore the state directory from a backup"
+        )
+    return body
+
+
+def drop_roster_draws(
+    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]],
+    key: bytes,
+    names: Sequence[str],
+    *,
+    part_bytes: int | None = None,
+) -> tuple[dict[bytes, bytes], dict[str, int]]:
+    """A policy upgrade that draws ``names`` afresh: the entries that rewrite the roster at
+    ``key`` without their stored draws (none if it holds none), and how many each had. The
+    carried values stay sealed: this needs no secret."""
+    raw = get_many([key]).get(key)
+    if raw is None or not names:
+        return {}, {}
+    doc = _decode(raw)
+    generation = int(doc.get("gen", 0))
+    if "parts" in doc:
+        doc = _decode(_parts_body(get_many, key, doc))
+    gone = drop_draws(doc, names)
+    if not gone:
+        return {}, {}
+    entries, _ = _body_entries(
+        _encode(doc),
+        key,
+        generation=generation,
+        counts=(int(doc["live"]), int(doc["size"])),
+        part_bytes=PART_BYTES if part_bytes is None else part_bytes,
+    )
+    return entries, gone
 
 
 def read_roster(
@@ -364,22 +436,7 @@ def read_roster(
     doc = _decode(raw)
     if "parts" not in doc:
         return Roster.from_doc(doc, sealer, key)
-    keys = [roster_part_key(key, int(doc["slot"]), i) for i in range(int(doc["parts"]))]
-    found = get_many(keys)
-    parts = [_decode(found[k]) for k in keys if k in found]
-    body = b"".join(p["b"] for p in parts)
-    if (
-        len(parts) != len(keys)
-        or any(p["gen"] != doc["gen"] for p in parts)
-        or len(body) != doc["bytes"]
-        or hashlib.sha256(body).digest() != doc["sha256"]
-    ):
-        raise ValueError(
-            f"the panel roster's parts do not match its head ({len(parts)} of {len(keys)} "
-            "parts found): its state was cut short or altered, so no wave can be decided. "
-            "Restore the state directory from a backup"
-        )
-    roster = Roster.decode(body, sealer, key)
+    roster = Roster.decode(_parts_body(get_many, key, doc), sealer, key)
     roster.generation = int(doc["gen"])
     return roster
 

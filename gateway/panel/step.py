@@ -42,14 +42,13 @@ from gateway.grouping.live_view import StateView
 from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.keyed.keyed import Keyring
 from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
+from gateway.panel.draws import TableView, by_table
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
 from gateway.panel.measures import PanelMeasureSpec, panel_measures
 from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
 from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
 from gateway.policy import Method, Policy, RepublicationMode, Role
-from gateway.state_store.kept_states import KeptStates
 from gateway.state_store.state_api import StateStore
-from gateway.state_store.state_codec import encode_state
 
 CARRY_SALT = b"privgw/v1/panel-carry"
 
@@ -143,7 +142,6 @@ class PanelStep:
         self._store = store
         self._sealer = Sealer(carry_key)
         self._rosters = KeptRosters()
-        self.kept_states = KeptStates()  # the members' states between waves (sticky draws)
         self._claim = claim
         self._columns = columns
         self._inputs = inputs
@@ -207,9 +205,9 @@ class PanelStep:
         return panel_record_id(key, wave, repeat)
 
     def forget_partition(self, partition: int) -> None:
-        """Drop the rosters and states kept of a state partition gone to another worker."""
+        """Drop the rosters (and their draws) kept of a state partition gone to another
+        worker."""
         self._rosters.forget(partition)
-        self.kept_states.forget(partition)
 
     def _load(self, scope: int | None) -> Roster:
         return self._rosters.load(self._store.get_many, roster_key(scope), self._sealer)
@@ -378,7 +376,7 @@ class PanelStep:
         synth_cols = columns_of(records[n_in:], list(columns))
         for name, col in synth_cols.items():
             columns.setdefault(name, [None] * n_in).extend(col)
-        view = read_states(rkeys)
+        view = self._draw_view(pw, plan, rosters, rkeys, read_states)
         qi = QIDecision()
         for i, t in plan.tuples.items():
             qi.tuples[i] = t
@@ -411,7 +409,7 @@ class PanelStep:
             replayed=plan.replayed,
             wave_name=self.wave,
         )
-        self._write(view, rosters)
+        self._write(rosters)
         rows = output_rows(names, cols) if encode else []
         values_out = encode_rows(names, cols) if encode else [b""] * len(pub_rids)
         published = list(
@@ -433,16 +431,51 @@ class PanelStep:
             output=None if encode else (names, cols),
         )
 
-    def _write(self, view: StateView, rosters: dict[int | None, Roster]) -> None:
-        """The respondents' states (sticky draws) and the rosters, in one durable batch."""
-        entries = {key: encode_state(view.states[key]) for key in view.touched}
+    def _draw_view(
+        self,
+        pw: PanelWindow,
+        plan: _Plan,
+        rosters: dict[int | None, Roster],
+        rkeys: list[bytes | None],
+        read_states: Callable[[Sequence[bytes | None]], StateView],
+    ) -> TableView:
+        """The window's draws: its scopes' draw tables (rosters loaded for scopes that decide
+        nothing here, such as a record without a wave), after taking in the draws that
+        respondents the tables do not know hold in states of their own (read once)."""
+        scope_of: dict[bytes, int | None] | None = None
+        if pw.scopes is None:
+            if None not in rosters and any(key is not None for key in rkeys):
+                rosters[None] = self._load(None)
+        else:
+            scope_of = {}
+            for key, scope in zip(pw.rkeys, pw.scopes, strict=True):
+                if key is not None:
+                    scope_of[key] = scope
+            for entry in plan.imputed:
+                scope_of[rosters[entry[0]].keys[entry[2]]] = entry[0]
+            for missing in set(scope_of.values()) - set(rosters):
+                rosters[missing] = self._load(missing)
+        tables = {scope: roster.draws for scope, roster in rosters.items()}
+        unknown = [
+            (table, table.unknown([rkeys[i] for i in at]))
+            for table, at in by_table(tables, scope_of, rkeys)
+        ]
+        wanted = [key for _, keys in unknown for key in keys]
+        if wanted:
+            states = read_states(wanted).states
+            for table, keys in unknown:
+                table.absorb(keys, states)
+        return TableView(states={}, sticky=True, tables=tables, scope_of=scope_of)
+
+    def _write(self, rosters: dict[int | None, Roster]) -> None:
+        """The rosters, with their members' draws, in one durable batch."""
+        entries: dict[bytes, bytes] = {}
         keyed = {roster_key(scope): roster for scope, roster in rosters.items()}
         for key, roster in keyed.items():
             entries.update(roster_entries(roster, self._sealer, key))
         if entries:
             self._store.put_many(entries)
         self._rosters.written(entries, keyed)
-        self.kept_states.written(view.states, entries)
 
 
 def _batches(

@@ -45,6 +45,11 @@ def roster_part_key(roster: bytes, slot: int, part: int) -> bytes:
     return roster + f"{ROSTER_PART}{slot}-{part}".encode()
 
 
+def is_roster_head(key: bytes) -> bool:
+    """Whether a key holds a panel roster (whole, or the head of its parts)."""
+    return is_group_key(key) and group_id(key).rsplit(".", 1)[-1] == PANEL_ROSTER
+
+
 def is_roster_key(key: bytes) -> bool:
     """Whether a registry key holds a panel roster or one of its parts, not one group (its
     ``live`` and ``size`` count members; migrations and live-count audits leave it alone)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pytest
@@ -28,9 +29,11 @@ from gateway.errors import PolicyError
 from gateway.keyed.draw_derivation import META_NAME
 from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import linked_sets
+from gateway.panel.draws import DrawTable
 from gateway.panel.roster import Sealer, read_roster, roster_entries, roster_key
 from gateway.panel.step import CARRY_SALT
 from gateway.policy import policy_from_yaml
+from gateway.state_store.state_codec import encode_state
 from state.memory_store import MemoryStore
 
 KEY = Keyring(b"panel-mode-property-secret-01234")
@@ -388,9 +391,10 @@ def test_a_panel_whose_k_rises_merges_its_small_cohorts_whole(
 
 def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> None:
     """Panel waves on two input partitions through an engine with partition scope: it keeps each
-    partition's roster and states between waves, and after ``forget_partition(0)`` (its worker
-    lost the partition) partition 1's only; wave 3 of partition 0 then goes to another engine (the
-    partition's new owner): together they publish what one engine that forgot nothing does."""
+    partition's roster (with its members' draws) between waves, and after
+    ``forget_partition(0)`` (its worker lost the partition) partition 1's only; wave 3 of
+    partition 0 then goes to another engine (the partition's new owner): together they publish
+    what one engine that forgot nothing does."""
     p = {"n": 40, "late": 6, "waves": 3, "skip": 0.2, "change": 0.3, "seed": 7}
     waves = [
         [
@@ -412,10 +416,8 @@ def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> Non
             if handover and w == 3:
                 assert engine._panel is not None
                 kept = engine._panel._rosters.partitions
-                assert engine._panel.kept_states.partitions == {0, 1}
                 engine.forget_partition(0)
                 assert engine._panel._rosters.partitions == {1}
-                assert engine._panel.kept_states.partitions == {1}
                 by = {
                     engine: [r for r in records if r.source and r.source.partition == 1],
                     other: [r for r in records if r.source and r.source.partition == 0],
@@ -468,6 +470,57 @@ def test_a_roster_written_with_carried_maps_republishes_as_the_current_format(
     assert derivation is not None
     older.set_meta(META_NAME, derivation)
     assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
+
+
+def test_draws_kept_in_respondent_states_republish_from_the_roster() -> None:
+    """Until 2026-11-30 a panel kept each respondent's sticky draws in a state entry of its
+    own, and a respondent's state may come from another republication mode. A roster without
+    draws takes those in the first time it meets their respondents: wave 3 (present, returning
+    and imputed members) publishes the same bytes from a state rewritten in that format as from
+    the current one, and the roster then holds every draw the current one does."""
+    p = {"n": 40, "late": 6, "waves": 3, "skip": 0.3, "change": 0.3, "seed": 5}
+    waves = _waves(p)
+    policy = _policy(3)
+
+    def feed(store: MemoryStore, batches: list[list[ValidRecord]], w0: int) -> list[Any]:
+        engine = Engine(policy, keyring=KEY, store=store)
+        out: list[Any] = []
+        for w, records in enumerate(batches, start=w0):
+            res = engine.protect_window(records, now=100.0 * w, flush_all=True)
+            out.extend((r.record_id, r.value, r.key) for r in res.published)
+        return out
+
+    current = MemoryStore()
+    feed(current, waves[:2], 1)
+    sealer = Sealer(KEY.hkdf(CARRY_SALT, b"aes-256-gcm"))
+    key = roster_key(None)
+    roster = read_roster(current.get_many, key, sealer)
+    states: dict[bytes, dict[str, Any]] = {}
+    for kind, name, respondent, digest, value in roster.draws.entries():
+        states.setdefault(respondent, {}).setdefault(kind, {}).setdefault(name, {})[
+            digest.hex()
+        ] = value
+    assert len(states) > 30 and all("rr" in s for s in states.values())
+    held = len(list(roster.draws.entries()))
+    roster.draws = DrawTable()
+    [(_, body)] = roster_entries(roster, sealer, key).items()
+    doc = msgspec.msgpack.decode(body)
+    del doc["draws"]  # the format before: no draws in the roster
+    older = MemoryStore()
+    older.put_many(
+        {
+            **dict(current.items()),
+            key: msgspec.msgpack.encode(doc),
+            **{k: encode_state(s) for k, s in states.items()},
+        }
+    )
+    older.set_meta(META_NAME, current.meta(META_NAME) or b"")
+    assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
+    after = read_roster(older.get_many, key, sealer).draws
+    now = read_roster(current.get_many, key, sealer).draws
+    assert len(list(after.entries())) >= held
+    # the same draws (numbered in the order their respondents were met)
+    assert sorted(map(repr, after.entries())) == sorted(map(repr, now.entries()))
 
 
 @given(panels())

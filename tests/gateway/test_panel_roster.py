@@ -15,6 +15,7 @@ from gateway.panel.roster import (
     Outcome,
     Roster,
     Sealer,
+    drop_roster_draws,
     read_roster,
     roster_entries,
     roster_key,
@@ -90,7 +91,17 @@ def test_an_empty_roster_round_trips() -> None:
 
 
 # -- a roster written in parts -------------------------------------------------------------
-COLUMNS = ("keys", "cohort", "active", "streak", "seen", "linked", "carried", "next_cohort")
+COLUMNS = (
+    "keys",
+    "cohort",
+    "active",
+    "streak",
+    "seen",
+    "linked",
+    "carried",
+    "next_cohort",
+    "draws",
+)
 
 
 def _grown(members: int, seed: int) -> Roster:
@@ -102,6 +113,9 @@ def _grown(members: int, seed: int) -> Roster:
         r.add(i.to_bytes(32, "big"), i // 3, 1, [[float(i), text], {"occ": text}, 1.5, 1])
     r.linked = [{i - i % 3, i - i % 3 + 1} for i in range(members)]
     r.decided(Outcome(1, np.arange(members, dtype=np.int32) // 3, [[1.0, "x"]], [2.0]))
+    digests = [(bytes([j]) * 16, (bytes([j]) * 16).hex()) for j in rng.integers(0, 9, members)]
+    r.draws.put("rr", "income", r.keys, digests, [[">50K", "v1"]] * members)
+    r.draws.put("noise", "pay", r.keys[::2], digests[::2], rng.normal(size=members)[::2].tolist())
     return r
 
 
@@ -173,6 +187,30 @@ def test_a_write_cut_short_leaves_the_previous_roster_or_is_refused(
     del store[new[min(cut, len(new) - 2)][0]]
     with pytest.raises(ValueError, match="do not match its head"):
         read_roster(store.get_many, key, sealer)
+
+
+@settings(max_examples=30, deadline=None)
+@given(members=st.integers(0, 80), part_bytes=st.integers(256, 4096), seed=st.integers(0, 99))
+def test_a_policy_upgrade_drops_an_attributes_draws_and_keeps_the_rest_of_the_roster(
+    members: int, part_bytes: int, seed: int
+) -> None:
+    """Without the secret, whole or in parts (written to the other slot, head last): the
+    roster reads back the same but for that attribute's draws, counted one a pair."""
+    sealer, key = Sealer(b"k" * 32), roster_key(3)
+    r = _grown(members, seed)
+    store = _Dict(roster_entries(r, sealer, key, part_bytes=part_bytes))
+    entries, gone = drop_roster_draws(
+        store.get_many, key, ["income", "other"], part_bytes=part_bytes
+    )
+    assert gone == ({"income": members} if members else {})
+    store.update(entries)
+    back = read_roster(store.get_many, key, sealer)
+    r.draws.drop(["income"])
+    _same(back, r)
+    assert ("rr", "income") not in back.draws.columns
+    if entries and len(entries) > 1:  # in parts: the next generation, in the other slot
+        assert back.generation == 2 and list(entries)[-1] == key
+    assert drop_roster_draws(store.get_many, key, ["income"], part_bytes=part_bytes) == ({}, {})
 
 
 def test_a_roster_stored_whole_is_read_and_then_written_in_parts() -> None:

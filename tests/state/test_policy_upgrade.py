@@ -223,6 +223,34 @@ def test_a_new_mechanism_draws_afresh_counted_as_a_privacy_event(
     _fresh_draws_equal_a_new_state(policy, "income", state, tmp_path)
 
 
+def test_a_panels_draws_of_a_new_mechanism_are_dropped_from_its_roster(tmp_path: Path) -> None:
+    """The shipped panel policy keeps its members' draws with the roster: the migration drops
+    the attribute's draws there (counted, one a respondent), wave 2 then draws it as a new
+    state does, and the other randomized attribute republishes as before."""
+    base = policy_from_yaml(SHIPPED.read_text())
+    new = policy_from_yaml(
+        SHIPPED.read_text().replace(INCOME, INCOME.replace('">50K"]', '">50K", "refused"]'))
+    )
+    assert base.republication.mode.value == "panel" and new.version != base.version
+    state, copy, fresh = (tmp_path / name for name in ("state", "copy", "fresh"))
+    for path in (state, fresh):
+        path.mkdir()
+    assert check_policy(state, "sqlite", None, base, accept=None).outcome is Outcome.NEW
+    protect(base, state, WAVES[0])
+    shutil.copytree(state, copy)
+    check = check_policy(state, "sqlite", None, new, accept=new.version)
+    assert check.outcome is Outcome.UPGRADED and check.upgrade.fresh_draws == ["income"]
+    assert check.report.draws_dropped["income"] == len({r["respondent_id"] for r in WAVES[0]})
+    before = {r["record_id"]: r for r in protect(base, copy, WAVES[1])}
+    after = {r["record_id"]: r for r in protect(new, state, WAVES[1])}
+    drawn = {r["record_id"]: r for r in protect(new, fresh, WAVES[1])}
+    both = after.keys() & drawn.keys()
+    assert len(both) > 0.9 * len(WAVES[1])
+    assert all(after[rid]["income"] == drawn[rid]["income"] for rid in both)
+    assert any(after[rid]["income"] != before[rid]["income"] for rid in both)
+    assert all(after[rid]["occupation"] == before[rid]["occupation"] for rid in after)
+
+
 def test_a_new_quasi_identifier_regroups_everyone(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
