@@ -66,9 +66,8 @@ from gateway.policy import (
     Pseudonym,
     Role,
 )
-from gateway.state_store.kept_states import KeptStates
 from gateway.state_store.state_api import StateStore
-from gateway.state_store.state_codec import registry_counts
+from gateway.state_store.state_codec import decode_state, registry_counts
 from gateway.state_store.state_keys import group_id, group_key, scoped_key
 from gateway.state_store.window_state import write_states
 
@@ -400,13 +399,11 @@ class Engine:
                     rkeys[i] = scoped_key(self._parts[i], rkeys[i] or b"")
         return rkeys, keys.draws, keys
 
-    def _read_states(
-        self, rkeys: Sequence[bytes | None], sticky: bool, *, kept: KeptStates | None = None
-    ) -> StateView:
-        """The window's respondents' states (decoded, or ``kept``), its view of live counts."""
+    def _read_states(self, rkeys: Sequence[bytes | None], sticky: bool) -> StateView:
+        """The window's respondents' states, its view of live counts."""
         wanted = sorted({key for key in rkeys if key is not None})
         found = self._store.get_many(wanted) if self._store is not None else {}
-        states = (kept if kept is not None else KeptStates(limit=0)).decoded(found)
+        states = {key: decode_state(raw) for key, raw in found.items()}
         if len(self._group_sizes) > DIGEST_CACHE_LIMIT:
             self._group_sizes.clear()
         return StateView(
