@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
@@ -29,7 +28,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.panel.ageing import Transitions, nominal_of, with_combo
+from gateway.panel.ageing import Transitions, nominal_of
+from gateway.panel.carried import CarryBlock
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
 from gateway.policy import MISSING_LABEL
@@ -61,8 +61,18 @@ class Present:
 
     keys: Sequence[bytes]
     rows: Sequence[list[object]]
-    carry: Sequence[list[Any]]  # what an absent member is carried forward with (Roster.carried)
+    carry: CarryBlock  # what an absent member is carried forward with (Roster.carried)
     sampling: Sequence[float]  # sampling weights (1.0 without one)
+
+    def claim_columns(self, at: Sequence[int]) -> list[list[object]]:
+        """The claim rows at ``at``, one list an attribute."""
+        rows = self.rows
+        width = len(rows[0]) if rows else 0
+        return [[rows[i][j] for i in at] for j in range(width)]
+
+    def carry_at(self, at: Sequence[int]) -> CarryBlock:
+        """What the respondents at ``at`` carry."""
+        return CarryBlock(self.carry.names_id, [[col[i] for i in at] for col in self.carry.columns])
 
 
 @dataclass(slots=True)
@@ -95,27 +105,34 @@ def decide_wave(
     rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
     nominal = nominal_of(numeric)
-    returned = 0
-    # the roster's columns as locals: this loop runs once per present member
-    carried, seen, active, streak = roster.carried, roster.seen, roster.active, roster.streak
-    observe, previous = transitions.observe, wave - 1
-    for row, claim, carry, sw in zip(
-        rows_of, present.rows, present.carry, present.sampling, strict=True
-    ):
-        if row is None:
-            continue
-        last = carried[row]
-        if seen[row] == previous and int(last[3]) == previous:
-            observe(nominal(last[0]), nominal(claim))
-        returned += not active[row]
-        active[row] = True
-        streak[row] = 0
-        seen[row] = wave
-        carried[row] = [list(claim), carry, sw, wave]
+    carried = roster.carried
+    # the members present: their moves observed, then their rows overwritten, a column at a time
+    back = [i for i, row in enumerate(rows_of) if row is not None]
+    at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
+    seen = np.asarray(roster.seen, dtype=np.int64)
+    active = np.asarray(roster.active, dtype=np.bool_)
+    moved = np.flatnonzero((seen[at] == wave - 1) & (carried.observed[at] == wave - 1))
+    observe = transitions.observe
+    before = carried.combos(at[moved], _categorical(numeric))
+    for b, i in zip(before, moved.tolist(), strict=True):
+        observe(b, nominal(present.rows[back[i]]))
+    returned = int(np.count_nonzero(~active[at]))
+    if at.size:
+        active[at] = True
+        seen[at] = wave
+        streak = np.asarray(roster.streak, dtype=np.int64)
+        streak[at] = 0
+        roster.active, roster.seen, roster.streak = active.tolist(), seen.tolist(), streak.tolist()
+        carried.assign(
+            at,
+            present.claim_columns(back),
+            present.carry_at(back),
+            [present.sampling[i] for i in back],
+            wave,
+        )
     transitions.freeze()
-    here = set(rows_of)
-    here.discard(None)
-    absent = [r for r, on in enumerate(active) if on and r not in here]
+    active[at] = False  # (a local copy: the roster's is written) the absent, active members
+    absent = np.flatnonzero(active).tolist()
     _age(roster, absent, transitions=transitions, numeric=numeric, uniforms=uniforms, wave=wave)
     members = roster.members()
     retired = _retire(roster, absent, rules, members)
@@ -138,7 +155,7 @@ def decide_wave(
         members = roster.members()
     out = _publish(roster, members, rules, centroids)
     class_of = out.class_of_row.tolist()
-    imputed_rows = [r for r in absent if active[r]]
+    imputed_rows = [r for r in absent if roster.active[r]]
     outcome = WaveOutcome(
         present_class=[-1 if r is None else class_of[r] for r in rows_of],
         imputed_rows=imputed_rows,
@@ -172,12 +189,18 @@ def _age(
     if not absent:
         return
     draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
-    nominal = nominal_of(numeric)
-    last = [nominal(roster.carried[r][0]) for r in absent]
-    for r, combo in zip(absent, transitions.age(last, draws), strict=True):
+    rows = np.asarray(absent, dtype=np.intp)
+    nominal = _categorical(numeric)
+    aged = transitions.age(roster.carried.combos(rows, nominal), draws)
+    for t, j in enumerate(nominal):
+        roster.carried.set_claim(j, rows, [combo[t] for combo in aged])
+    for r in absent:
         roster.streak[r] += 1
-        carried = roster.carried[r]
-        carried[0] = with_combo(carried[0], numeric, combo)
+
+
+def _categorical(numeric: Sequence[bool]) -> list[int]:
+    """The claim's nominal positions."""
+    return [j for j, is_num in enumerate(numeric) if not is_num]
 
 
 def _retire(
@@ -217,16 +240,17 @@ def _enter(
         return 0
     k = rules.k
     if len(new_idx) >= k:
-        sub = [[present.rows[i][j] for i in new_idx] for j in range(len(rules.numeric))]
+        claim = present.claim_columns(new_idx)
         size = k + rules.slack if len(new_idx) >= k + rules.slack else len(new_idx)
-        labels = partition(sub, size)
+        labels = partition(claim[: len(rules.numeric)], size)
         base = roster.next_cohort
-        rows = present.rows
         added = roster.add_many(
             [present.keys[i] for i in new_idx],
             (labels + base).tolist(),
-            wave,
-            [[list(rows[i]), present.carry[i], present.sampling[i], wave] for i in new_idx],
+            wave=wave,
+            claim=claim,
+            carry=present.carry_at(new_idx),
+            sampling=[present.sampling[i] for i in new_idx],
         )
         for i, row in zip(new_idx, added, strict=True):
             rows_of[i] = row
@@ -241,8 +265,10 @@ def _enter(
         rows_of[i] = roster.add(
             present.keys[i],
             c,
-            wave,
-            [list(present.rows[i]), present.carry[i], present.sampling[i], wave],
+            wave=wave,
+            claim=present.rows[i],
+            carry=present.carry_at([i]),
+            sampling=present.sampling[i],
         )
     return len(new_idx)
 
@@ -283,10 +309,10 @@ def _centres(
     rows: list[list[object]] = []
     allnum: list[list[float]] = []
     for c in cohorts:
-        vals = [roster.carried[r][0] for r in members[c]]
+        cols = roster.carried.claim_columns(np.asarray(members[c], dtype=np.intp))
         centre: list[object] = []
         for j, is_num in enumerate(numeric):
-            col = [v[j] for v in vals]
+            col = cols[j]
             if is_num:
                 centre.append(float(np.mean(np.asarray(col, dtype=np.float64))))
             else:
@@ -338,10 +364,8 @@ def _publish(
         return _Published(class_of_row, [], [], {}, np.zeros(0, dtype=np.int64))
     rows = [r for c in cohorts for r in members[c]]
     labels = np.repeat(np.arange(len(cohorts)), [len(members[c]) for c in cohorts])
-    # the claim rows as columns, built once (zip: in C) for the centroids and the raking; the
-    # claim's own columns only, as indexing them by position did
-    claims = zip(*(roster.carried[r][0] for r in rows), strict=False)
-    cols = [list(col) for col in itertools.islice(claims, len(rules.numeric))]
+    # the claim as columns, gathered once for the centroids and the raking
+    cols = roster.carried.claim_columns(np.asarray(rows, dtype=np.intp))[: len(rules.numeric)]
     tuples = centroids(cols, labels)
     # one class per distinct published tuple (two cohorts publishing the same are one class)
     class_index: dict[tuple[Any, ...], int] = {}
@@ -385,7 +409,7 @@ def _weights(
     """Raked weights per class, and what they achieve."""
     cls = class_of_row[rows]
     n_classes = len(class_sizes)
-    sw = np.asarray([float(roster.carried[r][2]) for r in rows], dtype=np.float64)
+    sw = roster.carried.sampling[np.asarray(rows, dtype=np.intp)]
     sizes = class_sizes.astype(np.float64)
     base = np.bincount(cls, weights=sw, minlength=n_classes) / np.maximum(sizes, 1)
     margins: list[NDArray[np.int64]] = []

@@ -72,7 +72,7 @@ def extended(
             picks[j] = pool[min(int(u * len(pool)), len(pool) - 1)] if pool else None
     for j, (scope, wave, row, _, _, _) in enumerate(imputed):
         roster = rosters[scope]
-        carried = roster.carried_values(row)
+        carried = roster.carried.values_of(row)
         donor = picks[j]
         for name in others:
             col = pw.columns.get(name)

@@ -31,6 +31,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway.panel.carried import Carried, CarryBlock
 from gateway.panel.draws import DrawTable, drop_draws
 from gateway.state_store.kept_states import KeptByKey
 from gateway.state_store.state_keys import group_key, roster_group_id, roster_part_key
@@ -110,12 +111,9 @@ class Roster:
     # never changed in place: a cohort's members whose sets are equal share one object, so a
     # wave intersects, and the encoding sorts, each distinct set once
     linked: list[Set[int]] = field(default_factory=list)
-    # per row: [claim row, carried values, sampling weight, wave the values were observed in
-    # (an imputed row keeps its last observation's)]; the carried values as [i, v1, v2, ...],
-    # the raw values of the attributes carry_names[i] (their names once a roster, not once a
-    # member: 44 % fewer bytes), or, as written before 2026-11-29, as one map a member
-    carried: list[list[Any]] = field(default_factory=list)
-    carry_names: list[list[str]] = field(default_factory=list)
+    # what each row is carried forward with: claim, carried values, sampling weight, wave the
+    # values were observed in, as columns (gateway.panel.carried)
+    carried: Carried = field(default_factory=Carried)
     next_cohort: int = 0
     # the newest decided waves' outcomes, oldest first: a crash can lose the outputs of the
     # last windows (a backlog decides several waves in one), which a replay publishes again
@@ -137,41 +135,43 @@ class Roster:
         self.row_of(b"")  # the index, built if stale
         return list(map(self._index.get, keys))
 
-    def names_id(self, names: list[str]) -> int:
-        """The index of a list of carried attributes' names in ``carry_names`` (added if new:
-        a roster sees a handful, the policy's attributes a window holds)."""
-        for i, known in enumerate(self.carry_names):
-            if known == names:
-                return i
-        self.carry_names.append(list(names))
-        return len(self.carry_names) - 1
-
-    def carried_values(self, row: int) -> dict[str, Any]:
-        """The raw values, by attribute, that the member at ``row`` is carried forward with (a
-        new map)."""
-        values = self.carried[row][1]
-        if isinstance(values, dict):  # written before 2026-11-29
-            return dict(values)
-        return dict(zip(self.carry_names[values[0]], values[1:], strict=True))
-
-    def add(self, key: bytes, cohort: int, wave: int, carried: list[Any]) -> int:
-        """A new member, active, seen in ``wave``; its row."""
-        return self.add_many([key], [cohort], wave, [carried])[0]
+    def add(
+        self,
+        key: bytes,
+        cohort: int,
+        *,
+        wave: int,
+        claim: Sequence[Any],
+        carry: CarryBlock,
+        sampling: float,
+    ) -> int:
+        """A new member, active, seen in ``wave``; its row. ``carry``: a block of one."""
+        return self.add_many(
+            [key], [cohort], wave=wave, claim=[[v] for v in claim], carry=carry, sampling=[sampling]
+        )[0]
 
     def add_many(
-        self, keys: list[bytes], cohorts: list[int], wave: int, carried: list[list[Any]]
+        self,
+        keys: list[bytes],
+        cohorts: list[int],
+        *,
+        wave: int,
+        claim: Sequence[Sequence[Any]],
+        carry: CarryBlock,
+        sampling: Sequence[float],
     ) -> range:
-        """New members in order (the lists extended at once); their rows."""
+        """New members in order (``claim`` one column an attribute, ``carry`` and ``sampling``
+        aligned with ``keys``); their rows."""
         start, n = len(self.keys), len(keys)
-        if not len(cohorts) == len(carried) == n:
-            raise ValueError("add_many: one cohort and one carried row per key")
+        if not len(cohorts) == len(sampling) == n:
+            raise ValueError("add_many: one cohort and one sampling weight per key")
         self.keys.extend(keys)
         self.cohort.extend(cohorts)
         self.active.extend([True] * n)
         self.streak.extend([0] * n)
         self.seen.extend([wave] * n)
         self.linked.extend([_NO_ROWS] * n)
-        self.carried.extend(carried)
+        self.carried.extend(claim, carry, sampling, wave)
         self._index.update(zip(keys, range(start, start + n), strict=True))
         return range(start, start + n)
 
@@ -219,11 +219,9 @@ class Roster:
             "seen": np.asarray(self.seen, dtype=np.int32).tobytes(),
             "lsize": linked_sizes.tobytes(),
             "lflat": linked_flat.tobytes(),
-            "carried": sealer.seal(_encode(self.carried), context),
+            "carried": sealer.seal(_encode(self.carried.to_doc()), context),
             "next": self.next_cohort,
         }
-        if self.carry_names:
-            doc["cnames"] = self.carry_names
         doc["draws"] = self.draws.to_doc()
         doc["outs"] = [
             {
@@ -280,8 +278,7 @@ class Roster:
             streak=np.frombuffer(doc["streak"], dtype=np.int16).tolist(),
             seen=np.frombuffer(doc["seen"], dtype=np.int32).tolist(),
             linked=linked,
-            carried=[list(c) for c in _decode(sealer.open(doc["carried"], context))],
-            carry_names=[list(names) for names in doc.get("cnames", ())],
+            carried=_carried(_decode(sealer.open(doc["carried"], context)), doc),
             next_cohort=int(doc["next"]),
             outcomes=outcomes,
             draws=DrawTable.from_doc(doc["draws"]) if "draws" in doc else DrawTable(),
@@ -289,6 +286,14 @@ class Roster:
 
 
 _NO_ROWS: frozenset[int] = frozenset()
+
+
+def _carried(opened: Any, doc: Mapping[str, Any]) -> Carried:
+    """The carried columns; rows as written before 2026-11-30 (one list a member, the names'
+    lists in the roster's ``cnames``) are read as they are."""
+    if isinstance(opened, dict):
+        return Carried.from_doc(opened)
+    return Carried.from_rows(opened, doc.get("cnames", ()))
 
 
 def _linked_columns(linked: Sequence[Set[int]]) -> tuple[NDArray[np.int32], NDArray[np.int32]]:

@@ -41,6 +41,7 @@ from gateway.grouping.decision import QIDecision
 from gateway.grouping.live_view import StateView
 from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.keyed.keyed import Keyring
+from gateway.panel.carried import CarryBlock
 from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
 from gateway.panel.draws import TableView, by_table
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
@@ -295,20 +296,18 @@ class PanelStep:
         for name, value in out.measures.items():
             plan.measures[name] = _combine(name, plan.measures.get(name), value)
 
-    def _carry(self, pw: PanelWindow, rows: list[int], roster: Roster) -> list[list[Any]]:
+    def _carry(self, pw: PanelWindow, rows: list[int], roster: Roster) -> CarryBlock:
         """What each respondent at ``rows`` is carried forward with (``Roster.carried``)."""
-        if not rows:
-            return []
         names = [n for n in self._carried if n in pw.columns]
         take = take_at(rows)  # gathered column by column (itemgetter: in C)
-        cols = [take(pw.columns[n]) for n in names]
+        cols: list[Sequence[Any]] = [take(pw.columns[n]) for n in names] if rows else []
         if (pseudonym := self._pseudonym) is not None:
             names.append(PSEUDONYM)
             ids = [pw.records[i].respondent_id for i in rows]
             cols.append(tuple(None if rid is None else pseudonym(rid) for rid in ids))
-        nid = roster.names_id(names)
-        rows_of = zip(*cols, strict=True) if cols else ((),) * len(rows)
-        return [[nid, *values] for values in rows_of]
+        if not rows:
+            cols = [() for _ in names]
+        return CarryBlock(roster.carried.names_id(names), cols)
 
     def _sampling_weights(self, pw: PanelWindow, rows: list[int]) -> list[float]:
         col = pw.columns.get(self._sampling) if self._sampling is not None else None

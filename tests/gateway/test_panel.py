@@ -434,12 +434,15 @@ def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> Non
 
 
 @pytest.mark.parametrize("pseudonym", ["drop", "hmac"])
-def test_a_roster_written_with_carried_maps_republishes_as_the_current_format(
-    pseudonym: str,
+@pytest.mark.parametrize("layout", ["maps", "lists"])
+def test_a_roster_written_with_carried_rows_republishes_as_the_current_format(
+    pseudonym: str, layout: str
 ) -> None:
-    """Rosters written before 2026-11-29 carried each member's values as one map; they are
-    read as they are: wave 3 (absent members imputed from their carried values) publishes the
-    same bytes from a roster rewritten in that format as from the current one."""
+    """Rosters carried each member's values as a row ``[claim, values, sampling weight, wave]``
+    until 2026-11-30, the values as one map a member before 2026-11-29 (``maps``) and as a
+    list with the names once a roster after (``lists``); they are read as they are: wave 3
+    (absent members imputed from their carried values) publishes the same bytes from a roster
+    rewritten in that format as from the current one."""
     p = {"n": 40, "late": 6, "waves": 3, "skip": 0.3, "change": 0.3, "seed": 11}
     waves = _waves(p)
     text = _text(3) + f"output: {{pseudonym: {pseudonym}}}\n"
@@ -455,20 +458,28 @@ def test_a_roster_written_with_carried_maps_republishes_as_the_current_format(
 
     current = MemoryStore()
     feed(current, waves[:2], 1)
-    older = MemoryStore()
     sealer = Sealer(KEY.hkdf(CARRY_SALT, b"aes-256-gcm"))
-    entries = dict(current.items())
     key = roster_key(None)
     roster = read_roster(current.get_many, key, sealer)
-    assert roster.carry_names and all(isinstance(c[1], list) for c in roster.carried)
-    for row, carried in enumerate(roster.carried):  # the format before: one map a member
-        carried[1] = {n: v for n, v in roster.carried_values(row).items() if v is not None}
-    roster.carry_names = []
-    entries.update(roster_entries(roster, sealer, key))
-    older.put_many(entries)
+    carried = roster.carried
+    rows = carried.rows_as_lists()
+    assert len(rows) > 30
+    doc = msgspec.msgpack.decode(roster.encode(sealer, key))
+    if layout == "maps":  # one map a member, its missing values left out
+        old = [[c, {n: v for n, v in m.items() if v is not None}, w, o] for c, m, w, o in rows]
+    else:
+        nid = carried.nid.tolist()
+        old = [[c, [nid[i], *m.values()], w, o] for i, (c, m, w, o) in enumerate(rows)]
+        doc["cnames"] = carried.names
+    doc["carried"] = sealer.seal(msgspec.msgpack.encode(old), key)
+    older = MemoryStore()
+    older.put_many({**dict(current.items()), key: msgspec.msgpack.encode(doc)})
     derivation = current.meta(META_NAME)  # the draw derivation the state is bound to
     assert derivation is not None
     older.set_meta(META_NAME, derivation)
+    assert read_roster(older.get_many, key, sealer).carried.rows_as_lists() == (
+        rows if layout == "lists" else [[c, dict(m), w, o] for c, m, w, o in old]
+    )
     assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
 
 

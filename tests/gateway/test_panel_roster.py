@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.panel.carried import CarryBlock
 from gateway.panel.roster import (
     Outcome,
     Roster,
@@ -28,10 +29,9 @@ CANARY = "Canary-Value-7f3a"
 
 def _roster() -> Roster:
     r = Roster()
+    carry = CarryBlock(r.carried.names_id(["occ", "pay"]), [[CANARY], [1234.5]])
     for i in range(7):
-        r.add(
-            bytes([i]) * 32, i // 5, 1, [[40.0 + i, CANARY], {"occ": CANARY, "pay": 1234.5}, 2.0, 1]
-        )
+        r.add(bytes([i]) * 32, i // 5, wave=1, claim=[40.0 + i, CANARY], carry=carry, sampling=2.0)
     r.linked = [set(range(5)) for _ in range(5)] + [{5, 6}, {5, 6}]
     r.active[6] = False
     r.streak[3] = 2
@@ -87,7 +87,9 @@ def test_a_migration_and_a_live_count_audit_leave_the_roster_alone() -> None:
 def test_an_empty_roster_round_trips() -> None:
     sealer, key = Sealer(b"k" * 32), roster_key(None)
     back = Roster.decode(Roster().encode(sealer, key), sealer, key)
-    assert back.keys == [] and back.linked == [] and back.carried == [] and back.last_wave is None
+    assert (
+        back.keys == [] and back.linked == [] and not len(back.carried) and back.last_wave is None
+    )
 
 
 # -- a roster written in parts -------------------------------------------------------------
@@ -108,9 +110,15 @@ def _grown(members: int, seed: int) -> Roster:
     """A roster of ``members`` with carried values of varied sizes and a decided wave."""
     rng = np.random.default_rng(seed)
     r = Roster()
-    for i in range(members):
-        text = CANARY * int(rng.integers(0, 4))
-        r.add(i.to_bytes(32, "big"), i // 3, 1, [[float(i), text], {"occ": text}, 1.5, 1])
+    texts = [CANARY * int(rng.integers(0, 4)) for _ in range(members)]
+    r.add_many(
+        [i.to_bytes(32, "big") for i in range(members)],
+        [i // 3 for i in range(members)],
+        wave=1,
+        claim=[[float(i) for i in range(members)], texts],
+        carry=CarryBlock(r.carried.names_id(["occ"]), [texts]),
+        sampling=[1.5] * members,
+    )
     r.linked = [{i - i % 3, i - i % 3 + 1} for i in range(members)]
     r.decided(Outcome(1, np.arange(members, dtype=np.int32) // 3, [[1.0, "x"]], [2.0]))
     digests = [(bytes([j]) * 16, (bytes([j]) * 16).hex()) for j in rng.integers(0, 9, members)]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import NewTopic
 
+from gateway.panel.carried import CarryBlock
 from gateway.panel.roster import Roster, Sealer, read_roster, roster_entries, roster_key
 from gateway.state_store.state_codec import encode_state
 from gateway.state_store.state_keys import state_key_partition
@@ -106,7 +107,7 @@ ADULT_LIKE = {
 
 
 async def _roster_round_trip(bootstrap: str, topic: str, tmp: Path) -> None:
-    """A panel roster of 4,000 members (1.2 MB), then of 5,000, goes through the changelog in
+    """A panel roster of 6,000 members (1.2 MB), then of 7,000, goes through the changelog in
     parts each under Kafka's default 1 MiB record limit, and is restored
     whole."""
     settings = WorkerSettings(bootstrap=bootstrap)
@@ -122,16 +123,19 @@ async def _roster_round_trip(bootstrap: str, topic: str, tmp: Path) -> None:
     source = RocksStore(tmp / "source", changelog=KafkaChangelog(producer, loop, topic, [1]))
     roster = Roster()
     try:
-        for wave, members in ((1, 4000), (2, 1000)):  # two writes: the parts change slot
+        for wave, members in ((1, 6000), (2, 1000)):  # two writes: the parts change slot
             start = len(roster.keys)
+            names = [*ADULT_LIKE, "hours"]
+            carried = [[ADULT_LIKE[n]] * members for n in ADULT_LIKE] + [
+                [i % 60 for i in range(members)]
+            ]
             roster.add_many(
                 [hashlib.sha256(b"member %d" % i).digest() for i in range(start, start + members)],
                 [i // 5 for i in range(start, start + members)],
-                wave,
-                [
-                    [[30.0 + i % 40, "Private"], dict(ADULT_LIKE, hours=i % 60), 1.25, wave]
-                    for i in range(members)
-                ],
+                wave=wave,
+                claim=[[30.0 + i % 40 for i in range(members)], ["Private"] * members],
+                carry=CarryBlock(roster.carried.names_id(names), carried),
+                sampling=[1.25] * members,
             )
             entries = roster_entries(roster, sealer, key)
             assert sum(map(len, entries.values())) > 1024 * 1024  # more than one Kafka record
@@ -145,7 +149,7 @@ async def _roster_round_trip(bootstrap: str, topic: str, tmp: Path) -> None:
     restored = RocksStore(tmp / "restored")
     await restore_partitions({1: restored}, settings, topic)
     back = read_roster(restored.get_many, key, sealer)
-    assert back.keys == roster.keys and back.carried == roster.carried and len(back.keys) == 5000
+    assert back.keys == roster.keys and back.carried == roster.carried and len(back.keys) == 7000
     assert back.generation == 2
     restored.close()
 
