@@ -13,7 +13,7 @@ import numpy as np
 
 from gateway.keyed.randomness import normals_from_uniforms
 from gateway.mechanisms import masking
-from gateway.mechanisms.protection import Draws, Protection, Published, finite
+from gateway.mechanisms.protection import Draws, Protection, Published, finite_list
 from gateway.policy import Attribute, CodingSpec, NoiseSpec
 
 
@@ -39,7 +39,7 @@ class Noise(Protection):
 
     def apply(self, values: list[Any], draws: Draws) -> Published:
         name, rand = self.name, draws.rand
-        arr = np.array([np.nan if v is None else float(v) for v in values])
+        arr = np.array(values, dtype=np.float64)  # (None: NaN)
         if self.coding is not None:  # top/bottom coding first, then noise on the coded values
             arr = masking.top_bottom_code(arr, self.coding)
         sd = masking.noise_sd(arr, self.spec)
@@ -65,13 +65,13 @@ class Noise(Protection):
             u2 = rand.uniform(f"noise/{name}/2", len(fresh))
         step = self.step
         if step is not None and hits:  # stored before the policy rounded: idempotent
-            kept = np.array([np.nan if v is None else v for v in out], dtype=np.float64)
-            out = [finite(v) for v in masking.round_to(kept, step).tolist()]
+            kept = np.array(out, dtype=np.float64)  # (None: NaN)
+            out = finite_list(masking.round_to(kept, step))
         if fresh:
             noisy = masking.add_noise(arr[fresh], sd, normals_from_uniforms(u1, u2))
             if step is not None:  # after the noise: the stored value is the published one
                 noisy = masking.round_to(noisy, step)
-            drawn = [finite(v) for v in noisy.tolist()]
+            drawn = finite_list(noisy)
             for i, v in zip(fresh, drawn, strict=True):
                 out[i] = v
             draws.keep("noise", name, digests=vds, fresh=fresh, drawn=drawn)

@@ -20,6 +20,7 @@ from itertools import compress, count, repeat
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from gateway.keyed.randomness import UniformSource
 from gateway.mechanisms.sticky import DrawnStates, StoredDraws
@@ -145,3 +146,12 @@ def finite(v: float | np.floating[Any]) -> float | None:
     """A published number: None for NaN and infinities."""
     f = float(v)
     return f if math.isfinite(f) else None
+
+
+def finite_list(values: NDArray[np.float64]) -> list[float | None]:
+    """:func:`finite` of each value (the column converted in C, the few non-finite ones
+    replaced after)."""
+    out: list[float | None] = values.tolist()
+    for i in np.flatnonzero(~np.isfinite(values)).tolist():
+        out[i] = None
+    return out

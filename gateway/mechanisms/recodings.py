@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from gateway.mechanisms import masking
-from gateway.mechanisms.protection import Draws, Protection, Published, finite
+from gateway.mechanisms.protection import Draws, Protection, Published, finite, finite_list
 from gateway.policy import Attribute, CodingSpec, HierarchySpec, TimeUnit
 
 
@@ -62,7 +62,7 @@ class RoundTo(Protection):
 
     def apply(self, values: list[Any], draws: Draws) -> Published:
         arr = np.array([np.nan if v is None else float(v) for v in values])
-        return Published([finite(v) for v in masking.round_to(arr, self.step).tolist()])
+        return Published(finite_list(masking.round_to(arr, self.step)))
 
 
 @dataclass(frozen=True)

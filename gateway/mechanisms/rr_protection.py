@@ -51,8 +51,7 @@ class RandomizedResponse(Protection):
         """The published values, sticky hits, retention, and the matrix version each value
         was drawn under (a stored draw keeps the version it was drawn with)."""
         name, codes_of = self.name, self.codes
-        missing_code = codes_of.get(MISSING_LABEL, -1)
-        code_list = [missing_code if v is None else codes_of[str(v)] for v in values]
+        code_list = self._codes(values)
         codes = np.array(code_list, dtype=np.int64)
         out: list[Any]
         hits = 0
@@ -84,13 +83,22 @@ class RandomizedResponse(Protection):
             draws.keep("rr", name, digests=vds, fresh=fresh, drawn=drawn, version=current)
         return Published(out, hits, kept_share(codes_of, codes, out), under)
 
+    def _codes(self, values: Sequence[object]) -> list[int]:
+        """Each value's category code (a missing value: the missing label's, else -1)."""
+        codes_of = self.codes
+        missing_code = codes_of.get(MISSING_LABEL, -1)
+        lookup: dict[object, int] = dict(codes_of.items())
+        lookup[None] = missing_code
+        try:  # validated values are the categories' strings: looked up in C
+            return list(map(lookup.__getitem__, values))
+        except (KeyError, TypeError):  # another type of value, as its text
+            return [missing_code if v is None else codes_of[str(v)] for v in values]
+
     def retention(
         self, values: Sequence[object], published: Sequence[Any]
     ) -> tuple[float, int] | None:
-        codes_of = self.codes
-        missing_code = codes_of.get(MISSING_LABEL, -1)
-        codes = np.array([missing_code if v is None else codes_of[str(v)] for v in values])
-        return kept_share(codes_of, codes.astype(np.int64), published)
+        codes = np.array(self._codes(values), dtype=np.int64)
+        return kept_share(self.codes, codes, published)
 
 
 def kept_share(

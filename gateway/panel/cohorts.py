@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.panel.ageing import Transitions, nominal_of
-from gateway.panel.carried import CarryBlock
+from gateway.panel.carried import CarryBlock, objects
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
 from gateway.policy import MISSING_LABEL
@@ -173,7 +173,7 @@ def decide_wave(
     m["panel_returned"] = float(returned)
     m["panel_joined"] = float(joined)
     m["panel_transition_pairs"] = float(transitions.pairs)
-    m["panel_stale_ratio"] = _stale(present, rows_of, out, numeric)
+    m["panel_stale_ratio"] = _stale(roster, rows_of, out, numeric)
     return outcome
 
 
@@ -441,18 +441,17 @@ def _weights(
 
 
 def _stale(
-    present: Present, rows_of: list[int | None], out: _Published, numeric: Sequence[bool]
+    roster: Roster, rows_of: list[int | None], out: _Published, numeric: Sequence[bool]
 ) -> float:
-    """Share of present respondents whose published categories differ from their current."""
-    n = stale = 0
-    nominal = nominal_of(numeric)
-    class_of = out.class_of_row.tolist()
-    # each class's published categories, split once
-    published = [nominal([MISSING_LABEL if v is None else v for v in t]) for t in out.tuples]
-    for i, r in enumerate(rows_of):
-        if r is None or class_of[r] < 0:
-            continue
-        n += 1
-        if published[class_of[r]] != nominal(present.rows[i]):
-            stale += 1
-    return stale / n if n else 0.0
+    """Share of present respondents whose published categories differ from their current (the
+    roster's claim of a member present is what it answered), a category at a time."""
+    rows = np.asarray([r for r in rows_of if r is not None], dtype=np.intp)
+    rows = rows[out.class_of_row[rows] >= 0]
+    if not rows.size:
+        return 0.0
+    cls = out.class_of_row[rows]
+    differ = np.zeros(rows.size, dtype=np.bool_)
+    for j in _categorical(numeric):
+        published = objects([MISSING_LABEL if t[j] is None else t[j] for t in out.tuples])
+        differ |= published[cls] != roster.carried.claim[j][rows]
+    return int(np.count_nonzero(differ)) / rows.size

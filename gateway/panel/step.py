@@ -388,7 +388,11 @@ class PanelStep:
         ids = {**plan.ids, **{n_in + j: e[5] for j, e in enumerate(plan.imputed)}}
         out.columns[0] = [ids[i] for i in pub_idx]
         weights = {**plan.weights, **{n_in + j: e[4] for j, e in enumerate(plan.imputed)}}
-        out.add(self.weight_field, [rounded(weights.get(i)) for i in pub_idx])
+        # a class's weight is one object for all its records: rounded once, found by identity
+        # (the objects are alive in ``weights``; None for a record not in a class)
+        each = list(map(weights.get, pub_idx))
+        once = {key: rounded(w) for key, w in dict(zip(map(id, each), each, strict=True)).items()}
+        out.add(self.weight_field, list(map(once.__getitem__, map(id, each))))
         pseudonyms(out, records, pub_idx, n_in)
         keep_imputed(
             plan.imputed, rosters, names=out.names, cols=out.columns, pub_idx=pub_idx, n_in=n_in

@@ -559,3 +559,42 @@ def test_a_window_reports_the_classes_it_publishes(p: dict[str, Any]) -> None:
             assert res.report.min_group_size == min(classes.values())
             checked += 1
     assert checked >= 1
+
+
+@given(panels())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_window_reports_the_share_of_members_published_with_other_categories(
+    p: dict[str, Any],
+) -> None:
+    """``panel_stale_ratio``: of the members present in a wave and published in a class, the
+    share whose class publishes other categories than they answered (the worst wave of the
+    window), counted here from the published records against the input."""
+    p = {**p, "crash": None, "change": 0.5}
+    waves = _waves(p)
+    answered = {
+        (KEY.respondent_key(r.respondent_id), int(r.values["wave"])): r.values
+        for records in waves
+        for r in records
+        if r.respondent_id is not None
+    }
+    run = Run(p, MemoryStore())
+    for w, records in enumerate(waves, start=1):
+        run.feed(records, 100.0 * w)
+    run.feed([], 1e9, flush=True)
+    checked = 0
+    for res in run.results:
+        if "panel_stale_ratio" not in res.report.measures:
+            continue
+        by_wave: dict[int, list[bool]] = defaultdict(list)
+        for rec in res.published:
+            row = orjson.loads(rec.value)
+            truth = answered.get((rec.respondent, int(row["wave"])))
+            if truth is None or row["age"] is None:  # imputed, or not in a class
+                continue
+            by_wave[int(row["wave"])].append(
+                (row["sex"], row["rel"]) != (truth["sex"], truth["rel"])
+            )
+        want = max((sum(v) / len(v) for v in by_wave.values()), default=0.0)
+        assert res.report.measures["panel_stale_ratio"] == pytest.approx(want, abs=1e-12)
+        checked += 1
+    assert checked
