@@ -60,9 +60,13 @@ STEPS: tuple[tuple[str, int, tuple[tuple[str, str], ...]], ...] = (
         2,
         (("mechanisms/protection.py", "recall"), ("mechanisms/protection.py", "keep")),
     ),
-    ("respondent states read (decoded unless kept)", 0, (("engine/engine.py", "_read_states"),)),
     (
-        "states and rosters written (encoded, SQLite)",
+        "respondent states read (a panel: only those its draws do not know)",
+        0,
+        (("engine/engine.py", "_read_states"),),
+    ),
+    (
+        "rosters (draws and carried values in them) and states written",
         0,
         (("panel/step.py", "_write"),),
     ),
