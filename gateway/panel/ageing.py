@@ -11,11 +11,8 @@ the imputed tuples then move as the present ones did.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from gateway.engine.records import take_at
 
 Combo = tuple[object, ...]
 
@@ -29,19 +26,28 @@ class Transitions:
     def observe(self, before: Combo, after: Combo) -> None:
         self.donors.setdefault(before, []).append(after)
 
+    def observe_many(self, before: Sequence[Combo], after: Sequence[Combo]) -> None:
+        """:meth:`observe` of each pair, in order."""
+        donors = self.donors
+        for b, a in zip(before, after, strict=True):
+            held = donors.get(b)
+            if held is None:
+                donors[b] = [a]
+            else:
+                held.append(a)
+
     def freeze(self) -> None:
-        """A canonical order per previous tuple, so a draw picks the same donor on a replay."""
-        reprs: dict[Combo, str] = {}  # a few distinct tuples among many moves: repr'd once
-
-        def canonical(combo: Combo) -> str:
-            text = reprs.get(combo)
-            if text is None:
-                text = reprs[combo] = repr(combo)
-            return text
-
-        for before, after in self.donors.items():
-            after.sort(key=canonical)
-            self.donors[before] = after
+        """A canonical order per previous tuple, so a draw picks the same donor on a replay:
+        by each tuple's text, repr'd once (a few distinct tuples among many moves; equal
+        tuples share the text of the first one met, in the lists' order)."""
+        reprs: dict[Combo, str] = {}
+        for after in self.donors.values():
+            for combo in after:
+                if combo not in reprs:
+                    reprs[combo] = repr(combo)
+        key = reprs.__getitem__  # in C
+        for after in self.donors.values():
+            after.sort(key=key)
 
     @property
     def pairs(self) -> int:
@@ -54,25 +60,3 @@ class Transitions:
             pool = self.donors.get(combo)
             out.append(pool[min(int(u * len(pool)), len(pool) - 1)] if pool else combo)
         return out
-
-
-def split_row(row: Sequence[object], numeric: Sequence[bool]) -> Combo:
-    """The nominal part of a claim row."""
-    return _nominal(tuple(numeric))(row)
-
-
-def nominal_of(numeric: Sequence[bool]) -> Callable[[Sequence[object]], Combo]:
-    """:func:`split_row` for these columns, as one function (looked up once for many rows)."""
-    return _nominal(tuple(numeric))
-
-
-@functools.cache
-def _nominal(numeric: tuple[bool, ...]) -> Callable[[Sequence[object]], Combo]:
-    """A function taking a claim row's nominal part (itemgetter: in C, for every record)."""
-    return take_at([j for j, is_num in enumerate(numeric) if not is_num])
-
-
-def with_combo(row: Sequence[object], numeric: Sequence[bool], combo: Combo) -> list[object]:
-    """The claim row with its nominal part replaced by ``combo``."""
-    it = iter(combo)
-    return [v if is_num else next(it) for v, is_num in zip(row, numeric, strict=True)]

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gateway.panel.ageing import Transitions, nominal_of
+from gateway.engine.records import take_at
+from gateway.panel.ageing import Transitions
 from gateway.panel.carried import CarryBlock, objects
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
@@ -61,18 +62,23 @@ class Present:
 
     keys: Sequence[bytes]
     rows: Sequence[list[object]]
+    claim: Sequence[Sequence[object]]  # the rows as columns, one an attribute
     carry: CarryBlock  # what an absent member is carried forward with (Roster.carried)
     sampling: Sequence[float]  # sampling weights (1.0 without one)
 
-    def claim_columns(self, at: Sequence[int]) -> list[list[object]]:
-        """The claim rows at ``at``, one list an attribute."""
-        rows = self.rows
-        width = len(rows[0]) if rows else 0
-        return [[rows[i][j] for i in at] for j in range(width)]
+    def claim_columns(self, at: Sequence[int]) -> list[Sequence[object]]:
+        """The claim at ``at``, one sequence an attribute (gathered in C)."""
+        if not at:
+            return [() for _ in self.claim]
+        take = take_at(at)
+        return [take(col) for col in self.claim]
 
     def carry_at(self, at: Sequence[int]) -> CarryBlock:
         """What the respondents at ``at`` carry."""
-        return CarryBlock(self.carry.names_id, [[col[i] for i in at] for col in self.carry.columns])
+        if not at:
+            return CarryBlock(self.carry.names_id, [() for _ in self.carry.columns])
+        take = take_at(at)
+        return CarryBlock(self.carry.names_id, [take(col) for col in self.carry.columns])
 
 
 @dataclass(slots=True)
@@ -104,7 +110,6 @@ def decide_wave(
     numeric = rules.numeric
     rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
-    nominal = nominal_of(numeric)
     carried = roster.carried
     # the members present: their moves observed, then their rows overwritten, a column at a time
     back = [i for i, row in enumerate(rows_of) if row is not None]
@@ -112,10 +117,12 @@ def decide_wave(
     seen = np.asarray(roster.seen, dtype=np.int64)
     active = np.asarray(roster.active, dtype=np.bool_)
     moved = np.flatnonzero((seen[at] == wave - 1) & (carried.observed[at] == wave - 1))
-    observe = transitions.observe
-    before = carried.combos(at[moved], _categorical(numeric))
-    for b, i in zip(before, moved.tolist(), strict=True):
-        observe(b, nominal(present.rows[back[i]]))
+    cat = _categorical(numeric)
+    before = carried.combos(at[moved], cat)
+    after = present.claim_columns([back[i] for i in moved.tolist()])
+    transitions.observe_many(
+        before, list(zip(*[after[j] for j in cat], strict=True)) if cat else [()] * len(before)
+    )
     returned = int(np.count_nonzero(~active[at]))
     if at.size:
         active[at] = True
@@ -242,7 +249,7 @@ def _enter(
     if len(new_idx) >= k:
         claim = present.claim_columns(new_idx)
         size = k + rules.slack if len(new_idx) >= k + rules.slack else len(new_idx)
-        labels = partition(claim[: len(rules.numeric)], size)
+        labels = partition([list(col) for col in claim[: len(rules.numeric)]], size)
         base = roster.next_cohort
         added = roster.add_many(
             [present.keys[i] for i in new_idx],

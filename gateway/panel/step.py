@@ -190,7 +190,7 @@ class PanelStep:
                 roster = rosters[scope] = self._load(scope)
             last = roster.last_wave
             if last is None or wave > last:
-                self._decide(roster, scope, wave, idx=idx, pw=pw, rows=rows, plan=plan)
+                self._decide(roster, scope, wave, idx=idx, pw=pw, rows=rows, cols=cols, plan=plan)
             elif roster.outcome_of(wave) is not None:
                 self._replay(roster, wave, idx, pw, plan)
             else:  # a late record of a wave decided before the last one
@@ -223,6 +223,7 @@ class PanelStep:
         idx: list[int],
         pw: PanelWindow,
         rows: list[list[Any]],
+        cols: list[list[Any]],
         plan: _Plan,
     ) -> None:
         first: dict[bytes, int] = {}
@@ -238,9 +239,11 @@ class PanelStep:
             else:
                 first[key] = i
         lead = list(first.values())
+        take = take_at(lead)
         present = Present(
             keys=[pw.rkeys[i] for i in lead],  # type: ignore[misc]
             rows=[rows[i] for i in lead],
+            claim=[take(col) for col in cols] if lead else [() for _ in cols],
             carry=self._carry(pw, lead, roster),
             sampling=self._sampling_weights(pw, lead),
         )
