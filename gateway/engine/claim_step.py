@@ -6,9 +6,12 @@ republication mode's decision over them — ``regroup`` and ``cohort`` by
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from gateway.engine.keyed_inputs import CATEGORIES_DIGEST_ATTR, RECODED_DIGEST_ATTR, KeyedInputs
 from gateway.engine.records import Columns, ValidRecord, attribute_values, record_ids_at, window_id
@@ -65,15 +68,33 @@ def source_of(record: ValidRecord) -> Source:
     return None if src is None else src.topic_partition
 
 
-def _origin(records: Sequence[ValidRecord], i: int) -> tuple[float, Source, float | None]:
-    """A record's arrival time, input partition and event time (:func:`source_of` and
-    :func:`event_time` inlined: the parking asks once per record of a window)."""
-    r = records[i]
-    src = r.source
-    if src is None:
-        return r.arrived_at, None, None
-    ms = src.timestamp_ms
-    return r.arrived_at, (src.topic, src.partition), None if ms < 0 else ms / 1000.0
+def _origins(
+    records: Sequence[ValidRecord], positions: range
+) -> tuple[list[float], list[Source], list[float | None]]:
+    """The records' arrival times, input partitions and event times (NaN: unknown), as
+    columns (:func:`source_of` and :func:`event_time` over a window, in C where it can)."""
+    recs = (
+        records[positions.start : positions.stop]
+        if positions.step == 1
+        else [records[i] for i in positions]
+    )
+    arrived = list(map(_ARRIVED, recs))
+    sources = list(map(_SOURCE, recs))
+    if None in sources:  # records without an input position (files, tests)
+        return (
+            arrived,
+            [None if s is None else (s.topic, s.partition) for s in sources],
+            [None if s is None or s.timestamp_ms < 0 else s.timestamp_ms / 1000.0 for s in sources],
+        )
+    stamps = np.fromiter(map(_STAMP, sources), dtype=np.float64, count=len(sources))
+    events: list[float | None] = np.where(stamps < 0, np.nan, stamps / 1000.0).tolist()
+    return arrived, list(map(_TOPIC_PARTITION, sources)), events
+
+
+_ARRIVED = operator.attrgetter("arrived_at")
+_SOURCE = operator.attrgetter("source")
+_STAMP = operator.itemgetter(3)  # SourceRef.timestamp_ms
+_TOPIC_PARTITION = operator.itemgetter(0, 1)  # (SourceRef.topic, SourceRef.partition)
 
 
 class ClaimStep:
@@ -187,7 +208,7 @@ class ClaimStep:
 
         return parking.split(
             records,
-            functools.partial(_origin, records),
+            functools.partial(_origins, records),
             lambda positions: record_ids_at(records, positions),
             releases_at,
             self.releases,

@@ -410,9 +410,16 @@ def claim_inputs(attr: Attribute, values: Sequence[object]) -> list[object]:
     """A column of validated values as the partition takes them: numbers as floats;
     categories generalized where the method says so; a missing value as the missing
     category where it is one, else None (the record cannot be grouped)."""
+    complete = None not in values  # (the usual window: every value there, mapped in C)
     if attr.type is AttrType.NUMERIC:
+        if complete:
+            return list(map(float, values))  # type: ignore[arg-type]
         return [None if v is None else float(v) for v in values]  # type: ignore[arg-type]
-    texts: list[str | None] = [None if v is None else str(v) for v in values]
+    texts: list[str | None]
+    if complete and set(map(type, values)) <= {str}:
+        texts = list(values)  # type: ignore[arg-type]  # validated categories: str already
+    else:
+        texts = [None if v is None else str(v) for v in values]
     if attr.method is Method.GENERALIZE:
         assert attr.hierarchy is not None
         texts = masking.generalize(texts, attr.hierarchy)

@@ -27,6 +27,9 @@ from gateway.grouping.release import ReleaseClock, Source
 
 # the release keys of the records at these positions
 ReleasesAt = Callable[[Sequence[int]], list[str]]
+# the arrival times, input partitions and event times (seconds; NaN or None: unknown) of the
+# records at these positions
+Origins = Callable[[range], tuple[Sequence[float], Sequence[Source], Sequence[float | None]]]
 
 
 @dataclass(slots=True)
@@ -43,7 +46,7 @@ class Parking:
     def split(
         self,
         records: Sequence[object],
-        origin: Callable[[int], tuple[float, Source, float | None]],
+        origins: Origins,
         rids_at: Callable[[Sequence[int]], list[str]],
         releases_at: ReleasesAt,
         clock: ReleaseClock,
@@ -62,14 +65,8 @@ class Parking:
             known = 0
         fresh = range(known, len(records))
         releases = self.releases[:known] + releases_at(fresh)
-        origins = [origin(i) for i in fresh]  # arrival time, input partition, event time
-        arrived = [at for at, _, _ in origins]
-        clock.see(
-            releases[known:],
-            [source for _, source, _ in origins],
-            arrived,
-            [event for _, _, event in origins] if self.grace is not None else None,
-        )
+        arrived, sources, events = origins(fresh)
+        clock.see(releases[known:], sources, arrived, events if self.grace is not None else None)
         oldest = dict(self.oldest) if known else {}
         waves = {r for r in set(releases[known:]) if is_wave(r)}  # a few distinct keys
         for i, at in zip(fresh, arrived, strict=True):

@@ -45,7 +45,7 @@ def test_the_ids_of_parked_records_are_theirs_and_give_the_windows_id(
 
         parked = parking.split(
             records,
-            lambda i: (0.0, ("in", 0), None),
+            lambda fresh: ([0.0] * len(fresh), [("in", 0)] * len(fresh), [None] * len(fresh)),
             rids_at,
             releases_at,
             clock,
