@@ -200,17 +200,19 @@ class DrawTable:
         index = self._index
         return [k for k in dict.fromkeys(keys) if k is not None and k not in index]
 
-    def learn(self, keys: Iterable[bytes]) -> None:
-        """Know these respondents (a respondent known holds every draw of it here)."""
+    def learn(self, keys: Iterable[bytes | None]) -> None:
+        """Know these respondents (a respondent known holds every draw of it here; None: no
+        respondent), numbered in order of first appearance."""
         index, own = self._index, self.keys
-        for key in keys:
-            if key not in index:
-                if own and len(key) != len(own[0]):
-                    raise ValueError(
-                        f"a draw table's respondent keys are {len(own[0])} bytes, got {len(key)}"
-                    )
-                index[key] = len(own)
-                own.append(key)
+        new = [k for k in dict.fromkeys(keys) if k is not None and k not in index]
+        if not new:
+            return
+        width = len(own[0]) if own else len(new[0])
+        if set(map(len, new)) != {width}:
+            wrong = next(len(k) for k in new if len(k) != width)
+            raise ValueError(f"a draw table's respondent keys are {width} bytes, got {wrong}")
+        index.update(zip(new, range(len(own), len(own) + len(new)), strict=True))
+        own.extend(new)
 
     def ids(self, keys: Sequence[bytes | None]) -> NDArray[np.int64]:
         """Each respondent's number (-1: unknown, or no key)."""
@@ -249,7 +251,7 @@ class DrawTable:
     ) -> None:
         """Store a publication for each (respondent, value digest); a respondent without a key
         has nothing to keep it by, and a new one becomes known."""
-        self.learn(k for k in keys if k is not None)
+        self.learn(keys)
         column = self.columns.get((kind, name))
         if column is None:
             if all(k is None for k in keys):
@@ -263,13 +265,14 @@ class DrawTable:
     def absorb(self, keys: Sequence[bytes], states: Mapping[bytes, Mapping[str, Any]]) -> None:
         """Know ``keys``, taking in the draws of those that hold a state of their own."""
         self.learn(keys)
+        held_by = [key for key in keys if states.get(key)]  # most have none (new respondents)
         for kind in KINDS:
-            names = {n for key in keys for n in (states.get(key) or {}).get(kind, ())}
+            names = {n for key in held_by for n in states[key].get(kind, ())}
             for name in sorted(names):
                 ks: list[bytes | None] = []
                 ds: list[tuple[bytes, str]] = []
                 vs: list[Any] = []
-                for key in keys:
+                for key in held_by:
                     held = (states.get(key) or {}).get(kind, {}).get(name, {})
                     for hexed, value in held.items():
                         ks.append(key)
