@@ -110,36 +110,7 @@ def decide_wave(
     numeric = rules.numeric
     rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
-    carried = roster.carried
-    # the members present: their moves observed, then their rows overwritten, a column at a time
-    back = [i for i, row in enumerate(rows_of) if row is not None]
-    at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
-    seen = np.asarray(roster.seen, dtype=np.int64)
-    active = np.asarray(roster.active, dtype=np.bool_)
-    moved = np.flatnonzero((seen[at] == wave - 1) & (carried.observed[at] == wave - 1))
-    cat = _categorical(numeric)
-    before = carried.combos(at[moved], cat)
-    after = present.claim_columns([back[i] for i in moved.tolist()])
-    transitions.observe_many(
-        before, list(zip(*[after[j] for j in cat], strict=True)) if cat else [()] * len(before)
-    )
-    returned = int(np.count_nonzero(~active[at]))
-    if at.size:
-        active[at] = True
-        seen[at] = wave
-        streak = np.asarray(roster.streak, dtype=np.int64)
-        streak[at] = 0
-        roster.active, roster.seen, roster.streak = active.tolist(), seen.tolist(), streak.tolist()
-        carried.assign(
-            at,
-            present.claim_columns(back),
-            present.carry_at(back),
-            [present.sampling[i] for i in back],
-            wave,
-        )
-    transitions.freeze()
-    active[at] = False  # (a local copy: the roster's is written) the absent, active members
-    absent = np.flatnonzero(active).tolist()
+    returned, absent = _returning(roster, wave, present, rows_of, transitions, numeric)
     _age(roster, absent, transitions=transitions, numeric=numeric, uniforms=uniforms, wave=wave)
     members = roster.members()
     retired = _retire(roster, absent, rules, members)
@@ -174,7 +145,7 @@ def decide_wave(
     )
     m = outcome.measures
     m.update(out.measures)
-    m["panel_present"] = float(sum(r is not None for r in rows_of))
+    m["panel_present"] = float(len(rows_of) - rows_of.count(None))
     m["panel_imputed"] = float(len(outcome.imputed_rows))
     m["panel_retired"] = float(retired)
     m["panel_returned"] = float(returned)
@@ -182,6 +153,47 @@ def decide_wave(
     m["panel_transition_pairs"] = float(transitions.pairs)
     m["panel_stale_ratio"] = _stale(roster, rows_of, out, numeric)
     return outcome
+
+
+def _returning(  # noqa: PLR0917 - the wave's parts
+    roster: Roster,
+    wave: int,
+    present: Present,
+    rows_of: list[int | None],
+    transitions: Transitions,
+    numeric: Sequence[bool],
+) -> tuple[int, list[int]]:
+    """The members present: their moves observed, then their rows overwritten, a column at a
+    time; how many came back from retirement, and the active members absent."""
+    carried = roster.carried
+    back = [i for i, row in enumerate(rows_of) if row is not None]
+    at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
+    seen = np.asarray(roster.seen, dtype=np.int64)
+    active = np.asarray(roster.active, dtype=np.bool_)
+    moved = np.flatnonzero((seen[at] == wave - 1) & (carried.observed[at] == wave - 1))
+    cat = _categorical(numeric)
+    before = carried.combos(at[moved], cat)
+    after = present.claim_columns([back[i] for i in moved.tolist()])
+    transitions.observe_many(
+        before, list(zip(*[after[j] for j in cat], strict=True)) if cat else [()] * len(before)
+    )
+    returned = int(np.count_nonzero(~active[at]))
+    if at.size:
+        active[at] = True
+        seen[at] = wave
+        streak = np.asarray(roster.streak, dtype=np.int64)
+        streak[at] = 0
+        roster.active, roster.seen, roster.streak = active.tolist(), seen.tolist(), streak.tolist()
+        carried.assign(
+            at,
+            present.claim_columns(back),
+            present.carry_at(back),
+            [present.sampling[i] for i in back],
+            wave,
+        )
+    transitions.freeze()
+    active[at] = False  # (a local copy: the roster's is written) the absent, active members
+    return returned, np.flatnonzero(active).tolist()
 
 
 def _age(
@@ -395,10 +407,10 @@ def _publish(
     weights, measures = _weights(
         roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules, cols=cols
     )
-    linked = [len(roster.linked[r]) for r in rows]
-    measures["linked_records"] = float(len(linked))
-    measures["linked_below_k"] = float(sum(s < rules.k for s in linked))
-    measures["linked_smallest"] = float(min(linked))
+    linked = np.fromiter(map(len, map(sets.__getitem__, rows)), dtype=np.int64, count=len(rows))
+    measures["linked_records"] = float(linked.size)
+    measures["linked_below_k"] = float(np.count_nonzero(linked < rules.k))
+    measures["linked_smallest"] = float(linked.min())
     measures["release_smallest_class"] = float(sizes.min())
     return _Published(class_of_row, classes, weights, measures, sizes)
 

@@ -85,3 +85,21 @@ def _codes_at(values: Sequence[Any], rows: NDArray[np.int64]) -> NDArray[np.int6
     """Dense codes of a published column at ``rows`` (equal values, one code; every missing
     value one code of its own kind, as key_risk counts them)."""
     return value_codes(pd.Series(np.asarray(values, dtype=object)[rows], dtype=object))
+
+
+def combine_measure(name: str, old: float | None, new: float) -> float:
+    """A measure over several waves or scopes of one window: the worst, or the sum."""
+    if old is None:
+        return new
+    if name in ("linked_smallest", "release_smallest_class", "panel_raking_converged"):
+        return min(old, new)
+    if name.startswith("panel_") and name not in (
+        "panel_weight_deff",
+        "panel_calibration_deff",
+        "panel_marginal_gap",
+        "panel_stale_ratio",
+    ):
+        return old + new
+    if name in ("linked_records", "linked_below_k"):
+        return old + new
+    return max(old, new)

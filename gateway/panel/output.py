@@ -3,6 +3,7 @@ the last wave's imputed records re-sent as stored, all in wave order."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -91,3 +92,30 @@ def keys_of(keys: list[bytes | None], n: int) -> list[bytes | None]:
 def rounded(weight: float | None) -> float | None:
     """A published weight, to 6 significant digits (every record of a class has the same)."""
     return None if weight is None else float(f"{weight:.6g}")
+
+
+def rounded_weights(weights: list[float | None]) -> list[float | None]:
+    """:func:`rounded` of each weight. A class's weight is one object for all its records, so
+    each object is rounded once and found by its identity (the objects are alive in
+    ``weights``, which keeps equal but distinct floats, -0.0 or NaN, apart)."""
+    once = {key: rounded(w) for key, w in dict(zip(map(id, weights), weights, strict=True)).items()}
+    return list(map(once.__getitem__, map(id, weights)))
+
+
+def panel_record_id(key: bytes, wave: int, repeat: int = 0) -> str:
+    """A published record's id: a digest of the respondent's keyed state key and the wave, so
+    the same for a replay and unlinkable across waves without the secret."""
+    digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
+    return f"{wave}-{digest}" if repeat == 0 else f"{wave}-{digest}-{repeat}"
+
+
+def panel_record_ids(keys: Sequence[bytes], wave: int) -> list[str]:
+    """:func:`panel_record_id` of each key in ``wave`` (first records: no repeat)."""
+    tail, head, sha = b"\x00" + str(wave).encode(), f"{wave}-", hashlib.sha256
+    return [head + sha(key + tail).hexdigest()[:24] for key in keys]
+
+
+def unfollowed_record_id(rid: str) -> str:
+    """The published id of a record no panel member stands behind (no respondent id, or no
+    wave): a digest of its input position, so the same on a replay."""
+    return "x-" + hashlib.sha256(rid.encode()).hexdigest()[:24]

@@ -18,22 +18,18 @@ carries an input position, and none is sent to an input partition's counterpart.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engine.columns import Output, PublishedColumns, WindowInputs
+from gateway.engine.columns import PublishedColumns, WindowInputs
 from gateway.engine.keyed_inputs import KeyedInputs
 from gateway.engine.records import (
     PublishedRecord,
-    WindowReport,
     WindowResult,
     attribute_values,
     encode_rows,
     output_rows,
     take_at,
-    window_digest,
 )
 from gateway.errors import PolicyError
 from gateway.grouping.claim_partition import ClaimPartition
@@ -45,42 +41,23 @@ from gateway.panel.carried import CarryBlock
 from gateway.panel.cohorts import PanelRules, Present, WaveOutcome, decide_wave
 from gateway.panel.draws import TableView, by_table
 from gateway.panel.imputed import Imputed, PanelWindow, columns_of, extended, keep_imputed
-from gateway.panel.measures import PanelMeasureSpec, panel_measures
-from gateway.panel.output import PSEUDONYM, assembled, pseudonyms, rounded, waves_of
+from gateway.panel.measures import PanelMeasureSpec, combine_measure, panel_measures
+from gateway.panel.output import (
+    PSEUDONYM,
+    assembled,
+    panel_record_id,
+    panel_record_ids,
+    pseudonyms,
+    rounded_weights,
+    unfollowed_record_id,
+    waves_of,
+)
+from gateway.panel.plan import WindowPlan, batches, window_report
 from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
 from gateway.policy import Method, Policy, RepublicationMode, Role
 from gateway.state_store.state_api import StateStore
 
 CARRY_SALT = b"privgw/v1/panel-carry"
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What each of the window's records (and each imputed member) publishes."""
-
-    tuples: dict[int, Sequence[Any]] = field(default_factory=dict)
-    weights: dict[int, float | None] = field(default_factory=dict)
-    ids: dict[int, str] = field(default_factory=dict)
-    suppressed: list[int] = field(default_factory=list)
-    dropped: set[int] = field(default_factory=set)  # stands for an imputed record re-emitted
-    # imputed members to build: (scope, wave, roster row, class tuple, weight, record id)
-    imputed: list[Imputed] = field(default_factory=list)  # absent members to publish
-    replayed: list[tuple[list[str], list[list[Any]], list[str]]] = field(default_factory=list)
-    measures: dict[str, float] = field(default_factory=dict)
-    classes: list[int] = field(default_factory=list)  # published class sizes, for the report
-
-
-def panel_record_id(key: bytes, wave: int, repeat: int = 0) -> str:
-    """A published record's id: a digest of the respondent's keyed state key and the wave, so
-    the same for a replay and unlinkable across waves without the secret."""
-    digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
-    return f"{wave}-{digest}" if repeat == 0 else f"{wave}-{digest}-{repeat}"
-
-
-def panel_record_ids(keys: Sequence[bytes], wave: int) -> list[str]:
-    """:func:`panel_record_id` of each key in ``wave`` (first records: no repeat)."""
-    tail, head, sha = b"\x00" + str(wave).encode(), f"{wave}-", hashlib.sha256
-    return [head + sha(key + tail).hexdigest()[:24] for key in keys]
 
 
 def panel_step(
@@ -108,12 +85,6 @@ def panel_step(
     return PanelStep(
         policy, store=store, carry_key=carry, claim=claim, columns=columns, inputs=inputs
     )
-
-
-def unfollowed_record_id(rid: str) -> str:
-    """The published id of a record no panel member stands behind (no respondent id, or no
-    wave): a digest of its input position, so the same on a replay."""
-    return "x-" + hashlib.sha256(rid.encode()).hexdigest()[:24]
 
 
 class PanelStep:
@@ -182,9 +153,9 @@ class PanelStep:
         ]
         rows = [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in range(n)]
         waves = waves_of(pw.columns.get(self.wave, [None] * n))
-        plan = _Plan()
+        plan = WindowPlan()
         rosters: dict[int | None, Roster] = {}
-        for (scope, wave), idx in _batches(pw, waves, plan):
+        for (scope, wave), idx in batches(pw, waves, plan):
             roster = rosters.get(scope)
             if roster is None:
                 roster = rosters[scope] = self._load(scope)
@@ -224,7 +195,7 @@ class PanelStep:
         pw: PanelWindow,
         rows: list[list[Any]],
         cols: list[list[Any]],
-        plan: _Plan,
+        plan: WindowPlan,
     ) -> None:
         first: dict[bytes, int] = {}
         followers: list[tuple[int, int]] = []
@@ -276,7 +247,7 @@ class PanelStep:
         followers: list[tuple[int, int]],
         pw: PanelWindow,
         out: WaveOutcome,
-        plan: _Plan,
+        plan: WindowPlan,
     ) -> None:
         lead_ids = panel_record_ids([pw.rkeys[i] for i in lead], wave)  # type: ignore[misc]
         for i, cls, rid in zip(lead, out.present_class, lead_ids, strict=True):
@@ -297,7 +268,7 @@ class PanelStep:
         roster.decided(Outcome(wave, out.class_of_row, out.tuples, out.weights))
         plan.classes.extend(out.sizes)
         for name, value in out.measures.items():
-            plan.measures[name] = _combine(name, plan.measures.get(name), value)
+            plan.measures[name] = combine_measure(name, plan.measures.get(name), value)
 
     def _carry(self, pw: PanelWindow, rows: list[int], roster: Roster) -> CarryBlock:
         """What each respondent at ``rows`` is carried forward with (``Roster.carried``)."""
@@ -323,7 +294,7 @@ class PanelStep:
 
     # -- replaying the last wave --------------------------------------------------------
     def _replay(
-        self, roster: Roster, wave: int, idx: list[int], pw: PanelWindow, plan: _Plan
+        self, roster: Roster, wave: int, idx: list[int], pw: PanelWindow, plan: WindowPlan
     ) -> None:
         """The last decided wave again: each record its member's class as published; every
         imputed record of it again, as stored (the same ids and bytes: a consumer keeps one)."""
@@ -355,7 +326,7 @@ class PanelStep:
     def _publish(
         self,
         pw: PanelWindow,
-        plan: _Plan,
+        plan: WindowPlan,
         rosters: dict[int | None, Roster],
         waves: list[int | None],
         read_states: Callable[[Sequence[bytes | None]], StateView],
@@ -380,10 +351,8 @@ class PanelStep:
             columns.setdefault(name, [None] * n_in).extend(col)
         view = self._draw_view(pw, plan, rosters, rkeys, read_states)
         qi = QIDecision()
-        for i, t in plan.tuples.items():
-            qi.tuples[i] = t
-        for j, entry in enumerate(plan.imputed):
-            qi.tuples[n_in + j] = entry[3]
+        qi.tuples.update(plan.tuples)
+        qi.tuples.update((n_in + j, entry[3]) for j, entry in enumerate(plan.imputed))
         qi.suppressed = sorted(set(plan.suppressed))
         pub_idx = [i for i in range(len(records)) if i not in plan.dropped]
         win = WindowInputs(records, rids, columns, rkeys, dkeys, view)
@@ -391,11 +360,7 @@ class PanelStep:
         ids = {**plan.ids, **{n_in + j: e[5] for j, e in enumerate(plan.imputed)}}
         out.columns[0] = [ids[i] for i in pub_idx]
         weights = {**plan.weights, **{n_in + j: e[4] for j, e in enumerate(plan.imputed)}}
-        # a class's weight is one object for all its records: rounded once, found by identity
-        # (the objects are alive in ``weights``; None for a record not in a class)
-        each = list(map(weights.get, pub_idx))
-        once = {key: rounded(w) for key, w in dict(zip(map(id, each), each, strict=True)).items()}
-        out.add(self.weight_field, list(map(once.__getitem__, map(id, each))))
+        out.add(self.weight_field, rounded_weights(list(map(weights.get, pub_idx))))
         pseudonyms(out, records, pub_idx, n_in)
         keep_imputed(
             plan.imputed, rosters, names=out.names, cols=out.columns, pub_idx=pub_idx, n_in=n_in
@@ -432,7 +397,9 @@ class PanelStep:
         return WindowResult(
             published=published,
             held=[],
-            report=_report(pw, plan, out, published=len(published), suppressed=len(suppressed)),
+            report=window_report(
+                pw, plan, out, published=len(published), suppressed=len(suppressed)
+            ),
             rows=rows,
             output=None if encode else (names, cols),
         )
@@ -440,7 +407,7 @@ class PanelStep:
     def _draw_view(
         self,
         pw: PanelWindow,
-        plan: _Plan,
+        plan: WindowPlan,
         rosters: dict[int | None, Roster],
         rkeys: list[bytes | None],
         read_states: Callable[[Sequence[bytes | None]], StateView],
@@ -482,58 +449,3 @@ class PanelStep:
         if entries:
             self._store.put_many(entries)
         self._rosters.written(entries, keyed)
-
-
-def _batches(
-    pw: PanelWindow, waves: list[int | None], plan: _Plan
-) -> list[tuple[tuple[int | None, int], list[int]]]:
-    """The window's records by (scope, wave), oldest wave first; a record without a wave is
-    published with its quasi-identifiers suppressed."""
-    out: dict[tuple[int | None, int], list[int]] = {}
-    for i, wave in enumerate(waves):
-        if wave is None:
-            plan.suppressed.append(i)
-            plan.ids[i] = unfollowed_record_id(pw.rids[i])
-            continue
-        scope = pw.scopes[i] if pw.scopes is not None else None
-        out.setdefault((scope, wave), []).append(i)
-    return sorted(out.items(), key=lambda kv: (kv[0][1], -1 if kv[0][0] is None else kv[0][0]))
-
-
-def _report(
-    pw: PanelWindow, plan: _Plan, out: Output, *, published: int, suppressed: int
-) -> WindowReport:
-    n_in = len(pw.records)  # every record of the window is decided (or stands for a re-sent one)
-    return WindowReport(
-        window_id=window_digest(pw.rids),
-        records_in=n_in,
-        published=n_in,
-        held=0,
-        suppressed=suppressed,
-        min_group_size=min(plan.classes) if plan.classes else None,
-        groups=len(plan.classes),
-        sticky_hits=out.hits,
-        risk_sampled=bool(plan.measures),
-        measures=dict(plan.measures),
-        retention=out.retention,
-        randomized=out.randomized,
-        imputed=published - n_in,
-    )
-
-
-def _combine(name: str, old: float | None, new: float) -> float:
-    """A measure over several waves or scopes of one window: the worst, or the sum."""
-    if old is None:
-        return new
-    if name in ("linked_smallest", "release_smallest_class", "panel_raking_converged"):
-        return min(old, new)
-    if name.startswith("panel_") and name not in (
-        "panel_weight_deff",
-        "panel_calibration_deff",
-        "panel_marginal_gap",
-        "panel_stale_ratio",
-    ):
-        return old + new
-    if name in ("linked_records", "linked_below_k"):
-        return old + new
-    return max(old, new)

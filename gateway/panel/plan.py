@@ -1,0 +1,67 @@
+"""What each record of a panel window publishes, gathered while its waves are decided: its
+class's tuple and weight, its id, suppressed or not; the imputed members to build and the stored
+imputed records to send again; the measures and class sizes that go into the window's report."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.engine.columns import Output
+from gateway.engine.records import WindowReport, window_digest
+from gateway.panel.imputed import Imputed, PanelWindow
+from gateway.panel.output import unfollowed_record_id
+
+
+@dataclass(slots=True)
+class WindowPlan:
+    """What each of the window's records (and each imputed member) publishes."""
+
+    tuples: dict[int, Sequence[Any]] = field(default_factory=dict)
+    weights: dict[int, float | None] = field(default_factory=dict)
+    ids: dict[int, str] = field(default_factory=dict)
+    suppressed: list[int] = field(default_factory=list)
+    dropped: set[int] = field(default_factory=set)  # stands for an imputed record re-emitted
+    # imputed members to build: (scope, wave, roster row, class tuple, weight, record id)
+    imputed: list[Imputed] = field(default_factory=list)  # absent members to publish
+    replayed: list[tuple[list[str], list[list[Any]], list[str]]] = field(default_factory=list)
+    measures: dict[str, float] = field(default_factory=dict)
+    classes: list[int] = field(default_factory=list)  # published class sizes, for the report
+
+
+def batches(
+    pw: PanelWindow, waves: list[int | None], plan: WindowPlan
+) -> list[tuple[tuple[int | None, int], list[int]]]:
+    """The window's records by (scope, wave), oldest wave first; a record without a wave is
+    published with its quasi-identifiers suppressed."""
+    out: dict[tuple[int | None, int], list[int]] = {}
+    for i, wave in enumerate(waves):
+        if wave is None:
+            plan.suppressed.append(i)
+            plan.ids[i] = unfollowed_record_id(pw.rids[i])
+            continue
+        scope = pw.scopes[i] if pw.scopes is not None else None
+        out.setdefault((scope, wave), []).append(i)
+    return sorted(out.items(), key=lambda kv: (kv[0][1], -1 if kv[0][0] is None else kv[0][0]))
+
+
+def window_report(
+    pw: PanelWindow, plan: WindowPlan, out: Output, *, published: int, suppressed: int
+) -> WindowReport:
+    n_in = len(pw.records)  # every record of the window is decided (or stands for a re-sent one)
+    return WindowReport(
+        window_id=window_digest(pw.rids),
+        records_in=n_in,
+        published=n_in,
+        held=0,
+        suppressed=suppressed,
+        min_group_size=min(plan.classes) if plan.classes else None,
+        groups=len(plan.classes),
+        sticky_hits=out.hits,
+        risk_sampled=bool(plan.measures),
+        measures=dict(plan.measures),
+        retention=out.retention,
+        randomized=out.randomized,
+        imputed=published - n_in,
+    )
