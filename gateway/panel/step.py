@@ -250,12 +250,14 @@ class PanelStep:
         plan: WindowPlan,
     ) -> None:
         lead_ids = panel_record_ids([pw.rkeys[i] for i in lead], wave)  # type: ignore[misc]
-        for i, cls, rid in zip(lead, out.present_class, lead_ids, strict=True):
-            plan.ids[i] = rid
-            if cls < 0:
-                plan.suppressed.append(i)
-            else:
-                plan.tuples[i], plan.weights[i] = out.tuples[cls], out.weights[cls]
+        plan.ids.update(zip(lead, lead_ids, strict=True))
+        classes = out.present_class
+        grouped = [(i, c) for i, c in zip(lead, classes, strict=True) if c >= 0]
+        if len(grouped) < len(lead):
+            plan.suppressed.extend(i for i, c in zip(lead, classes, strict=True) if c < 0)
+        tuples, weights = out.tuples, out.weights
+        plan.tuples.update([(i, tuples[c]) for i, c in grouped])
+        plan.weights.update([(i, weights[c]) for i, c in grouped])
         for n, (i, f) in enumerate(followers, 1):
             plan.ids[i] = self._id(pw, i, wave, repeat=n)
             if f in plan.tuples:
