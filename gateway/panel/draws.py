@@ -4,14 +4,15 @@
 Every active member is published in every wave, so every member's draws are looked up in
 every release. As one state entry a respondent (``state[kind][attribute][digest]``) that meant
 a read, a decode and a walk of nested maps per member and wave, and an encode and a write per
-member that drew afresh. Here a window looks its draws up with one binary search a column
+member that drew afresh. Here a window looks an attribute's draws up in one pass over arrays
 (:meth:`DrawTable.found`) and stores its fresh draws with one merge (:meth:`DrawTable.put`);
 the table is written with the roster, in the same durable batch, as arrays.
 
 A respondent is numbered by its first appearance (``keys``: state keys, keyed digests, never
-ids). A pair is 20 bytes, the number big-endian and the 16-byte value digest, so the bytes sort
-as the pairs do. A stored publication is what a respondent's state held: the value, or
-``[value, matrix version]`` for randomized response.
+ids), and so is each distinct value digest of a column; a draw is the int64 pair of numbers
+(respondent × 2^32 + digest: exact, sorted, a respondent's few draws side by side) and the
+int32 code of its publication among the column's distinct ones. A stored publication is what a
+respondent's state held: the value, or ``[value, matrix version]`` for randomized response.
 
 A respondent the table does not know may hold draws in a state entry of its own: written
 before the panel kept its draws here, or under another republication mode. The panel step
@@ -36,6 +37,7 @@ DIGEST_BYTES = 16  # a value digest (gateway.keyed.keyed.value_digest)
 _encode = msgspec.msgpack.Encoder(order="sorted").encode
 _first = operator.itemgetter(0)
 KINDS = ("noise", "rr")  # the drawing mechanisms' kinds (Protection.kind)
+_MAX_NUMBER = (1 << 31) - 1  # respondent and digest numbers: a pair fits an int64
 
 
 class DrawColumn:
@@ -93,6 +95,8 @@ class DrawColumn:
                 if d not in known:
                     if len(d) != DIGEST_BYTES:
                         raise ValueError(f"a value digest must be {DIGEST_BYTES} bytes")
+                    if len(self.digests) >= _MAX_NUMBER:
+                        raise ValueError(f"a draw column numbers at most {_MAX_NUMBER} values")
                     known[d] = len(self.digests)
                     self.digests.append(d)
         return np.fromiter(
@@ -192,9 +196,6 @@ class DrawTable:
             return NotImplemented
         return self.keys == other.keys and self.columns == other.columns
 
-    def knows(self, key: bytes) -> bool:
-        return key in self._index
-
     def unknown(self, keys: Iterable[bytes | None]) -> list[bytes]:
         """The distinct keys the table does not know, in order of first appearance."""
         index = self._index
@@ -211,6 +212,11 @@ class DrawTable:
         if set(map(len, new)) != {width}:
             wrong = next(len(k) for k in new if len(k) != width)
             raise ValueError(f"a draw table's respondent keys are {width} bytes, got {wrong}")
+        if len(own) + len(new) > _MAX_NUMBER:
+            raise ValueError(
+                f"a scope's draw table numbers at most {_MAX_NUMBER} respondents: partition the "
+                'state (docs/operating.md, "Scaling out: partitions, state and engine shards")'
+            )
         index.update(zip(new, range(len(own), len(own) + len(new)), strict=True))
         own.extend(new)
 

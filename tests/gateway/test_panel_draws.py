@@ -109,3 +109,20 @@ def test_a_window_over_two_scopes_keeps_each_respondents_draws_in_its_scopes_tab
     lookup = view.lookup(keys)
     view.keep_drawn("noise", "b", keys=keys, digests=digests, fresh=[4], drawn=[3.5])
     assert lookup.found("noise", "b", digests) == [None, None, None, None, 3.5, None, None]
+
+
+def test_numbers_beyond_an_int64_pair_are_refused_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pair holds a respondent's and a digest's number in one int64: past 2^31 - 1 of either
+    (here a limit of 3, for the test) the table refuses, naming what to do."""
+    from gateway.panel import draws  # noqa: PLC0415
+
+    monkeypatch.setattr(draws, "_MAX_NUMBER", 3)
+    table = DrawTable()
+    table.put("rr", "a", KEYS[:3], DIGESTS[:3], [1.0] * 3)
+    with pytest.raises(ValueError, match="at most 3 respondents: partition the state"):
+        table.put("rr", "a", KEYS[3:5], DIGESTS[:2], [1.0] * 2)
+    with pytest.raises(ValueError, match="at most 3 values"):
+        table.put("rr", "a", KEYS[:1], DIGESTS[3:4], [1.0])
+    assert len(table.keys) == 3 and len(list(table.entries())) == 3
