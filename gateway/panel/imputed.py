@@ -57,7 +57,7 @@ def extended(
     dict[str, list[tuple[bytes, str]]],
 ]:
     """The window's records followed by one built per imputed member, with their keys."""
-    donors = _donors(pw, waves)
+    donors = _donors(pw, waves) if imputed else {}  # (a window deciding no wave imputes none)
     synth: list[ValidRecord] = []
     skeys: list[bytes] = []
     by_wave: dict[int, list[int]] = {}
@@ -107,6 +107,8 @@ def keep_imputed(
     n_in: int,
 ) -> None:
     """Store the imputed records of each wave decided here, as published, for a replay."""
+    if not imputed:
+        return  # no outcome of this window has an imputed record to keep
     at_of = {i: at for at, i in enumerate(pub_idx)}
     for scope, roster in rosters.items():
         for outcome in roster.outcomes:
