@@ -284,6 +284,15 @@ def marks_of(side: str) -> Any:
     return lambda closed: marks(closed_through=closed)
 
 
+def panel_answers(records: int, policy_text: str) -> list[Any]:
+    """The first ``records`` of the simulated Adult panel (3 waves), validated against the
+    policy as the worker hands them over: what every bench fed the engine's way takes."""
+    survey = PanelSurvey(respondents=records // 3, waves=3, seed=1, rows=load_rows())
+    raw = [encode(r) for r in survey.records()][:records]
+    validator = Validator(policy_from_yaml(policy_text))
+    return [validator.decode_and_validate(value, key) for key, value in raw]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision to compare against")
@@ -307,10 +316,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     text = stream_throughput.policy_text(args.numeric_only)
-    survey = PanelSurvey(respondents=args.records // 3, waves=3, seed=1, rows=load_rows())
-    raw = [encode(r) for r in survey.records()][: args.records]
-    validator = Validator(policy_from_yaml(text))
-    answers = [validator.decode_and_validate(value, key) for key, value in raw]
+    answers = panel_answers(args.records, text)
     sides = ("base", "head")
     with tempfile.TemporaryDirectory(prefix="privgw-ab-") as tmp:
         texts = {}

@@ -30,10 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_ab as ab
 
-from gateway.policy import policy_from_yaml
-from gateway.validation import Validator
-from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
-
 # (label, indent, (path suffix, function name) of each function whose cumulative time it sums)
 STEPS: tuple[tuple[str, int, tuple[tuple[str, str], ...]], ...] = (
     ("the wave's decision (panel/cohorts.decide_wave)", 0, (("panel/cohorts.py", "decide_wave"),)),
@@ -104,11 +100,7 @@ def main() -> int:
     ap.add_argument("--revision", default=None, help="git revision (default: the working tree)")
     ap.add_argument("--top", type=int, default=0, help="also the N functions by own time")
     args = ap.parse_args()
-    text = ab.stream_throughput.policy_text(False)
-    survey = PanelSurvey(respondents=args.records // 3, waves=3, seed=1, rows=load_rows())
-    raw = [encode(r) for r in survey.records()][: args.records]
-    validator = Validator(policy_from_yaml(text))
-    answers = [validator.decode_and_validate(value, key) for key, value in raw]
+    answers = ab.panel_answers(args.records, ab.stream_throughput.policy_text(False))
     wave1 = len(answers) // 3
     with tempfile.TemporaryDirectory(prefix="privgw-profile-") as tmp:
         root = ab.export(args.revision, "head", Path(tmp))

@@ -25,20 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_ab as ab
 
-from gateway.policy import policy_from_yaml
-from gateway.validation import Validator
-from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--records", type=int, default=90_000)
     ap.add_argument("--revision", default=None, help="git revision (default: the working tree)")
     args = ap.parse_args()
-    survey = PanelSurvey(respondents=args.records // 3, waves=3, seed=1, rows=load_rows())
-    raw = [encode(r) for r in survey.records()][: args.records]
-    validator = Validator(policy_from_yaml(ab.stream_throughput.policy_text(False)))
-    answers = [validator.decode_and_validate(value, key) for key, value in raw]
+    answers = ab.panel_answers(args.records, ab.stream_throughput.policy_text(False))
     with tempfile.TemporaryDirectory(prefix="privgw-roster-") as tmp:
         root = ab.export(args.revision, "head", Path(tmp))
         sys.path.insert(0, str(root))
