@@ -433,6 +433,17 @@ def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> Non
     assert handed == run(False)[0]
 
 
+def _feed(policy: Any, store: MemoryStore, batches: list[list[ValidRecord]], w0: int) -> list[Any]:
+    """Each batch as one flushed window of an engine on ``store`` (waves ``w0``, ``w0`` + 1,
+    ...): the published records' ids, values and keys."""
+    engine = Engine(policy, keyring=KEY, store=store)
+    out: list[Any] = []
+    for w, records in enumerate(batches, start=w0):
+        res = engine.protect_window(records, now=100.0 * w, flush_all=True)
+        out.extend((r.record_id, r.value, r.key) for r in res.published)
+    return out
+
+
 @pytest.mark.parametrize("pseudonym", ["drop", "hmac"])
 @pytest.mark.parametrize("layout", ["maps", "lists"])
 def test_a_roster_written_with_carried_rows_republishes_as_the_current_format(
@@ -448,16 +459,8 @@ def test_a_roster_written_with_carried_rows_republishes_as_the_current_format(
     text = _text(3) + f"output: {{pseudonym: {pseudonym}}}\n"
     policy = policy_from_yaml(text)
 
-    def feed(store: MemoryStore, batches: list[list[ValidRecord]], w0: int) -> list[Any]:
-        engine = Engine(policy, keyring=KEY, store=store)
-        out: list[Any] = []
-        for w, records in enumerate(batches, start=w0):
-            res = engine.protect_window(records, now=100.0 * w, flush_all=True)
-            out.extend((r.record_id, r.value, r.key) for r in res.published)
-        return out
-
     current = MemoryStore()
-    feed(current, waves[:2], 1)
+    _feed(policy, current, waves[:2], 1)
     sealer = Sealer(KEY.hkdf(CARRY_SALT, b"aes-256-gcm"))
     key = roster_key(None)
     roster = read_roster(current.get_many, key, sealer)
@@ -480,7 +483,7 @@ def test_a_roster_written_with_carried_rows_republishes_as_the_current_format(
     assert read_roster(older.get_many, key, sealer).carried.rows_as_lists() == (
         rows if layout == "lists" else [[c, dict(m), w, o] for c, m, w, o in old]
     )
-    assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
+    assert _feed(policy, older, waves[2:], 3) == _feed(policy, current, waves[2:], 3)
 
 
 def test_draws_kept_in_respondent_states_republish_from_the_roster() -> None:
@@ -493,16 +496,8 @@ def test_draws_kept_in_respondent_states_republish_from_the_roster() -> None:
     waves = _waves(p)
     policy = _policy(3)
 
-    def feed(store: MemoryStore, batches: list[list[ValidRecord]], w0: int) -> list[Any]:
-        engine = Engine(policy, keyring=KEY, store=store)
-        out: list[Any] = []
-        for w, records in enumerate(batches, start=w0):
-            res = engine.protect_window(records, now=100.0 * w, flush_all=True)
-            out.extend((r.record_id, r.value, r.key) for r in res.published)
-        return out
-
     current = MemoryStore()
-    feed(current, waves[:2], 1)
+    _feed(policy, current, waves[:2], 1)
     sealer = Sealer(KEY.hkdf(CARRY_SALT, b"aes-256-gcm"))
     key = roster_key(None)
     roster = read_roster(current.get_many, key, sealer)
@@ -526,7 +521,7 @@ def test_draws_kept_in_respondent_states_republish_from_the_roster() -> None:
         }
     )
     older.set_meta(META_NAME, current.meta(META_NAME) or b"")
-    assert feed(older, waves[2:], 3) == feed(current, waves[2:], 3)
+    assert _feed(policy, older, waves[2:], 3) == _feed(policy, current, waves[2:], 3)
     after = read_roster(older.get_many, key, sealer).draws
     now = read_roster(current.get_many, key, sealer).draws
     assert len(list(after.entries())) >= held
