@@ -34,11 +34,14 @@ class RandomizedResponse(Protection):
     kind: ClassVar[str | None] = "rr"
     version: str = field(init=False)
     codes: Mapping[str, int] = field(init=False, repr=False)  # category -> its row of P
+    # the codes with None as the missing label's (-1 without one): a column looked up in C
+    _lookup: Mapping[object, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "version", matrix_version(self.mechanism))
         codes = {c: i for i, c in enumerate(self.mechanism.categories)}
         object.__setattr__(self, "codes", codes)
+        object.__setattr__(self, "_lookup", {**codes, None: codes.get(MISSING_LABEL, -1)})
 
     @property
     def cost(self) -> RRMechanism:
@@ -85,13 +88,10 @@ class RandomizedResponse(Protection):
 
     def _codes(self, values: Sequence[object]) -> list[int]:
         """Each value's category code (a missing value: the missing label's, else -1)."""
-        codes_of = self.codes
-        missing_code = codes_of.get(MISSING_LABEL, -1)
-        lookup: dict[object, int] = dict(codes_of.items())
-        lookup[None] = missing_code
         try:  # validated values are the categories' strings: looked up in C
-            return list(map(lookup.__getitem__, values))
+            return list(map(self._lookup.__getitem__, values))
         except (KeyError, TypeError):  # another type of value, as its text
+            missing_code, codes_of = self._lookup[None], self.codes
             return [missing_code if v is None else codes_of[str(v)] for v in values]
 
     def retention(
