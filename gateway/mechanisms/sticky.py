@@ -83,6 +83,12 @@ class StoredLookup:
         return list(map(dict.get, maps, [hexed for _, hexed in digests]))  # type: ignore[arg-type]
 
 
+def publications(drawn: Sequence[Any], version: str | None) -> Sequence[Any]:
+    """What is stored of each fresh draw: ``[value, version]`` with a mechanism version
+    (randomized response's matrix), else the value."""
+    return drawn if version is None else [[value, version] for value in drawn]
+
+
 def store_drawn(
     view: StatesView,
     kind: str,
@@ -98,7 +104,7 @@ def store_drawn(
     same value republishes it: ``[value, version]`` with a mechanism version (randomized
     response's matrix), else the value."""
     states = view.states
-    stored = drawn if version is None else [[value, version] for value in drawn]
+    stored = publications(drawn, version)
     # one look-up of the respondent's map per key (inlined: this runs once per fresh draw); a
     # respondent without a state (every one of a first wave) gets its nested maps in one go
     maps: dict[bytes, dict[str, Any]] = {}

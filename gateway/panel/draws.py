@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.grouping.live_view import StateView
+from gateway.mechanisms.sticky import publications
 
 DIGEST_BYTES = 16  # a value digest (gateway.keyed.keyed.value_digest)
 _encode = msgspec.msgpack.Encoder(order="sorted").encode
@@ -439,7 +440,7 @@ class TableView(StateView):
         drawn: Sequence[Any],
         version: str | None = None,
     ) -> None:
-        stored = drawn if version is None else [[value, version] for value in drawn]
+        stored = publications(drawn, version)
         ks = [keys[i] for i in fresh]
         ds = [digests[i] for i in fresh]
         for table, at in by_table(self.tables, self.scope_of, ks):
