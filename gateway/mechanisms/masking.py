@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -69,6 +70,13 @@ def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
     microseconds (``+05:30:17.424242``), finer than the unit. Day, week and month publish the
     local date, without an offset. Unparseable text, and a timestamp with no UTC instant (which
     validation dead-letters first), become None: never passed through."""
+    if unit in _LOCAL_DATE_UNITS and (dated := _local_dates(values, unit)) is not None:
+        return dated
+    return coarsen_each(values, unit)
+
+
+def coarsen_each(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
+    """:func:`coarsen` a timestamp at a time, each parsed (what the columnar path must equal)."""
     start = _UNIT_START[unit]
     to_utc = unit in {TimeUnit.MINUTE, TimeUnit.HOUR}
     out: list[str | None] = []
@@ -81,6 +89,51 @@ def coarsen(values: Sequence[str | None], unit: TimeUnit) -> list[str | None]:
         if to_utc and ts.tzinfo is not None:
             ts = ts.astimezone(UTC)
         append(start(ts))
+    return out
+
+
+_LOCAL_DATE_UNITS = frozenset({TimeUnit.DAY, TimeUnit.WEEK, TimeUnit.MONTH})
+_DASH, _ZERO = ord("-"), ord("0")
+_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9])  # positions of YYYY-MM-DD's digits
+_YEAR = np.array([1000, 100, 10, 1])
+
+
+def _local_dates(values: Sequence[str | None], unit: TimeUnit) -> list[str | None] | None:
+    """:func:`coarsen` under a unit that publishes the local date, taken from the text: a
+    timestamp ``fromisoformat`` accepts whose text starts ``YYYY-MM-DD`` has that local date
+    (the parser reads the date from those ten characters). None when a value needs the full
+    path: text in another form, or a year (1, 9999) whose instant may leave UTC."""
+    at = None if None not in values else [i for i, v in enumerate(values) if v is not None]
+    texts = values if at is None else [values[i] for i in at]
+    try:  # every text parses, or the full path says which do not
+        deque(map(datetime.fromisoformat, texts), maxlen=0)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    heads = np.array(texts, dtype="<U10")  # the first ten characters; shorter pad with NUL
+    points = heads.view(np.uint32).reshape(len(texts), 10)
+    digits = points[:, _DIGITS]
+    year = (points[:, :4].astype(np.int64) - _ZERO) @ _YEAR
+    if not (
+        (points[:, [4, 7]] == _DASH).all()
+        and ((digits >= _ZERO) & (digits <= _ZERO + 9)).all()
+        and ((year > 1) & (year < 9999)).all()
+    ):
+        return None
+    if unit is TimeUnit.MONTH:
+        dated = heads.astype("<U7")
+    elif unit is TimeUnit.WEEK:
+        days = heads.astype("datetime64[D]")
+        weekday = (days.astype(np.int64) + 3) % 7  # 1970-01-01 was a Thursday
+        monday: NDArray[np.datetime64] = days - weekday.astype("timedelta64[D]")
+        dated = np.datetime_as_string(monday, unit="D")
+    else:
+        dated = heads
+    published: list[str | None] = dated.tolist()
+    if at is None:
+        return published
+    out: list[str | None] = [None] * len(values)
+    for i, d in zip(at, published, strict=True):
+        out[i] = d
     return out
 
 

@@ -74,6 +74,8 @@ class Keep(Protection):
 
 
 def _text(values: list[Any]) -> list[str | None]:
+    if None not in values:
+        return list(map(str, values))
     return [None if v is None else str(v) for v in values]
 
 

@@ -109,3 +109,26 @@ def test_the_instants_that_leave_utc_are_exactly_the_refused_ones() -> None:
     assert masking.timestamp_fault("9999-12-31T23:59:59") is None  # no zone: never converted
     assert masking.timestamp_fault("yesterday") is TimestampFault.NOT_ISO_8601
     assert masking.coarsen(["9999-12-31T23:00:00-01:00"], TimeUnit.HOUR) == [None]
+
+
+_OTHER_FORMS = st.one_of(
+    st.none(),
+    st.dates().map(lambda d: d.isoformat()),  # a date alone
+    st.datetimes().map(lambda t: t.strftime("%Y%m%dT%H%M%S")),  # the basic format
+    st.datetimes().map(lambda t: t.strftime("%Y%m%d1%H%M")),  # a digit as the separator
+    st.dates().map(lambda d: "{}-W{:02d}-{}".format(*d.isocalendar())),  # a week date
+    st.text(max_size=12),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(extreme_iso(), _OTHER_FORMS), max_size=8))
+@example(["2024-02-29T23:59:59+05:00", "1970-01-01", "2000-01-02T00:00Z", None])
+@example(["0002-01-01T00:00:00", "9998-12-31 23:59:59.5-23:00"])
+@example(["2020-01-01", "9999-12-31T23:00:00-01:00"])  # no UTC instant: None
+@example(["2020010110500"])  # 2020-01-01 05:00, ten digits in front
+def test_a_column_of_timestamps_is_coarsened_as_each_timestamp_would_be(texts: list[str]) -> None:
+    """The columnar path (dates taken from ``YYYY-MM-DD`` text) publishes what parsing each
+    timestamp does, under every unit, whatever else the column holds."""
+    for unit in TimeUnit:
+        assert masking.coarsen(texts, unit) == masking.coarsen_each(texts, unit), unit
