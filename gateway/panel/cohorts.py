@@ -20,7 +20,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
@@ -391,28 +391,34 @@ def _publish(
     cohort_class = [class_index.setdefault(tuple(t), len(class_index)) for t in tuples]
     classes = [list(t) for t in class_index]
     class_of_row[rows] = np.asarray(cohort_class, dtype=np.int32)[labels]
-    sets = roster.linked
-    for c in cohorts:
-        group = frozenset(members[c])
-        # members holding one set object get one intersection (id -> (the set, the result):
-        # the set is held, so its id names it for the whole cohort)
-        met: dict[int, tuple[Set[int], Set[int]]] = {}
-        for r in members[c]:
-            held = sets[r]
-            known = met.get(id(held))
-            if known is None:
-                known = met[id(held)] = (held, held & group if held else group)
-            sets[r] = known[1]
+    linked_sets = _linked(roster.linked, rows, labels, [frozenset(members[c]) for c in cohorts])
     sizes = np.bincount(class_of_row[rows], minlength=len(classes))
     weights, measures = _weights(
         roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules, cols=cols
     )
-    linked = np.fromiter(map(len, map(sets.__getitem__, rows)), dtype=np.int64, count=len(rows))
+    linked = np.fromiter(map(len, linked_sets), dtype=np.int64, count=len(rows))
     measures["linked_records"] = float(linked.size)
     measures["linked_below_k"] = float(np.count_nonzero(linked < rules.k))
     measures["linked_smallest"] = float(linked.min())
     measures["release_smallest_class"] = float(sizes.min())
     return _Published(class_of_row, classes, weights, measures, sizes)
+
+
+def _linked(
+    sets: list[Set[int]], rows: list[int], labels: NDArray[np.int64], groups: list[Set[int]]
+) -> list[Set[int]]:
+    """Each row's linked set narrowed to its cohort's ``groups[label]`` (stored in ``sets``
+    and returned in ``rows``' order). Members of a cohort holding one set object share one
+    intersection: the held sets are alive here, so an id names one."""
+    held = list(map(sets.__getitem__, rows))
+    pairs = list(zip(labels.tolist(), map(id, held), strict=True))
+    met = {
+        pair: (h & groups[pair[0]] if h else groups[pair[0]])
+        for pair, h in dict(zip(pairs, held, strict=True)).items()
+    }
+    narrowed = list(map(met.__getitem__, pairs))
+    deque(map(sets.__setitem__, rows, narrowed), maxlen=0)
+    return narrowed
 
 
 def _weights(
