@@ -15,7 +15,7 @@ from gateway.grouping.mixed_microaggregation import (
     EditRule,
     QIKind,
     claim_columns,
-    mixed_centroids,
+    mixed_group_centroids,
     mixed_microaggregate,
 )
 from gateway.policy import MicroaggAlgorithm, Policy
@@ -63,10 +63,10 @@ class ClaimPartition:
 
     def centroids(self, rows: list[list[object]], labels: NDArray[np.int64]) -> list[list[Any]]:
         """The tuple each group of rows (groups labelled 0..n-1) publishes."""
-        values = mixed_centroids(self.columns, rows, labels, self.rules)
-        first = np.unique(labels, return_index=True)[1].tolist()  # a row of each group
+        values = mixed_group_centroids(self.columns, rows, labels, self.rules)
+        present = np.unique(labels)
         columns = [
-            published_column([column[t] for t in first], numeric)
+            published_column(column[present].tolist(), numeric)
             for column, numeric in zip(values, self.numeric, strict=True)
         ]
         return [list(t) for t in zip(*columns, strict=True)]

@@ -73,7 +73,15 @@ from gateway.grouping.mdav_arith import (
 )
 from gateway.grouping.mdav_pruned import Block, Pruned
 
-__all__ = ["Block", "group_means", "mdav_blocks", "mdav_groups", "microaggregate", "ranking_groups"]
+__all__ = [
+    "Block",
+    "class_means",
+    "group_means",
+    "mdav_blocks",
+    "mdav_groups",
+    "microaggregate",
+    "ranking_groups",
+]
 
 # Remaining sets of at most this many records are processed by the direct exact method (both
 # methods give the same partition). Below ~1000 records the two cost the same on 3 numeric
@@ -285,6 +293,14 @@ def group_means(x: NDArray[np.float64], labels: NDArray[np.int64]) -> NDArray[np
 
     ``x`` may be 1-D (one attribute); the result then is 1-D too.
     """
+    means = class_means(x, labels)
+    lab = np.asarray(labels)
+    return means[lab] if lab.size else np.array(x, dtype=np.float64)
+
+
+def class_means(x: NDArray[np.float64], labels: NDArray[np.int64]) -> NDArray[np.float64]:
+    """The mean of each group (row g: label g; 0 for a label no row has), with
+    :func:`group_means`'s checks and shapes."""
     arr = np.asarray(x, dtype=np.float64)
     lab = np.asarray(labels)
     if arr.ndim not in (1, 2):
@@ -298,8 +314,6 @@ def group_means(x: NDArray[np.float64], labels: NDArray[np.int64]) -> NDArray[np
         raise MechanismError("labels must be non-negative integers")
     if not np.isfinite(arr).all():
         raise MechanismError("x has non-finite values (NaN or ±inf)")
-    if not lab.size:
-        return arr.copy()
     mat = arr if arr.ndim == 2 else arr[:, None]
     counts = np.bincount(lab)
     sums = np.empty((counts.size, mat.shape[1]))
@@ -307,8 +321,7 @@ def group_means(x: NDArray[np.float64], labels: NDArray[np.int64]) -> NDArray[np
         sums[:, j] = np.bincount(lab, weights=mat[:, j], minlength=counts.size)
     used = counts > 0
     sums[used] /= counts[used, None]
-    out: NDArray[np.float64] = sums[lab]
-    return out if arr.ndim == 2 else out[:, 0]
+    return sums if arr.ndim == 2 else sums[:, 0]
 
 
 def microaggregate(

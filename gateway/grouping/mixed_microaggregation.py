@@ -55,7 +55,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.errors import MechanismError
-from gateway.grouping.microaggregation import Block, group_means, mdav_blocks, mdav_groups
+from gateway.grouping.microaggregation import Block, class_means, mdav_blocks, mdav_groups
 from gateway.grouping.refine import refine_groups
 from gateway.mechanisms import masking
 from gateway.policy import (
@@ -76,6 +76,7 @@ __all__ = [
     "claim_inputs",
     "embed",
     "mixed_centroids",
+    "mixed_group_centroids",
     "mixed_microaggregate",
 ]
 
@@ -228,6 +229,18 @@ def mixed_centroids(
     return _centroids(columns, values, labels, [None] * len(columns), rules)
 
 
+def mixed_group_centroids(
+    columns: Sequence[QIColumn],
+    values: Sequence[Sequence[object]],
+    labels: NDArray[np.int64],
+    rules: Sequence[EditRule] = (),
+) -> list[NDArray[Any]]:
+    """:func:`mixed_centroids` once a group: one array a column, entry g the value group g
+    publishes (entries of labels no record has are meaningless)."""
+    lab = np.asarray(labels, dtype=np.int64)
+    return _group_centroids(columns, values, lab, [None] * len(columns), rules)
+
+
 def _centroids(
     columns: Sequence[QIColumn],
     values: Sequence[Sequence[object]],
@@ -238,25 +251,36 @@ def _centroids(
     """``mixed_centroids`` with the category codes (numeric values) already computed where
     ``known`` has them."""
     lab = np.asarray(labels, dtype=np.int64)
+    return [g[lab].tolist() for g in _group_centroids(columns, values, lab, known, rules)]
+
+
+def _group_centroids(
+    columns: Sequence[QIColumn],
+    values: Sequence[Sequence[object]],
+    lab: NDArray[np.int64],
+    known: Sequence[NDArray[Any] | None],
+    rules: Sequence[EditRule],
+) -> list[NDArray[Any]]:
+    """Each group's published value per column (:func:`mixed_group_centroids`)."""
     groups = int(lab.max()) + 1 if lab.size else 0
-    out: list[list[object]] = []
+    out: list[NDArray[Any]] = []
     nominal: list[tuple[int, NDArray[np.int64]]] = []  # (column position, codes)
     for j, (col, vals, have) in enumerate(zip(columns, values, known, strict=True)):
         if col.kind is QIKind.NUMERIC:
             nums = _numeric(vals, col.name) if have is None else have
-            out.append(group_means(nums, lab).tolist())
+            out.append(class_means(nums, lab))
             continue
         codes = col.codes(vals) if have is None else have
         if col.kind is QIKind.NOMINAL:
             nominal.append((j, codes))
-            out.append([])  # filled below, jointly
+            out.append(_NONE)  # filled below, jointly
             continue
         order = np.lexsort((codes, lab))  # by group, then rank
         sorted_lab = lab[order]
         starts = np.searchsorted(sorted_lab, np.arange(groups))
         counts = np.bincount(lab, minlength=groups)
         chosen = codes[order][starts + (counts - 1) // 2]
-        out.append(_labels_of(col)[chosen[lab]].tolist())
+        out.append(_labels_of(col)[chosen])
     if nominal:
         for j, column in zip(
             [j for j, _ in nominal],
@@ -265,6 +289,9 @@ def _centroids(
         ):
             out[j] = column
     return out
+
+
+_NONE = np.empty(0, dtype=object)
 
 
 def _labels_of(col: QIColumn) -> NDArray[Any]:
@@ -279,8 +306,8 @@ def _joint_modes(
     codes: Sequence[NDArray[np.int64]],
     lab: NDArray[np.int64],
     rules: Sequence[EditRule],
-) -> list[list[object]]:
-    """Each record's published nominal values: the member combination of its group that
+) -> list[NDArray[Any]]:
+    """Each group's published nominal values: the member combination of its group that
     agrees with the most member cells (the group's medoid under the 0/1 distance: Σ over
     attributes of the members sharing its value), ties to the more frequent combination, then
     to the one whose codes come first; never one an edit rule forbids, unless every member's
@@ -300,21 +327,20 @@ def _joint_modes(
     order = np.lexsort((combo, -counts, -agree, banned[combo], group))
     first = np.ones(order.size, dtype=bool)
     first[1:] = group[order][1:] != group[order][:-1]
-    best = np.empty(int(group.max()) + 1 if group.size else 0, dtype=np.int64)
+    best = np.zeros(groups, dtype=np.int64)  # a label no record has: any combination
     best[group[order][first]] = combo[order][first]
-    chosen = best[lab]
-    out = [_labels_of(col)[combos[chosen, j]].tolist() for j, col in enumerate(columns)]
-    if rules and banned[best].any():
-        for g in np.flatnonzero(banned[best]).tolist():
+    out = [_labels_of(col)[combos[best, j]] for j, col in enumerate(columns)]
+    forbidden = banned[best]
+    forbidden[np.setdiff1d(np.arange(groups), group)] = False
+    if rules and forbidden.any():
+        for g in np.flatnonzero(forbidden).tolist():
             published = {
                 col.name: col.categories[combos[best[g], j]] for j, col in enumerate(columns)
             }
             hidden = {n for rule in rules if rule.breaks(published) for n, _ in rule.values}
-            members = np.flatnonzero(lab == g).tolist()
             for j, col in enumerate(columns):
                 if col.name in hidden:
-                    for i in members:
-                        out[j][i] = None
+                    out[j][g] = None
     return out
 
 
