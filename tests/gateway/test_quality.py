@@ -22,6 +22,7 @@ from scipy.stats import rankdata
 from gateway.errors import InputDataError
 from gateway.measures import quality as q
 from gateway.measures.disclosure_risk import _ranks
+from gateway.measures.window_risk import window_measures
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -488,6 +489,25 @@ def test_risk_measures_are_shares(pair: tuple[np.ndarray, np.ndarray]) -> None:
     assert all(0.0 <= v <= 1.0 for v in r.il3.values() if not math.isnan(v))
     assert r.il1s >= 0.0
     assert r.sse_sst_pct >= 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(_pairs(), st.sampled_from([1.0, 10.0, 100.0]))
+def test_a_windows_measures_are_what_each_measure_gives(
+    pair: tuple[np.ndarray, np.ndarray], p_pct: float
+) -> None:
+    """window_measures standardises the rows once for its four figures: the same numbers."""
+    x, xm = pair
+    got = window_measures(x, xm, p_pct)
+    want = {
+        "sse_sst_pct": q.sse_sst_pct(x, xm),
+        "il1s": q.il1s(x, xm),
+        "dld": q.dld(x, xm),
+        "interval_disclosure": q.interval_disclosure(x, xm, p_pct),
+    }
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        assert got[name] == value or (math.isnan(got[name]) and math.isnan(value)), name
 
 
 moderate = st.integers(-(10**6), 10**6).map(lambda v: v / 100.0)
