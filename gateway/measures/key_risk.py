@@ -179,6 +179,9 @@ class KeyRisk:
         }
 
 
+_DENSE_PAIRS = 1 << 20  # (class, value) flags counted densely up to 8n + this many
+
+
 def l_diversity(ids: Int, groups: int, sizes: Int, values: Int) -> LDiversity:
     """Distinct l-diversity of the coded ``values`` within the classes ``ids`` (0..groups-1,
     of ``sizes`` records each)."""
@@ -186,8 +189,13 @@ def l_diversity(ids: Int, groups: int, sizes: Int, values: Int) -> LDiversity:
     if n == 0:
         return LDiversity(min_l=0, share_classes_below_2=0.0, records_in_homogeneous_classes=0.0)
     m = int(values.max()) + 1
-    pairs = np.unique(ids * m + values)  # distinct (class, value) pairs
-    ell = np.bincount(pairs // m, minlength=groups)
+    if groups * m <= 8 * n + _DENSE_PAIRS:  # a flag per (class, value): no sort
+        met = np.zeros(groups * m, dtype=np.bool_)
+        met[ids * m + values] = True
+        ell = np.count_nonzero(met.reshape(groups, m), axis=1)
+    else:
+        pairs = np.unique(ids * m + values)  # distinct (class, value) pairs
+        ell = np.bincount(pairs // m, minlength=groups)
     homogeneous = ell == 1
     return LDiversity(
         min_l=int(ell.min()),

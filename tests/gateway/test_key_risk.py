@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from fractions import Fraction
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pandas as pd
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import InputDataError, MechanismError
 from gateway.grouping.mixed_microaggregation import QIColumn, QIKind, embed, mixed_microaggregate
+from gateway.measures import key_risk as key_risk_module
 from gateway.measures.key_risk import class_sizes, combine_codes, key_risk
 from gateway.measures.linkage import MixedScaling, mixed_linkage
 
@@ -196,10 +198,14 @@ def test_l_diversity_of_a_hand_built_table() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(frames(min_rows=1))
-def test_l_diversity_matches_a_brute_force_count(frame: pd.DataFrame) -> None:
+@given(frames(min_rows=1), st.booleans())
+def test_l_diversity_matches_a_brute_force_count(frame: pd.DataFrame, sorted_pairs: bool) -> None:
+    """Both ways of counting distinct (class, value) pairs: flags, or a sort (``sorted_pairs``,
+    what a table of more classes times values than records takes)."""
     qi = [c for c in frame.columns if c.startswith("q")]
-    risk = key_risk(frame, qi, 2, ["s"])
+    dense = -(10**12) if sorted_pairs else key_risk_module._DENSE_PAIRS
+    with patch.object(key_risk_module, "_DENSE_PAIRS", dense):
+        risk = key_risk(frame, qi, 2, ["s"])
     assert risk.l_diversity["s"].to_dict() == pytest.approx(_brute_l_diversity(frame, qi, "s"))
 
 
