@@ -29,7 +29,6 @@ from gateway.engine.records import (
     NO_MARKS,
     Columns,
     InputMarks,
-    PublishedRecord,
     ValidRecord,
     WindowReport,
     WindowResult,
@@ -37,6 +36,7 @@ from gateway.engine.records import (
     encode_published,
     leading_run,
     output_rows,
+    published_records,
     record_ids,
     record_ids_at,
     values_at,
@@ -452,15 +452,13 @@ class Engine:
         """The protected records, those held, and the window's report."""
         records, suppressed = win.records, set(qi.suppressed)
         rows = output_rows(out.names, out.columns) if encode else []
-        published = list(
-            map(
-                PublishedRecord,
-                out.columns[0],  # record ids
-                out.keys,
-                encode_published(rows) if encode else [b""] * len(pub_idx),
-                [records[i].source for i in pub_idx],
-                [i in suppressed for i in pub_idx],
-            )
+        published = published_records(
+            out.columns[0],  # record ids
+            out.keys,
+            encode_published(rows) if encode else [b""] * len(pub_idx),
+            [records[i].source for i in pub_idx],
+            [i in suppressed for i in pub_idx],
+            respondents=[None] * len(pub_idx),
         )
         sizes = [size for _, size in qi.groups]
         report = WindowReport(

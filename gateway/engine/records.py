@@ -58,6 +58,52 @@ class PublishedRecord(NamedTuple):
     respondent: bytes | None = None
 
 
+# NamedTuples built from columns in C: ``tuple.__new__`` of the type, as ``NamedTuple._make``
+# does (the generated ``__new__`` is a Python function: 0.37 against 0.22 µs a record).
+_TUPLE_NEW = tuple.__new__
+
+
+def published_records(
+    record_ids: Sequence[str],
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes],
+    sources: Sequence[SourceRef | None],
+    suppressed: Sequence[bool],
+    *,
+    respondents: Sequence[bytes | None],
+) -> list[PublishedRecord]:
+    """One :class:`PublishedRecord` a row of these columns."""
+    rows = zip(record_ids, keys, values, sources, suppressed, respondents, strict=True)
+    return list(map(_TUPLE_NEW, repeat(PublishedRecord), rows))
+
+
+def valid_records(
+    respondent_ids: Sequence[str | None],
+    values: Sequence[Mapping[str, object]],
+    sources: Sequence[SourceRef | None],
+    arrived_at: Sequence[float],
+) -> list[ValidRecord]:
+    """One :class:`ValidRecord` a row of these columns."""
+    rows = zip(respondent_ids, values, sources, arrived_at, strict=True)
+    return list(map(_TUPLE_NEW, repeat(ValidRecord), rows))
+
+
+def source_refs(
+    topics: Sequence[str | None],
+    partitions: Sequence[int],
+    offsets: Sequence[int],
+    stamps: Sequence[int],
+) -> list[SourceRef | None]:
+    """One :class:`SourceRef` a row of these columns (None where the topic is None)."""
+    if None in topics:
+        return [
+            SourceRef(t, p, o, ts) if t is not None else None
+            for t, p, o, ts in zip(topics, partitions, offsets, stamps, strict=True)
+        ]
+    rows = zip(topics, partitions, offsets, stamps, strict=True)
+    return list(map(_TUPLE_NEW, repeat(SourceRef), rows))
+
+
 @dataclass(frozen=True, slots=True)
 class InputMarks:
     """What the input log tells the engine beyond a window's records. ``committed``: per input

@@ -24,11 +24,11 @@ from typing import Any
 from gateway.engine.columns import PublishedColumns, WindowInputs
 from gateway.engine.keyed_inputs import KeyedInputs
 from gateway.engine.records import (
-    PublishedRecord,
     WindowResult,
     attribute_values,
     encode_rows,
     output_rows,
+    published_records,
     take_at,
 )
 from gateway.errors import PolicyError
@@ -385,16 +385,8 @@ class PanelStep:
         self._write(rosters)
         rows = output_rows(names, cols) if encode else []
         values_out = encode_rows(names, cols) if encode else [b""] * len(pub_rids)
-        published = list(
-            map(
-                PublishedRecord,
-                pub_rids,
-                keys,
-                values_out,
-                [None] * len(pub_rids),
-                flags,
-                respondents,
-            )
+        published = published_records(
+            pub_rids, keys, values_out, [None] * len(pub_rids), flags, respondents=respondents
         )
         return WindowResult(
             published=published,

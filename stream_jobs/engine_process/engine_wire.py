@@ -31,8 +31,11 @@ from gateway.engine.records import (
     ValidRecord,
     WindowResult,
     encode_rows,
+    published_records,
+    source_refs,
     starts_with,
     uniform_columns,
+    valid_records,
 )
 
 _MARSHAL, _PICKLE = b"m", b"p"
@@ -244,12 +247,7 @@ def decode_window(
     if isinstance(values, dict):
         by_name = values
         values = [_ColumnRow(by_name, i) for i in range(len(ids))]
-    records = [
-        ValidRecord(rid, vals, SourceRef(t, p, o, ts) if t is not None else None, at)
-        for rid, vals, t, p, o, ts, at in zip(
-            ids, values, topics, partitions, offsets, stamps, arrived, strict=True
-        )
-    ]
+    records = valid_records(ids, values, source_refs(topics, partitions, offsets, stamps), arrived)
     return records, by_name, None if keys is None else WindowKeys(*keys)
 
 
@@ -353,7 +351,9 @@ class _Published(Sequence[PublishedRecord]):
             assert self._args is not None
             rids, keys, (names, columns), sources, suppressed, who = self._args
             values = encode_rows(names, columns)
-            self._records = list(map(PublishedRecord, rids, keys, values, sources, suppressed, who))
+            self._records = published_records(
+                rids, keys, values, sources, suppressed, respondents=who
+            )
             self._args = None
         return self._records
 
@@ -385,7 +385,7 @@ def decode_result(records: Sequence[ValidRecord], columns: bytes, extra: bytes) 
     if isinstance(values, tuple):  # (names, columns): the child left them to be encoded here
         published = _Published(rids, keys, values, sources, suppressed, respondents=who)
     else:
-        published = list(map(PublishedRecord, rids, keys, values, sources, suppressed, who))
+        published = published_records(rids, keys, values, sources, suppressed, respondents=who)
     report, aggregated = pickle.loads(extra)
     return WindowResult(
         published=published,
