@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from gateway.engine.records import Columns, ValidRecord, attribute_values
@@ -153,7 +154,7 @@ class PublishedColumns:
         if not self._claim:
             return {}
         unset = (None,) * len(self._claim)
-        chosen = [qi.tuples.get(i, unset) for i in pub_idx]
+        chosen = list(map(qi.tuples.get, pub_idx, repeat(unset)))
         if not chosen:
             return {n: [] for n in self._claim}
         by_name = map(list, zip(*chosen, strict=True))

@@ -61,10 +61,13 @@ class Present:
     """A wave's respondents that answered (their first record), with complete claim rows."""
 
     keys: Sequence[bytes]
-    rows: Sequence[list[object]]
-    claim: Sequence[Sequence[object]]  # the rows as columns, one an attribute
+    claim: Sequence[Sequence[object]]  # the claim rows as columns, one an attribute
     carry: CarryBlock  # what an absent member is carried forward with (Roster.carried)
     sampling: Sequence[float]  # sampling weights (1.0 without one)
+
+    def row(self, i: int) -> list[object]:
+        """The claim row of the respondent at ``i``."""
+        return [col[i] for col in self.claim]
 
     def claim_columns(self, at: Sequence[int]) -> list[Sequence[object]]:
         """The claim at ``at``, one sequence an attribute (gathered in C)."""
@@ -135,7 +138,11 @@ def decide_wave(
     class_of = out.class_of_row.tolist()
     imputed_rows = [r for r in absent if roster.active[r]]
     outcome = WaveOutcome(
-        present_class=[-1 if r is None else class_of[r] for r in rows_of],
+        present_class=(
+            [-1 if r is None else class_of[r] for r in rows_of]
+            if None in rows_of
+            else list(map(class_of.__getitem__, rows_of))
+        ),
         imputed_rows=imputed_rows,
         imputed_class=[class_of[r] for r in imputed_rows],
         tuples=out.tuples,
@@ -280,12 +287,13 @@ def _enter(
     cohorts = sorted(members)
     centres = _centres(roster, cohorts, members, rules.numeric)
     for i in new_idx:
-        c = cohorts[_nearest(present.rows[i], centres, rules.numeric)]
+        claim_row = present.row(i)
+        c = cohorts[_nearest(claim_row, centres, rules.numeric)]
         rows_of[i] = roster.add(
             present.keys[i],
             c,
             wave=wave,
-            claim=present.rows[i],
+            claim=claim_row,
             carry=present.carry_at([i]),
             sampling=present.sampling[i],
         )

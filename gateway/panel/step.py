@@ -54,6 +54,7 @@ from gateway.panel.output import (
 )
 from gateway.panel.plan import WindowPlan, batches, window_report
 from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
+from gateway.panel.weights import sampling_weights
 from gateway.policy import Method, Policy, RepublicationMode, Role
 from gateway.state_store.state_api import StateStore
 
@@ -151,7 +152,6 @@ class PanelStep:
                 self._names, attribute_values(pw.columns, n, self._names), strict=True
             )
         ]
-        rows = [list(r) for r in zip(*cols, strict=True)] if cols else [[] for _ in range(n)]
         waves = waves_of(pw.columns.get(self.wave, [None] * n))
         plan = WindowPlan()
         rosters: dict[int | None, Roster] = {}
@@ -161,7 +161,7 @@ class PanelStep:
                 roster = rosters[scope] = self._load(scope)
             last = roster.last_wave
             if last is None or wave > last:
-                self._decide(roster, scope, wave, idx=idx, pw=pw, rows=rows, cols=cols, plan=plan)
+                self._decide(roster, scope, wave, idx=idx, pw=pw, cols=cols, plan=plan)
             elif roster.outcome_of(wave) is not None:
                 self._replay(roster, wave, idx, pw, plan)
             else:  # a late record of a wave decided before the last one
@@ -193,27 +193,13 @@ class PanelStep:
         *,
         idx: list[int],
         pw: PanelWindow,
-        rows: list[list[Any]],
         cols: list[list[Any]],
         plan: WindowPlan,
     ) -> None:
-        first: dict[bytes, int] = {}
-        followers: list[tuple[int, int]] = []
-        for i in idx:
-            key = pw.rkeys[i]
-            if key is None or None in rows[i]:
-                plan.suppressed.append(i)  # cannot be followed, or cannot be grouped
-                plan.ids[i] = self._id(pw, i, wave)
-                continue
-            if key in first:
-                followers.append((i, first[key]))
-            else:
-                first[key] = i
-        lead = list(first.values())
+        lead, followers = self._leads(idx, pw, cols, wave, plan)
         take = take_at(lead)
         present = Present(
             keys=[pw.rkeys[i] for i in lead],  # type: ignore[misc]
-            rows=[rows[i] for i in lead],
             claim=[take(col) for col in cols] if lead else [() for _ in cols],
             carry=self._carry(pw, lead, roster),
             sampling=self._sampling_weights(pw, lead),
@@ -237,6 +223,28 @@ class PanelStep:
             roster, scope, wave, lead=lead, followers=followers, pw=pw, out=out, plan=plan
         )
 
+    def _leads(
+        self, idx: list[int], pw: PanelWindow, cols: list[list[Any]], wave: int, plan: WindowPlan
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Each respondent's first record of the wave (its lead), and the records that follow a
+        lead (position, the lead's); a record without a respondent or with an incomplete claim
+        row is suppressed, as it cannot be followed or grouped."""
+        keys = [pw.rkeys[i] for i in idx]
+        incomplete = {i for col in cols if None in col for i, v in enumerate(col) if v is None}
+        if None not in keys and incomplete.isdisjoint(idx) and len(set(keys)) == len(keys):
+            return list(idx), []  # one record a respondent: every record leads
+        first: dict[bytes, int] = {}
+        followers: list[tuple[int, int]] = []
+        for i, key in zip(idx, keys, strict=True):
+            if key is None or i in incomplete:
+                plan.suppressed.append(i)
+                plan.ids[i] = self._id(pw, i, wave)
+            elif key in first:
+                followers.append((i, first[key]))
+            else:
+                first[key] = i
+        return list(first.values()), followers
+
     def _plan_wave(
         self,
         roster: Roster,
@@ -249,15 +257,15 @@ class PanelStep:
         out: WaveOutcome,
         plan: WindowPlan,
     ) -> None:
-        lead_ids = panel_record_ids([pw.rkeys[i] for i in lead], wave)  # type: ignore[misc]
+        lead_ids = panel_record_ids(list(take_at(lead)(pw.rkeys)), wave)
         plan.ids.update(zip(lead, lead_ids, strict=True))
-        classes = out.present_class
-        grouped = [(i, c) for i, c in zip(lead, classes, strict=True) if c >= 0]
-        if len(grouped) < len(lead):
+        grouped, classes = lead, out.present_class
+        if min(classes, default=0) < 0:  # some not grouped: published suppressed
             plan.suppressed.extend(i for i, c in zip(lead, classes, strict=True) if c < 0)
-        tuples, weights = out.tuples, out.weights
-        plan.tuples.update([(i, tuples[c]) for i, c in grouped])
-        plan.weights.update([(i, weights[c]) for i, c in grouped])
+            kept = [n for n, c in enumerate(classes) if c >= 0]
+            grouped, classes = [lead[n] for n in kept], [classes[n] for n in kept]
+        plan.tuples.update(zip(grouped, map(out.tuples.__getitem__, classes), strict=True))
+        plan.weights.update(zip(grouped, map(out.weights.__getitem__, classes), strict=True))
         for n, (i, f) in enumerate(followers, 1):
             plan.ids[i] = self._id(pw, i, wave, repeat=n)
             if f in plan.tuples:
@@ -289,10 +297,7 @@ class PanelStep:
         col = pw.columns.get(self._sampling) if self._sampling is not None else None
         if col is None:
             return [1.0] * len(rows)
-        number = (int, float)  # (``int | float`` in the loop would build a union per record)
-        return [
-            float(v) if isinstance(v, number) and v > 0 else 1.0 for v in (col[i] for i in rows)
-        ]
+        return sampling_weights(take_at(rows)(col))
 
     # -- replaying the last wave --------------------------------------------------------
     def _replay(

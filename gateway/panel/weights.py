@@ -60,6 +60,16 @@ def rounded_targets(counts: NDArray[np.float64], round_to: float) -> NDArray[np.
     return out
 
 
+def sampling_weights(values: Sequence[object]) -> list[float]:
+    """Each record's sampling weight as given: a positive number, else 1."""
+    numbers = np.asarray(values)
+    if numbers.dtype.kind in "iuf":  # numbers only: converted as float() would, at once
+        weights: list[float] = np.where(numbers > 0, numbers, 1.0).astype(np.float64).tolist()
+        return weights
+    number = (int, float)  # (``int | float`` in the loop would build a union per record)
+    return [float(v) if isinstance(v, number) and v > 0 else 1.0 for v in values]
+
+
 def rake(
     sizes: NDArray[np.float64],
     base: NDArray[np.float64],

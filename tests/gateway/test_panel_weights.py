@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.panel.weights import RakingSpec, kish_deff, rake, rounded_targets
+from gateway.panel.weights import RakingSpec, kish_deff, rake, rounded_targets, sampling_weights
 
 
 @st.composite
@@ -121,3 +121,25 @@ def test_the_topic_reader_weights_a_panel_release() -> None:
     assert w["observed"][0] == pytest.approx(0.75)
     assert w["n"] == p["n"] == 100  # the rows read
     assert w["groups"][0]["n_effective"] < 100  # Kish's effective size, which the SEs use
+
+
+_GIVEN_WEIGHT = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.lists(st.floats()), st.lists(st.integers(-100, 100)), st.lists(_GIVEN_WEIGHT)))
+def test_a_sampling_weight_is_the_positive_number_given_else_one(values: list[object]) -> None:
+    """Whatever the column holds (numbers converted at once, or anything else value by value)."""
+    want = [
+        float(v) if isinstance(v, int | float) and v > 0 else 1.0  # type: ignore[operator]
+        for v in values
+    ]
+    got = sampling_weights(values)
+    assert got == want  # never NaN: NaN is not positive
+    assert all(type(g) is float for g in got)
