@@ -39,6 +39,12 @@ all rounds and round by round (their spread is what a difference must stand out 
 windows count as wave 1's until it has decided as many records as wave 1 has, so the window that
 decides wave 1 counts there however late the wave closes (under ``panel``, after its grace).
 
+The process runs under the engine process's memory policy (``tune_memory``: glibc keeps the heap
+between windows, start-up objects frozen out of the collector), as the engine does in the stream;
+before 2026-11-29 it ran under glibc's defaults, which hand the heap back after every window and
+fault it in again on the next (``--memory default``). Both sides share the process, so both run
+under the same policy.
+
 It then says whether the two versions gave the same bytes: the published columns and the
 window reports of every window (digested outside the timed part), and the rows of each state
 file at the end of every round. A change meant to keep the output must print "identical" for
@@ -73,6 +79,7 @@ import stream_throughput  # the bench's policies
 from gateway.policy import policy_from_yaml
 from gateway.validation import Validator
 from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
+from stream_jobs.engine_process.memory import tune_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gateway", "state", "stream_jobs")
@@ -314,7 +321,16 @@ def main() -> None:
         "records: fed as the worker feeds it, but as records to Engine.protect_window (the "
         "in-thread engine's path, and the file workflow's), the held ones back in each window",
     )
+    ap.add_argument(
+        "--memory",
+        choices=("engine", "default"),
+        default="engine",
+        help="engine: malloc and the collector as the engine process sets them (tune_memory; "
+        "the default since 2026-11-29); default: Python's and glibc's own",
+    )
     args = ap.parse_args()
+    if args.memory == "engine":
+        tune_memory()  # the engine process's policy, process-wide: both sides run under it
     text = stream_throughput.policy_text(args.numeric_only)
     answers = panel_answers(args.records, text)
     sides = ("base", "head")
