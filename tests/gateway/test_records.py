@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import tracemalloc
 from typing import Any
+from unittest.mock import patch
 
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.engine import records
 from gateway.engine.records import (
     ValidRecord,
     attribute_values,
@@ -74,12 +76,18 @@ _JSON_VALUE = st.one_of(
     st.booleans(),
     st.integers(-(2**63), 2**63 - 1),
     st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e16, -2.5e300, 1e-7, 123456.0, "1e5", "x 2e+3"]),  # exponents, as text
     st.text(),
 )
 
 
 @given(
-    names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=8, unique=True),
+    # names given twice (a mapping keeps one) and names JSON writes with escapes included
+    names=st.lists(
+        st.one_of(st.text(min_size=1, max_size=12), st.sampled_from(["a", 'q"', "\\n"])),
+        min_size=1,
+        max_size=8,
+    ),
     data=st.data(),
 )
 def test_published_records_are_orjson_s_bytes(names: list[str], data: st.DataObject) -> None:
@@ -87,6 +95,15 @@ def test_published_records_are_orjson_s_bytes(names: list[str], data: st.DataObj
     columns = [data.draw(st.lists(_JSON_VALUE, min_size=n, max_size=n)) for _ in names]
     rows = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
     assert encode_rows(names, columns) == [orjson.dumps(r) for r in rows]
+
+
+def test_published_records_are_written_in_bulk() -> None:
+    """The usual window (no float with a positive exponent) never builds a mapping a row."""
+    names = ["record_id", "age", "sex", "weight", "é"]
+    columns = [["1-a", "1-b"], [37.5, 41.0], ["Female", None], [290805.0, 1.0], [True, 3]]
+    want = [orjson.dumps(dict(zip(names, row, strict=True))) for row in zip(*columns, strict=True)]
+    with patch.object(records, "output_rows", side_effect=AssertionError("a mapping a row")):
+        assert encode_rows(names, columns) == want
 
 
 def test_published_records_hold_no_more_memory_than_their_bytes() -> None:
