@@ -36,6 +36,7 @@ from stream_jobs.engine_process.engine_wire import (
     encode_result,
     held_positions,
 )
+from stream_jobs.engine_process.framing import receive
 from stream_jobs.engine_process.memory import Collector, tune_memory
 
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
@@ -68,7 +69,7 @@ def _serve(conn: Connection, parent: int) -> None:
         held = HeldInChild()  # what the last window handed back held
         while True:
             try:
-                request = pickle.loads(conn.recv_bytes())
+                request = pickle.loads(receive(conn))
             except EOFError:
                 return
             try:

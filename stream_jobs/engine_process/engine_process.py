@@ -53,6 +53,7 @@ from stream_jobs.engine_process.engine_wire import (
     held_prefix,
     window_request,
 )
+from stream_jobs.engine_process.framing import receive
 
 __all__ = [
     "EngineProcess",
@@ -336,7 +337,7 @@ class EngineProcess:
 
     def _reply(self, what: str) -> tuple[Any, ...]:
         try:
-            reply: tuple[Any, ...] = pickle.loads(self._conn.recv_bytes())
+            reply: tuple[Any, ...] = pickle.loads(receive(self._conn))
         except (EOFError, OSError):
             raise self._exited() from None
         if reply[0] == "error":
