@@ -21,6 +21,8 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gateway.engine.records import starts_with
 from gateway.grouping.registry import is_wave
 from gateway.grouping.release import ReleaseClock, Source
@@ -68,11 +70,14 @@ class Parking:
         arrived, sources, events = origins(fresh)
         clock.see(releases[known:], sources, arrived, events if self.grace is not None else None)
         oldest = dict(self.oldest) if known else {}
-        waves = {r for r in set(releases[known:]) if is_wave(r)}  # a few distinct keys
-        for i, at in zip(fresh, arrived, strict=True):
-            r = releases[i]
-            if r in waves and at < oldest.get(r, at + 1):
-                oldest[r] = at
+        # by column: a few distinct wave keys among many records
+        fresh_releases = np.array(releases[known:], dtype=object)
+        times = np.asarray(arrived, dtype=np.float64)
+        of_wave = {r: fresh_releases == r for r in set(releases[known:]) if is_wave(r)}
+        for r, mine in of_wave.items():
+            first = float(times[mine].min())
+            if first < oldest.get(r, first + 1):
+                oldest[r] = first
         if flush_all:
             due = set(oldest)
         elif self.grace is not None:  # a panel: the close grace, or the wave's maximum
@@ -87,7 +92,9 @@ class Parking:
             due = {r for r, at in oldest.items() if now - at >= hold or clock.closed(r, now)}
         if known and due.isdisjoint(self.oldest):
             # no wave parked last time is due: those records stay as they are, in front
-            new = [i for i in fresh if releases[i] in oldest and releases[i] not in due]
+            waiting = [mine for r, mine in of_wave.items() if r in oldest and r not in due]
+            kept = np.logical_or.reduce(waiting) if waiting else np.zeros(len(fresh), bool)
+            new = (np.flatnonzero(kept) + known).tolist()
             parked = [*range(known), *new]
             self.records.extend(records[i] for i in new)
             self.releases.extend(releases[i] for i in new)
