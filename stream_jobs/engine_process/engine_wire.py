@@ -296,19 +296,23 @@ def encode_result(
     records: Sequence[ValidRecord], result: WindowResult, held: HeldAt
 ) -> tuple[bytes, bytes]:
     """The result for the worker; ``held``: :func:`held_positions`."""
-    # where each published record came from (held records publish nothing: mostly in front)
-    skip = len(held.positions) if held.in_front else 0
-    by_source = {
-        id(r.source): i for i, r in enumerate(records[skip:], skip) if r.source is not None
-    }
     pub = result.published
     # the values as the engine left them: columns, encoded by the worker (decode_result)
     values = result.output if result.output is not None else [p.value for p in pub]
+    sources = [p.source for p in pub]
+    origins = [-1] * len(pub)  # a panel's records stand for members, not input records
+    if sources.count(None) < len(sources):
+        # where each published record came from (held records publish nothing: mostly in front)
+        skip = len(held.positions) if held.in_front else 0
+        by_source = {
+            id(r.source): i for i, r in enumerate(records[skip:], skip) if r.source is not None
+        }
+        origins = [-1 if s is None else by_source[id(s)] for s in sources]
     columns = (
         [p.record_id for p in pub],
         [p.key for p in pub],
         values,
-        [by_source[id(p.source)] if p.source is not None else -1 for p in pub],
+        origins,
         [p.suppressed for p in pub],
         held.positions,
         [p.respondent for p in pub],  # in memory only: for tests and attack simulation
