@@ -19,7 +19,7 @@ from gateway.engine.records import (
 from gateway.grouping.mixed_microaggregation import claim_inputs
 from gateway.grouping.strata import stratum_texts
 from gateway.keyed.keyed import Keyring
-from gateway.policy import MISSING_LABEL, ConsistencyMode, Method, Policy
+from gateway.policy import MISSING_LABEL, ConsistencyMode, Method, Policy, RepublicationMode
 
 _QI_DIGEST_ATTR = "\x00quasi-identifiers"
 CATEGORIES_DIGEST_ATTR = "\x00categorical-quasi-identifiers"  # a tuple's categories alone
@@ -110,8 +110,11 @@ class KeyedInputs:
         self._keyring = keyring
         self._digests = _ValueDigests(keyring)
         sticky = policy.consistency.mode is ConsistencyMode.STICKY
+        # a panel publishes its members' tuples from its roster and looks no claim tuple up:
+        # its digests would cost the worker 2-4 µs a record for nothing
+        panel = policy.republication.mode is RepublicationMode.PANEL
         claim = policy.k_claim if sticky else []
-        self._claim = [(n, policy.attributes[n]) for n in claim]
+        self._claim = [] if panel else [(n, policy.attributes[n]) for n in claim]
         self._strata = list(policy.microaggregation.strata or [])
         self._sticky_values = [
             n
