@@ -29,8 +29,8 @@ from gateway.grouping.release import ReleaseClock, Source
 
 # the release keys of the records at these positions
 ReleasesAt = Callable[[Sequence[int]], list[str]]
-# the arrival times, input partitions and event times (seconds; NaN or None: unknown) of the
-# records at these positions
+# the arrival times (seconds, always known: the worker's monotonic clock), input partitions
+# and event times (seconds; NaN or None: unknown) of the records at these positions
 Origins = Callable[[range], tuple[Sequence[float], Sequence[Source], Sequence[float | None]]]
 
 
