@@ -263,6 +263,16 @@ def prepare(side: str, text: str, answers: list[Any], state: Path, feed: str) ->
     return answer, engine, store, blobs
 
 
+def prepare_own(revision: str | None, tmp: Path, answers: list[Any], state: str) -> tuple[Any, ...]:
+    """One version (default: the working tree) exported as the head side and prepared under
+    its own Adult policy, fed the worker's way: :func:`prepare`'s (answer, engine, store,
+    blobs). For the benches that run one version (engine_profile, roster_bytes)."""
+    root = export(revision, "head", tmp)
+    sys.path.insert(0, str(root))
+    text = (root / "adult.yaml").read_text()
+    return prepare("head", text, answers, tmp / state, "worker")
+
+
 def closed_through(answers: list[Any], windows: int) -> list[int | None]:
     """Per window, the newest wave closed by the time it is fed: as bench/stream_throughput.py
     writes the operator's close of a wave (``privgw wave close``) after the wave's last record,

@@ -103,12 +103,7 @@ def main() -> int:
     answers = ab.panel_answers(args.records, ab.stream_throughput.policy_text(False))
     wave1 = len(answers) // 3
     with tempfile.TemporaryDirectory(prefix="privgw-profile-") as tmp:
-        root = ab.export(args.revision, "head", Path(tmp))
-        sys.path.insert(0, str(root))
-        policy = (root / "adult.yaml").read_text()
-        answer, engine, store, blobs = ab.prepare(
-            "head", policy, answers, Path(tmp) / "state.db", "worker"
-        )
+        answer, engine, store, blobs = ab.prepare_own(args.revision, Path(tmp), answers, "state.db")
         closes = ab.closed_through(answers, len(blobs))
         marks_for = ab.marks_of("head")
         profiles = (cProfile.Profile(), cProfile.Profile())

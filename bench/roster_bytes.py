@@ -33,12 +33,7 @@ def main() -> int:
     args = ap.parse_args()
     answers = ab.panel_answers(args.records, ab.stream_throughput.policy_text(False))
     with tempfile.TemporaryDirectory(prefix="privgw-roster-") as tmp:
-        root = ab.export(args.revision, "head", Path(tmp))
-        sys.path.insert(0, str(root))
-        text = (root / "adult.yaml").read_text()
-        answer, engine, store, blobs = ab.prepare(
-            "head", text, answers, Path(tmp) / "s.db", "worker"
-        )
+        answer, engine, store, blobs = ab.prepare_own(args.revision, Path(tmp), answers, "s.db")
         closes, marks_for, kept = ab.closed_through(answers, len(blobs)), ab.marks_of("head"), 0
         for w, blob in enumerate(blobs):
             ask = ("protect", [blob], w * 0.1, w == len(blobs) - 1, marks_for(closes[w]), kept)
