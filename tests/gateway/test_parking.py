@@ -3,6 +3,7 @@ the records it set aside agrees with the records, however the windows come."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypothesis import given, settings
@@ -23,6 +24,16 @@ windows = st.lists(
 )
 
 
+def _rids_at(records: list[ValidRecord]) -> Callable[[Sequence[int]], list[str]]:
+    """The parking's ``rids_at`` over a window's records."""
+    return lambda positions: record_ids_at(records, positions)
+
+
+def _releases_at(records: list[ValidRecord]) -> Callable[[Sequence[int]], list[str]]:
+    """The parking's ``releases_at``: each record's wave as its release key."""
+    return lambda positions: [str(records[i].values["wave"]) for i in positions]
+
+
 @settings(max_examples=150, deadline=None)
 @given(windows)
 def test_the_ids_of_parked_records_are_theirs_and_give_the_windows_id(
@@ -39,17 +50,11 @@ def test_the_ids_of_parked_records_are_theirs_and_give_the_windows_id(
         offset += len(new)
         records = [*(held[1:] if drop else held), *new]
 
-        def rids_at(positions: object, records: list[ValidRecord] = records) -> list[str]:
-            return record_ids_at(records, positions)  # type: ignore[arg-type]
-
-        def releases_at(positions: object, records: list[ValidRecord] = records) -> list[str]:
-            return [str(records[i].values["wave"]) for i in positions]  # type: ignore[attr-defined]
-
         parked = parking.split(
             records,
             lambda fresh: ([0.0] * len(fresh), [("in", 0)] * len(fresh), [None] * len(fresh)),
-            rids_at,
-            releases_at,
+            _rids_at(records),
+            _releases_at(records),
             clock,
             now=1.0,
             flush_all=flush_all,
@@ -108,14 +113,14 @@ def test_the_records_parked_are_those_of_waves_not_due(
             at = [records[i].arrived_at for i in fresh]
             return at, [("in", 0)] * len(fresh), [None] * len(fresh)
 
-        def releases_at(positions: object, records: list[ValidRecord] = records) -> list[str]:
-            return [str(records[i].values["wave"]) for i in positions]  # type: ignore[attr-defined]
-
-        def rids_at(positions: object, records: list[ValidRecord] = records) -> list[str]:
-            return record_ids_at(records, positions)  # type: ignore[arg-type]
-
         parked = parking.split(
-            records, origins, rids_at, releases_at, clock, now=now, flush_all=flush_all
+            records,
+            origins,
+            _rids_at(records),
+            _releases_at(records),
+            clock,
+            now=now,
+            flush_all=flush_all,
         )
         oldest: dict[str, float] = {}
         for r in records:
