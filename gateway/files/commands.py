@@ -83,11 +83,14 @@ def cmd_protect(args: argparse.Namespace) -> int:
             f"{before['share_below_k']:.4f} -> {after['share_below_k']:.4f}, sample uniques "
             f"{before['sample_uniques']} -> {after['sample_uniques']}"
         )
-        print(
-            f"  whole-key record linkage: {link['share_linked']:.4f} ± "
-            f"{link['standard_error']:.4f} (exact categorical key, then nearest numeric: "
-            f"{link['exact_key_linkage']:.4f})"
-        )
+        if link["share_linked"] is None:  # no record kept its key: nothing to link
+            print("  whole-key record linkage: none published")
+        else:
+            print(
+                f"  whole-key record linkage: {link['share_linked']:.4f} ± "
+                f"{link['standard_error']:.4f} (exact categorical key, then nearest numeric: "
+                f"{fmt(link['exact_key_linkage'])})"
+            )
         grouping = key.get("grouping", {})
         if "strata" in grouping:
             st = grouping["strata"]

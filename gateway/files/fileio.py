@@ -18,6 +18,7 @@ import pandas as pd
 
 from gateway.engine.records import ValidRecord
 from gateway.errors import InputDataError
+from gateway.measures.numeric_input import MAX_ABS
 from gateway.mechanisms import masking
 from gateway.policy import AttrType, ExtraFields, Policy
 from gateway.validation import has_duplicate_key
@@ -326,8 +327,7 @@ def records_from_frame(
                     f"non-numeric value(s), first at data row {first_row + bad[0] + 1}"
                 )
             arr = nums.to_numpy(dtype=float)
-            if not np.isfinite(arr[~missing]).all():
-                raise InputDataError(f"{path}: column '{name}' has infinite values")
+            check_magnitude(arr, name, path, first_row)
             if attr.range is not None:
                 lo, hi = attr.range
                 out = np.flatnonzero((arr < lo) | (arr > hi))
@@ -433,4 +433,21 @@ def numeric_matrix(df: pd.DataFrame, columns: Sequence[str], path: str | Path) -
         if bad:
             raise InputDataError(f"{path}: column '{c}' has {bad} non-numeric value(s)")
         out[:, j] = col.to_numpy(dtype=float)
+        check_magnitude(out[:, j], c, path)
     return out
+
+
+def check_magnitude(values: np.ndarray, name: str, path: str | Path, first_row: int = 0) -> None:
+    """±inf, and magnitudes whose squares overflow, are errors naming the column and the first
+    row (NaN, a missing value, passes)."""
+    checks = (
+        (np.isinf(values), "infinite value(s)", "drop them"),
+        (np.abs(values) > MAX_ABS, f"value(s) beyond ±{MAX_ABS:g}", "rescale the attribute"),
+    )
+    for bad, what, fix in checks:
+        rows = np.flatnonzero(bad)  # NaN (missing) compares False
+        if rows.size:
+            raise InputDataError(
+                f"{path}: column '{name}' has {rows.size} {what}, first at data row "
+                f"{first_row + int(rows[0]) + 1}; {fix}"
+            )

@@ -16,7 +16,7 @@ Float = NDArray[np.float64]
 NAN = float("nan")
 # Largest magnitude accepted, raw and in original standard deviations: squares and fourth
 # powers of such values stay far from float overflow.
-_MAX_ABS = 1e100
+MAX_ABS = 1e100
 
 
 def as_matrix(a: ArrayLike, name: str) -> Float:
@@ -35,7 +35,7 @@ def as_matrix(a: ArrayLike, name: str) -> Float:
         raise InputDataError(f"{name} has no attribute columns")
     if np.isinf(arr).any():
         raise InputDataError(f"{name} contains ±inf; use NaN for a missing or suppressed value")
-    if (np.abs(arr) > _MAX_ABS).any():
+    if (np.abs(arr) > MAX_ABS).any():
         raise InputDataError(f"{name} has values beyond ±1e100; rescale the attribute")
     return arr
 
@@ -91,7 +91,7 @@ def select(x: Float, xm: Float, complete: NDArray[np.bool_]) -> Prepared:
     sd = sd_all[informative]
     z = (xc - mean) / sd
     with np.errstate(over="ignore"):
-        zm = np.clip((xmc - mean) / sd, -_MAX_ABS, _MAX_ABS)
+        zm = np.clip((xmc - mean) / sd, -MAX_ABS, MAX_ABS)
     return Prepared(xc, xmc, mean, sd, z, zm, n_excluded, int((~informative).sum()))
 
 

@@ -3,6 +3,7 @@ fix, before any work and without any data value (never `internal error`, exit 70
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,46 @@ def test_a_policy_read_from_dev_zero_is_refused_naming_the_cap(
     """Issue 45, item 9: it ran out of memory (exit 70, or killed)."""
     code, err = run(capsys, "protect", adult, "--policy", "/dev/zero", "-o", "out.csv")
     assert_clear(code, err, "policy file /dev/zero is larger than the 1024 KiB")
+
+
+# -- values no squared distance survives, and a file whose every key is suppressed -------------
+
+
+@pytest.mark.parametrize("value", ["1e308", "-1e150", "inf", "-Infinity"])
+@pytest.mark.parametrize("command", ["protect", "microaggregate"])
+def test_a_value_whose_square_overflows_is_refused_naming_column_and_row(
+    capsys: pytest.CaptureFixture[str], adult: Path, value: str, command: str
+) -> None:
+    lines = adult.read_text().splitlines()
+    lines[7] = value + lines[7][lines[7].index(",") :]  # data row 7's age
+    adult.write_text("\n".join(lines) + "\n")
+    args = ["--policy", POLICY] if command == "protect" else ["--k", "3", "--columns", "age"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning on the way to the message
+        code, err = run(capsys, command, adult, *args, "-o", "out.csv")
+    what = "1 infinite value(s)" if "inf" in value.lower() else "1 value(s) beyond ±1e+100"
+    assert_clear(code, err, f"column 'age' has {what}, first at data row 7")
+    assert value not in err.replace("infinite", "") and not (adult.parent / "out.csv").exists()
+
+
+def test_protect_reports_a_file_whose_every_key_is_suppressed(
+    capsys: pytest.CaptureFixture[str], adult: Path
+) -> None:
+    """A numeric quasi-identifier missing in every row: every key is suppressed, the file is
+    written, and the summary says no key was published to link (it ended as internal error)."""
+    lines = adult.read_text().splitlines()
+    adult.write_text(
+        "\n".join([lines[0], *("?" + line[line.index(",") :] for line in lines[1:])]) + "\n"
+    )
+    code = main(["protect", str(adult), "--policy", str(POLICY), "-o", "out.csv", "--seed", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"protected {len(lines) - 1} of {len(lines) - 1} records" in out
+    assert f"{len(lines) - 1} suppressed" in out
+    assert "whole-key record linkage: none published" in out
+    rows = (adult.parent / "out.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert len(rows) == len(lines)
+    for row in rows[1:]:
+        cells = dict(zip(header, row.split(","), strict=True))
+        assert cells["age"] == cells["sex"] == cells["race"] == ""
