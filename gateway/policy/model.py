@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 from typing import Annotated, Self
 
+import numpy as np
 import orjson
 from pydantic import Field, model_validator
 
@@ -29,6 +31,9 @@ from gateway.policy.sections import (
     WindowSpec,
 )
 from gateway.policy.specs import StrictModel
+
+# cells of the grid of categories the edit rules are checked on (beyond it, not checked)
+_MAX_RULE_GRID = 1 << 22
 
 
 class Policy(StrictModel):
@@ -140,6 +145,29 @@ class Policy(StrictModel):
                         f"microaggregation.edit_rules[{i}].{name} must list categories it can "
                         f"publish ({', '.join(sorted(known))}); {len(unknown)} unknown"
                     )
+        self._check_some_combination_allowed()
+
+    def _check_some_combination_allowed(self) -> None:
+        """Rules that together forbid every combination of the attributes they name leave a
+        group nothing to publish for them (it would publish them blank): an error. Checked on
+        the grid of those attributes' published categories, which is small in practice."""
+        rules = self.microaggregation.edit_rules
+        names = list(dict.fromkeys(name for rule in rules for name in rule))
+        domains = [published_categories(self.attributes[name]) for name in names]
+        if not rules or math.prod(len(d) for d in domains) > _MAX_RULE_GRID:
+            return
+        forbidden = np.zeros([len(d) for d in domains], dtype=bool)
+        for rule in rules:
+            box = [
+                [d.index(c) for c in rule[name]] if name in rule else range(len(d))
+                for name, d in zip(names, domains, strict=True)
+            ]
+            forbidden[np.ix_(*box)] = True
+        if forbidden.all():
+            raise ValueError(
+                f"microaggregation.edit_rules forbid every combination of {', '.join(names)}: "
+                "no group could publish them; a rule lists the combinations that cannot occur"
+            )
 
     def _validate_recode_suppress(self) -> None:
         spec, claim = self.microaggregation, self.k_claim

@@ -337,6 +337,14 @@ PANEL = (
             "unknown",
         ),
         ("microaggregation: {k: 3, edit_rules: [{}]}\n", "edit_rules[0] names no attribute"),
+        (
+            "microaggregation: {k: 3, edit_rules: [{sex: [M, F]}]}\n",
+            "edit_rules forbid every combination of sex: no group could publish them",
+        ),
+        (
+            "microaggregation: {k: 3, edit_rules: [{sex: [F]}, {rel: [wife, husband, other]}]}\n",
+            "edit_rules forbid every combination of sex, rel: no group could publish them",
+        ),
         ("risk: {max_linked_below_k: 2}\n", "risk.max_linked_below_k must be a probability"),
     ],
 )
@@ -345,6 +353,16 @@ def test_bad_republication_settings_are_named(extra: str, expected: str) -> None
     with pytest.raises(PolicyError) as err:
         policy_from_yaml(extra + text)
     assert expected in str(err.value), str(err.value)
+
+
+def test_edit_rules_that_leave_one_combination_are_accepted() -> None:
+    """The check is on the grid: only the combination (M, other) is left."""
+    rules = "[{sex: [F]}, {sex: [M], rel: [husband, wife]}]"
+    policy = policy_from_yaml(
+        f"microaggregation: {{k: 3, edit_rules: {rules}}}\n"
+        + PANEL.replace("microaggregation: {k: 3}\n", "")
+    )
+    assert len(policy.microaggregation.edit_rules) == 2
 
 
 def test_republication_defaults_and_the_shipped_panel_policy() -> None:
