@@ -61,6 +61,15 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
             + "; an attribute an adversary can know splits the classes: make it a "
             "quasi_identifier or drop it"
         )
+    weight = report["published_weight"]
+    if claim and weight:
+        step = report["attributes"][weight].get("round_to")
+        print(
+            f"published beside the k claim, outside it (the sampling weight): {weight} "
+            + (f"(rounded to {step:g})" if step else "(unrounded)")
+            + "; a weight shared by fewer than k respondents singles them out: round it to a "
+            "step that k or more share (round_to) or drop it"
+        )
     print(f"consistency: {report['consistency']}")
     if claim:
         print(f"republication: {report['republication']['statement']}")

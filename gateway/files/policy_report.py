@@ -87,6 +87,8 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
         "unprotected_quasi_identifiers": policy.unprotected_quasi_identifiers,
         # published beside the claim (role other): outside it, whatever their method
         "published_outside_k_claim": policy.published_outside_claim,
+        # the sampling weight, when published: beside the claim too, and often unique
+        "published_weight": published_weight(policy),
         "consistency": policy.consistency.mode.value,
         "republication": republication_statement(policy),
         "attributes": attrs,
@@ -102,3 +104,11 @@ def _mechanism_report(mech: RRMechanism) -> dict[str, Any]:
         "epsilon": mech.epsilon,
         "rho2_for_rho1": {str(r): mech.rho2_for(r) for r in RHO1_GRID},
     }
+
+
+def published_weight(policy: Policy) -> str | None:
+    """The sampling weight attribute when the policy publishes it (kept, rounded or not)."""
+    name = policy.weight
+    if name is None or policy.attributes[name].method is Method.DROP:
+        return None
+    return name

@@ -91,6 +91,26 @@ def test_evaluate_json_has_the_documented_keys(adult_sample: Path, protected: Pa
     assert 0 < result["retention"]["income"] < 1
 
 
+@pytest.mark.parametrize(
+    ("setting", "said"), [("", "(unrounded)"), (", round_to: 50", "(rounded to 50)")]
+)
+def test_check_policy_names_a_published_weight(tmp_path: Path, setting: str, said: str) -> None:
+    """A published sampling weight sits beside the k claim like role other, and is often unique
+    (15,330 of Adult's 32,561): check-policy says so."""
+    dropped = "fnlwgt:    {role: weight, type: numeric, method: drop}"
+    policy = tmp_path / "weight.yaml"
+    policy.write_text(
+        POLICY.read_text().replace(dropped, dropped.replace("drop}", f"keep{setting}}}"))
+    )
+    text = privgw("check-policy", policy).stdout
+    line = next(x for x in text.splitlines() if "(the sampling weight)" in x)
+    assert f"fnlwgt {said}" in line and "round_to" in line
+    assert (
+        orjson.loads(privgw("check-policy", policy, "--json").stdout)["published_weight"]
+        == "fnlwgt"
+    )
+
+
 def test_reconstruct_and_check_policy(protected: Path) -> None:
     est = orjson.loads(privgw("reconstruct", protected, "--policy", POLICY, "--json").stdout)
     assert abs(sum(est["income"]["em"]) - 1) < 1e-9
@@ -102,6 +122,7 @@ def test_reconstruct_and_check_policy(protected: Path) -> None:
     assert "education" not in beside and "fnlwgt" not in beside  # dropped: not published
     report = orjson.loads(privgw("check-policy", POLICY, "--json").stdout)
     assert report["published_outside_k_claim"] == ["wave", "submitted_at"]
+    assert report["published_weight"] is None and "sampling weight" not in text
     income = report["attributes"]["income"]
     assert abs(income["gamma"] - 3.0) < 1e-9  # P[i][i] = 0.75 over 2 values: 0.75/0.25
     # noised amounts rounded to a reporting step: said, with what the analyst adds, and done
