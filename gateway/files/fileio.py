@@ -49,7 +49,7 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
     except UnicodeDecodeError:
         raise InputDataError(f"{p}: not UTF-8 text") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
-        raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+        raise _csv_error(p, err) from None
 
 
 def _jsonl_objects(p: Path) -> Iterator[dict[str, Any]]:
@@ -73,6 +73,19 @@ def _jsonl_objects(p: Path) -> Iterator[dict[str, Any]]:
             yield obj
 
 
+def _csv_error(p: Path, err: Exception) -> InputDataError:
+    """What was wrong with a CSV, said without quoting the parser's message (which may hold a
+    cell's value): the two common cases by name, else the parser's error class."""
+    if isinstance(err, pd.errors.EmptyDataError):
+        return InputDataError(f"{p}: empty (no header row)")
+    if "field larger than field limit" in str(err):
+        return InputDataError(
+            f"{p}: a field is longer than {csv.field_size_limit():,} characters; "
+            "is it the right file, with the right quoting?"
+        )
+    return InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})")
+
+
 def count_rows(path: str | Path) -> int:
     """The data rows of a table, its shape checked as :func:`read_table` does, without
     holding it: a CSV's rows, a JSON Lines file's non-blank lines."""
@@ -85,7 +98,7 @@ def count_rows(path: str | Path) -> int:
     except UnicodeDecodeError:
         raise InputDataError(f"{p}: not UTF-8 text") from None
     except csv.Error as err:
-        raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+        raise _csv_error(p, err) from None
 
 
 def iter_table(path: str | Path, policy: Policy, rows: int) -> Iterator[tuple[int, pd.DataFrame]]:
@@ -124,7 +137,7 @@ def iter_table(path: str | Path, policy: Policy, rows: int) -> Iterator[tuple[in
     except UnicodeDecodeError:
         raise InputDataError(f"{p}: not UTF-8 text") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
-        raise InputDataError(f"{p}: cannot parse as CSV ({err.__class__.__name__})") from None
+        raise _csv_error(p, err) from None
 
 
 def _text_chunk(

@@ -328,3 +328,24 @@ def test_protect_reports_a_file_whose_every_key_is_suppressed(
     for row in rows[1:]:
         cells = dict(zip(header, row.split(","), strict=True))
         assert cells["age"] == cells["sex"] == cells["race"] == ""
+
+
+@pytest.mark.parametrize("command", ["protect", "risk"])
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("", "empty (no header row)"),
+        ("LONG", "a field is longer than 131,072 characters"),
+    ],
+)
+def test_an_empty_file_or_an_overlong_field_is_named(
+    capsys: pytest.CaptureFixture[str], adult: Path, command: str, content: str, said: str
+) -> None:
+    if content == "LONG":  # e.g. a quote left open: the rest of the file is one field
+        lines = adult.read_text().splitlines()
+        lines[1] = lines[1].replace("United-States", SECRET_VALUE * 50_000)
+        content = "\n".join(lines) + "\n"
+    adult.write_text(content)
+    args = ["--policy", POLICY, "-o", "out.csv"] if command == "protect" else ["--keys", "sex"]
+    code, err = run(capsys, command, adult, *args)
+    assert_clear(code, err, f"adult.csv: {said}")
