@@ -32,7 +32,7 @@ def estimated_bits(secret: bytes) -> float:
     if not secret:
         return 0.0
     n = len(secret)
-    return -sum(c * math.log2(c / n) for c in Counter(secret).values())
+    return sum(c * math.log2(n / c) for c in Counter(secret).values())  # ≥ 0: no "-0 bits"
 
 
 def check_secret_strength(secret: bytes, source: str, error: type[PrivgwError]) -> None:
