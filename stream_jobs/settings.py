@@ -37,7 +37,11 @@ def usable_cpus() -> int:
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="PRIVGW_", extra="ignore", frozen=True, hide_input_in_errors=True
+        env_prefix="PRIVGW_",
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,
+        allow_inf_nan=False,  # "inf" seconds: a stop or a stall that is never over
     )
 
     # -- where ------------------------------------------------------------------------

@@ -48,6 +48,7 @@ _STRICT_TYPES = {
     "float_type": "must be a number, written without quotes (e.g. 0.2; YAML reads 1e3 as "
     "text: write 1.0e3)",
     "bool_type": "must be true or false, written without quotes",
+    "finite_number": "must be a finite number (.inf and .nan are not settings); give a value",
 }
 
 

@@ -30,7 +30,10 @@ MAX_K = 1_000_000
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, use_enum_values=False)
+    # no ±inf or NaN anywhere: a deadline of .inf seconds overflowed the worker's poll timeout
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=False, use_enum_values=False, allow_inf_nan=False
+    )
 
 
 def check_probability(name: str, value: float | None) -> None:

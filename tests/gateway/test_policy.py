@@ -379,3 +379,24 @@ def test_republication_defaults_and_the_shipped_panel_policy() -> None:
     assert adult.microaggregation.edit_rules  # Husband with Female and the like never published
     # the bundled copy `privgw demo` uses is the same policy
     assert (ROOT / "stream_jobs" / "data" / "adult.yaml").read_text() == ADULT.read_text()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("max_seconds: 2", "window.max_seconds"),
+        ("max_hold_seconds: 30", "window.max_hold_seconds"),
+        ("max_wave_seconds: 604800", "republication.max_wave_seconds"),
+        ("top: 20000", "attributes.capital_gain.coding.top"),
+        ("retention: 0.75", "attributes.income.rr.retention"),
+    ],
+)
+@pytest.mark.parametrize("bad", [".inf", "-.inf", ".nan"])
+def test_no_policy_number_takes_inf_or_nan(setting: str, value: str, bad: str) -> None:
+    """A window closing after .inf seconds overflowed the worker's poll timeout."""
+    text = ADULT.read_text()
+    assert setting in text
+    key = setting.partition(":")[0]
+    with pytest.raises(PolicyError) as err:
+        policy_from_yaml(text.replace(setting, f"{key}: {bad}"))
+    assert f"{value}: must be a finite number" in str(err.value), str(err.value)

@@ -242,8 +242,8 @@ def test_rounding_cuts_the_records_linkable_by_their_sensitive_values() -> None:
         ("noise: {ratio: 0.1}, round_to: 10", r"noise.sd.*not given"),
         ("noise: {sd: 100}, round_to: 0", "round_to must be a number > 0"),
         ("noise: {sd: 100}, round_to: -5", "round_to must be a number > 0"),
-        ("noise: {sd: 100}, round_to: .inf", "round_to must be a number > 0"),
-        ("noise: {sd: 100}, round_to: .nan", "round_to must be a number > 0"),
+        ("noise: {sd: 100}, round_to: .inf", "round_to: must be a finite number"),
+        ("noise: {sd: 100}, round_to: .nan", "round_to: must be a finite number"),
         ("noise: {sd: 100}, round_to: '100'", "written without quotes"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -79,6 +80,18 @@ def test_settings_errors_name_the_variable() -> None:
         WorkerSettings(security_protocol="SASL_SSL")
     with pytest.raises(ValidationError, match="PRIVGW_HEARTBEAT_INTERVAL_MS"):
         WorkerSettings(heartbeat_interval_ms=5000)
+
+
+def test_no_number_setting_takes_inf_or_nan() -> None:
+    """An infinite grace period or timeout waited without bound (a stop that never ends, a
+    stall never seen)."""
+    numbers = [n for n, f in WorkerSettings.model_fields.items() if f.annotation is float]
+    assert {"stall_timeout_seconds", "shutdown_grace_seconds"} <= set(numbers)
+    for name in numbers:
+        for bad in (math.inf, -math.inf, math.nan):
+            with pytest.raises(ValidationError, match="finite number") as err:
+                WorkerSettings(**{name: bad})
+            assert err.value.errors()[0]["loc"] == (name,)
 
 
 def run_privgw(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
