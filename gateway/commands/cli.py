@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway.commands.command_kit import add_command, print_json
 from gateway.commands.sigterm import STOPPED_EARLY, note_sigterm, sigterm_received
@@ -34,6 +35,28 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 # -- commands ------------------------------------------------------------------------------
+def _print_beside_claim(report: dict[str, Any]) -> None:
+    """What is published beside the k claim, outside it: attributes of role other, and the
+    sampling weight."""
+    if report["published_outside_k_claim"]:
+        methods = {n: e["method"] for n, e in report["attributes"].items()}
+        print(
+            "published beside the k claim, outside it (role other): "
+            + ", ".join(f"{n} ({methods[n]})" for n in report["published_outside_k_claim"])
+            + "; an attribute an adversary can know splits the classes: make it a "
+            "quasi_identifier or drop it"
+        )
+    weight = report["published_weight"]
+    if weight:
+        step = report["attributes"][weight].get("round_to")
+        print(
+            f"published beside the k claim, outside it (the sampling weight): {weight} "
+            + (f"(rounded to {step:g})" if step else "(unrounded)")
+            + "; a weight shared by fewer than k respondents singles them out: round it to a "
+            "step that k or more share (round_to) or drop it"
+        )
+
+
 def cmd_check_policy(args: argparse.Namespace) -> int:
     report = policy_report(load_policy(args.policy), data=args.data)
     if args.json:
@@ -53,23 +76,8 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
             "NOT covered by the k claim (unprotected: true): "
             + ", ".join(report["unprotected_quasi_identifiers"])
         )
-    if claim and report["published_outside_k_claim"]:
-        methods = {n: e["method"] for n, e in report["attributes"].items()}
-        print(
-            "published beside the k claim, outside it (role other): "
-            + ", ".join(f"{n} ({methods[n]})" for n in report["published_outside_k_claim"])
-            + "; an attribute an adversary can know splits the classes: make it a "
-            "quasi_identifier or drop it"
-        )
-    weight = report["published_weight"]
-    if claim and weight:
-        step = report["attributes"][weight].get("round_to")
-        print(
-            f"published beside the k claim, outside it (the sampling weight): {weight} "
-            + (f"(rounded to {step:g})" if step else "(unrounded)")
-            + "; a weight shared by fewer than k respondents singles them out: round it to a "
-            "step that k or more share (round_to) or drop it"
-        )
+    if claim:
+        _print_beside_claim(report)
     print(f"consistency: {report['consistency']}")
     if claim:
         print(f"republication: {report['republication']['statement']}")

@@ -65,7 +65,28 @@ def cmd_protect(args: argparse.Namespace) -> int:
         print(f"  {label}: {fmt(value)}")
     for name, value in summary["retention"].items():
         print(f"  retention {name}: {fmt(value)}")
-    key = summary["whole_key"]
+    _print_whole_key(summary["whole_key"])
+    _print_frequency_risk(summary.get("frequency_risk"))
+    print(f"  metadata for analysts: {summary['meta']}")
+    return 0
+
+
+def _print_frequency_risk(freq: dict[str, Any] | None) -> None:
+    for label in ("original", "published") if freq else ():
+        assert freq is not None
+        f = freq[label]
+        print(
+            f"  frequency risk {label} ({len(freq['keys'])} keys, missing matches any): "
+            f"expected re-identifications {f['expected_reidentifications']:.2f} "
+            f"({f['global_risk_pct']:.3f} %), violating k: "
+            + ", ".join(f"{k}: {v}" for k, v in f["k_anonymity_violations"].items())
+            + f"; SUDA2 records with an MSU {f['suda2']['records_with_msu']}"
+        )
+
+
+def _print_whole_key(key: dict[str, Any]) -> None:
+    """The k claim's figures of a protect run: recoding and suppression, or the whole key's
+    classes and linkage before and after."""
     if key.get("method") == "recode_suppress":
         print(
             f"  recoding + local suppression on ({', '.join(key['keys'])}): "
@@ -110,22 +131,6 @@ def cmd_protect(args: argparse.Namespace) -> int:
             print(
                 "  NOT covered by the k claim: " + ", ".join(key["unprotected_quasi_identifiers"])
             )
-    _print_frequency_risk(summary.get("frequency_risk"))
-    print(f"  metadata for analysts: {summary['meta']}")
-    return 0
-
-
-def _print_frequency_risk(freq: dict[str, Any] | None) -> None:
-    for label in ("original", "published") if freq else ():
-        assert freq is not None
-        f = freq[label]
-        print(
-            f"  frequency risk {label} ({len(freq['keys'])} keys, missing matches any): "
-            f"expected re-identifications {f['expected_reidentifications']:.2f} "
-            f"({f['global_risk_pct']:.3f} %), violating k: "
-            + ", ".join(f"{k}: {v}" for k, v in f["k_anonymity_violations"].items())
-            + f"; SUDA2 records with an MSU {f['suda2']['records_with_msu']}"
-        )
 
 
 def cmd_microaggregate(args: argparse.Namespace) -> int:
