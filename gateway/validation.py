@@ -24,7 +24,7 @@ from typing import Final
 import orjson
 
 from gateway.mechanisms.masking import TimestampFault, parse_timestamp, timestamp_fault
-from gateway.policy import Attribute, AttrType, ExtraFields, Policy
+from gateway.policy import AttrType, ExtraFields, Policy
 from gateway.validation_struct import struct_first
 
 
@@ -166,7 +166,8 @@ def _has_long_integer_literal(raw: bytes) -> bool:
     return any(abs(int(match.group())) > MAX_SAFE_INTEGER for match in _LONG_INT.finditer(raw))
 
 
-_Spec = tuple[str, bool, frozenset[str] | None, float | None, float | None]
+# name, required, categories, range (low, high), whole numbers only
+_Spec = tuple[str, bool, frozenset[str] | None, float | None, float | None, bool]
 _Result = tuple[str | None, dict[str, object]] | Rejection
 
 
@@ -220,8 +221,8 @@ def _compile(
     known = set(policy.attributes) | ({rid_field} if rid_field is not None else set())
     ns = _namespace(missing, known)
     src = _prologue(policy, max_bytes, max_depth)
-    for i, (name, attr) in enumerate(policy.attributes.items()):
-        src += _attribute_lines(i, name, attr, missing, ns)
+    for i, name in enumerate(policy.attributes):
+        src += _attribute_lines(i, name, policy, missing, ns)
     src += _epilogue(policy, known, rid_field)
     code = compile("\n".join(src), f"<validator for policy {policy.version}>", "exec")
     exec(code, ns)
@@ -290,13 +291,17 @@ def _prologue(policy: Policy, max_bytes: int, max_depth: int) -> list[str]:
 
 
 def _attribute_lines(
-    i: int, name: str, attr: Attribute, missing: frozenset[str], ns: dict[str, object]
+    i: int, name: str, policy: Policy, missing: frozenset[str], ns: dict[str, object]
 ) -> list[str]:
     """Attribute ``i``: its fast check, else its slow one (which may reject the record)."""
+    attr = policy.attributes[name]
     v, lit = f"v{i}", repr(name)
-    lo, hi = attr.range if attr.range is not None else (None, None)
+    if attr.type is AttrType.NUMERIC:
+        lo, hi = policy.numeric_range(name)
+    else:
+        lo, hi = attr.range if attr.range is not None else (None, None)
     cats = frozenset(attr.categories) - missing if attr.categories is not None else None
-    ns[f"S{i}"] = (name, attr.required, cats, lo, hi)
+    ns[f"S{i}"] = (name, attr.required, cats, lo, hi, policy.whole_number(name))
     src = [f"    {v} = g({lit}, ABSENT)"]
     if attr.type is AttrType.NUMERIC:
         fast_lo = -MAX_SAFE_INTEGER if lo is None else max(lo, -MAX_SAFE_INTEGER)
@@ -360,7 +365,7 @@ def _epilogue(policy: Policy, known: set[str], rid_field: str | None) -> list[st
 
 def _slow_numeric(v: object, spec: _Spec, raw: bytes, missing: frozenset[str]) -> object:
     """A numeric attribute that is not a plain in-range int: float, missing, bad type."""
-    name, required, _, lo, hi = spec
+    name, required, _, lo, hi, whole = spec
     if v is _ABSENT or v is None or (type(v) is str and v in missing):
         return Rejection(_R.MISSING_FIELD, name, "KeyError") if required else None
     if type(v) is int:
@@ -373,6 +378,8 @@ def _slow_numeric(v: object, spec: _Spec, raw: bytes, missing: frozenset[str]) -
                 return Rejection(_R.INTEGER_TOO_LARGE, name, "OverflowError")
             if not math.isfinite(v):
                 return Rejection(_R.NON_FINITE, name, "ValueError")
+        if whole and not v.is_integer():  # a wave 1.5 is no wave
+            return Rejection(_R.WRONG_TYPE, name, "TypeError")
     else:
         return Rejection(_R.WRONG_TYPE, name, "TypeError")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
@@ -382,7 +389,7 @@ def _slow_numeric(v: object, spec: _Spec, raw: bytes, missing: frozenset[str]) -
 
 def _slow_categorical(v: object, spec: _Spec, missing: frozenset[str]) -> object:
     """A categorical attribute that is not a plain known category: missing, unknown, bad type."""
-    name, required, cats, _, _ = spec
+    name, required, cats, _, _, _ = spec
     if v is _ABSENT:
         return Rejection(_R.MISSING_FIELD, name, "KeyError") if required else None
     if v is None:

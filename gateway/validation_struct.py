@@ -30,17 +30,19 @@ _SAFE = 2**53  # gateway.validation.MAX_SAFE_INTEGER (not imported: it imports t
 Result = Any  # gateway.validation._Result
 
 
-def _numeric(lo: float | None, hi: float | None) -> Any | None:
+def _numeric(lo: float | None, hi: float | None, *, whole: bool = False) -> Any | None:
     """An int in [lo, hi] within ±2^53, or a float in it strictly within ±2^53 (the general
-    validator's own bounds); None when no integer fits (the general validator decides)."""
+    validator's own bounds); None when no integer fits (the general validator decides).
+    ``whole``: ints only (a float, whole or not, is the general validator's to decide)."""
     int_lo = -_SAFE if lo is None else max(math.ceil(lo), -_SAFE)
     int_hi = _SAFE if hi is None else min(math.floor(hi), _SAFE)
     low: dict[str, float] = {"gt": -_SAFE} if lo is None or lo <= -_SAFE else {"ge": lo}
     high: dict[str, float] = {"lt": _SAFE} if hi is None or hi >= _SAFE else {"le": hi}
     as_float = Annotated[float, msgspec.Meta(**low, **high)]
-    if int_lo > int_hi:
+    if int_lo > int_hi:  # (never for a wave: the policy refuses a range without one)
         return as_float
-    return Annotated[int, msgspec.Meta(ge=int_lo, le=int_hi)] | as_float
+    as_int = Annotated[int, msgspec.Meta(ge=int_lo, le=int_hi)]
+    return as_int if whole else as_int | as_float
 
 
 def struct_first(
@@ -62,8 +64,8 @@ def struct_first(
         f = f"f{i}"
         rename[f] = name
         if attr.type is AttrType.NUMERIC:
-            lo, hi = attr.range if attr.range is not None else (None, None)
-            fields.append((f, _numeric(lo, hi)))
+            lo, hi = policy.numeric_range(name)
+            fields.append((f, _numeric(lo, hi, whole=policy.whole_number(name))))
             items.append(f"{name!r}: s.{f}")
             continue
         strings += 1

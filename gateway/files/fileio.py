@@ -341,13 +341,22 @@ def records_from_frame(
                 )
             arr = nums.to_numpy(dtype=float)
             check_magnitude(arr, name, path, first_row)
-            if attr.range is not None:
-                lo, hi = attr.range
+            lo, hi = policy.numeric_range(name)
+            if lo is not None and hi is not None:
                 out = np.flatnonzero((arr < lo) | (arr > hi))
                 if out.size:
                     raise InputDataError(
                         f"{path}: column '{name}' has {out.size} value(s) outside the policy's "
-                        f"range [{lo}, {hi}], first at data row {first_row + int(out[0]) + 1}"
+                        f"range [{lo:.15g}, {hi:.15g}], first at data row "
+                        f"{first_row + int(out[0]) + 1}"
+                    )
+            if policy.whole_number(name):
+                out = np.flatnonzero(~missing & (arr != np.floor(arr)))
+                if out.size:
+                    raise InputDataError(
+                        f"{path}: column '{name}' is the wave number but has {out.size} "
+                        "value(s) that are not whole numbers, first at data row "
+                        f"{first_row + int(out[0]) + 1}"
                     )
             columns[name] = [
                 None if is_missing[i] else _int_if_whole(float(arr[i])) for i in range(n)

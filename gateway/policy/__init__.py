@@ -35,7 +35,7 @@ from gateway.policy.enums import (
     TimeUnit,
 )
 from gateway.policy.loading import load_policy, parse_policy, policy_from_yaml
-from gateway.policy.model import Policy, topic_clash
+from gateway.policy.model import MAX_WAVE, Policy, topic_clash
 from gateway.policy.sections import (
     ConsistencySpec,
     InputSpec,
@@ -58,6 +58,7 @@ from gateway.policy.specs import (
 __all__ = [
     "K_CLAIM_METHODS",
     "MAX_K",
+    "MAX_WAVE",
     "MISSING_LABEL",
     "AttrType",
     "Attribute",

@@ -32,6 +32,10 @@ from gateway.policy.sections import (
 )
 from gateway.policy.specs import StrictModel
 
+#: Largest wave number: the state stores waves as 32-bit integers (a larger one failed every
+#: window that held it, on every worker that read it again).
+MAX_WAVE = 2**31 - 1
+
 # cells of the grid of categories the edit rules are checked on (beyond it, not checked)
 _MAX_RULE_GRID = 1 << 22
 
@@ -100,6 +104,12 @@ class Policy(StrictModel):
             raise ValueError(
                 f"republication.wave_attribute '{wave}' must be a numeric attribute of role "
                 f"other (the wave number), not a {attr.type.value} {attr.role.value}"
+            )
+        lo, hi = self.numeric_range(wave)
+        if lo is not None and hi is not None and math.floor(hi) < math.ceil(lo):
+            raise ValueError(
+                f"attributes.{wave}.range holds no wave number: a wave is a whole number in "
+                f"[0, {MAX_WAVE}]; widen the range or leave it out"
             )
         weight = self.republication.weight_name
         if self.republication.mode is RepublicationMode.PANEL and weight in self.attributes:
@@ -276,6 +286,20 @@ class Policy(StrictModel):
             or spec.strata
             or spec.l_diversity is not None
         )
+
+    def numeric_range(self, name: str) -> tuple[float | None, float | None]:
+        """The values a numeric attribute takes (None: unbounded): its range, and for the wave
+        attribute at most [0, MAX_WAVE] too."""
+        attr = self.attributes[name]
+        lo, hi = attr.range if attr.range is not None else (None, None)
+        if name == self.republication.wave_attribute:
+            lo = 0.0 if lo is None else max(lo, 0.0)
+            hi = float(MAX_WAVE) if hi is None else min(hi, float(MAX_WAVE))
+        return lo, hi
+
+    def whole_number(self, name: str) -> bool:
+        """Whether an attribute's values must be whole numbers (the wave number)."""
+        return name == self.republication.wave_attribute
 
     @property
     def weight(self) -> str | None:

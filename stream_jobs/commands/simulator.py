@@ -269,6 +269,10 @@ def poison_corpus(good: dict[str, Any]) -> list[tuple[str, bytes | None, bytes |
         ("non_finite", key, raw.replace(b'"age":', b'"age":NaN,"_":', 1)),
         ("non_finite", key, raw.replace(b'"age":', b'"age":Infinity,"_":', 1)),
         ("integer_too_large", key, with_(age=2**53 + 1)),
+        # a wave the state cannot hold (int32) failed its window on every worker; 1.5 became 1
+        ("out_of_range", key, with_(wave=2**31)),
+        ("out_of_range", key, with_(wave=-1)),
+        ("wrong_type", key, with_(wave=1.5)),
         ("too_large", key, with_(submitted_at="x" * 1_100_000)),
         ("too_deep", key, with_(submitted_at=deep)),
         ("empty_message", key, b""),

@@ -349,3 +349,23 @@ def test_an_empty_file_or_an_overlong_field_is_named(
     args = ["--policy", POLICY, "-o", "out.csv"] if command == "protect" else ["--keys", "sex"]
     code, err = run(capsys, command, adult, *args)
     assert_clear(code, err, f"adult.csv: {said}")
+
+
+@pytest.mark.parametrize(
+    ("wave", "said"),
+    [
+        ("1.5", "is the wave number but has 1 value(s) that are not whole numbers"),
+        ("2147483648", "has 1 value(s) outside the policy's range [0, 2147483647]"),
+        ("-1", "has 1 value(s) outside the policy's range [0, 2147483647]"),
+    ],
+)
+def test_a_wave_that_is_no_wave_number_is_refused_naming_column_and_row(
+    capsys: pytest.CaptureFixture[str], adult: Path, wave: str, said: str
+) -> None:
+    lines = adult.read_text().splitlines()
+    waves = ["1"] * (len(lines) - 1)
+    waves[6] = wave  # data row 7
+    rows = [f"{line},{w}" for line, w in zip(lines[1:], waves, strict=True)]
+    adult.write_text("\n".join([f"{lines[0]},wave", *rows]) + "\n")
+    code, err = run(capsys, "protect", adult, "--policy", POLICY, "-o", "out.csv")
+    assert_clear(code, err, f"column 'wave' {said}, first at data row 7")

@@ -338,6 +338,11 @@ PANEL = (
         ),
         ("microaggregation: {k: 3, edit_rules: [{}]}\n", "edit_rules[0] names no attribute"),
         (
+            "republication: {wave_attribute: wave}\nREPLACE wave: range: [-5, -1]\n",
+            "attributes.wave.range holds no wave number: a wave is a whole number in "
+            "[0, 2147483647]",
+        ),
+        (
             "microaggregation: {k: 3, edit_rules: [{sex: [M, F]}]}\n",
             "edit_rules forbid every combination of sex: no group could publish them",
         ),
@@ -350,6 +355,9 @@ PANEL = (
 )
 def test_bad_republication_settings_are_named(extra: str, expected: str) -> None:
     text = PANEL.replace("microaggregation: {k: 3}\n", "") if "microaggregation" in extra else PANEL
+    if "REPLACE wave: " in extra:  # a setting of the wave attribute itself
+        extra, setting = extra.split("REPLACE wave: ")
+        text = text.replace("method: keep}", f"method: keep, {setting.strip()}}}")
     with pytest.raises(PolicyError) as err:
         policy_from_yaml(extra + text)
     assert expected in str(err.value), str(err.value)

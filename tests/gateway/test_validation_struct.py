@@ -10,7 +10,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.policy import load_policy
+from gateway.policy import MAX_WAVE, load_policy
 from gateway.validation import Rejection, _compile
 from gateway.validation_struct import struct_first
 from tests.gateway.test_validation import ADULT, GOOD, POLICY, _adult_records
@@ -88,3 +88,28 @@ def test_on_the_adult_policy_too(raw: bytes) -> None:
     assert got == want
     if isinstance(want, Rejection):
         assert got is want or (got.reason, got.field) == (want.reason, want.field)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    wave=st.one_of(
+        st.integers(-(2**40), 2**40),
+        st.integers(2**31 - 3, 2**31 + 3),
+        st.floats(-(2.0**40), 2.0**40, allow_nan=False, allow_infinity=False),
+    )
+)
+def test_a_wave_is_a_whole_number_in_0_to_max_wave(wave: float) -> None:
+    """A wave of 2^31 failed every window that held it (the roster stores waves as int32), on
+    every worker that read it again; 1.5 was published as wave 1. Both validators take a wave
+    exactly when it is a whole number in [0, MAX_WAVE], and say why not."""
+    general, fast = _both(ADULT_POLICY)
+    raw = orjson.dumps({**ADULT_RECORD, "wave": wave})
+    got, want = fast(raw, b"r0"), general(raw, b"r0")
+    whole = float(wave).is_integer()
+    if whole and 0 <= wave <= MAX_WAVE:
+        assert not isinstance(want, Rejection) and want[1]["wave"] == wave
+        assert got == want
+    else:
+        assert isinstance(got, Rejection) and isinstance(want, Rejection)
+        expected = "out_of_range" if whole else "wrong_type"  # 1.5 is no wave, whatever its range
+        assert (got.reason, got.field) == (want.reason, want.field) == (expected, "wave")
