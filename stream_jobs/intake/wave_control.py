@@ -27,7 +27,7 @@ from gateway.errors import PrivgwError
 
 HEADER = "privgw-control"
 WAVE_CLOSE = b"wave-close"
-_MAX_WAVE = 2**53
+_MAX_WAVE = 2**31  # gateway.policy.MAX_WAVE + 1: records beyond it are dead-lettered
 
 
 def control_wave(headers: Sequence[tuple[str, bytes]] | None, value: bytes | None) -> int | None:
@@ -108,7 +108,7 @@ def cmd_wave_close(args: argparse.Namespace) -> int:
     from stream_jobs.worker_build import worker_settings  # noqa: PLC0415
 
     if not 0 <= args.wave < _MAX_WAVE:
-        raise PrivgwError(f"wave must be a number from 0 to 2^53 - 1, got {args.wave}")
+        raise PrivgwError(f"wave must be a number from 0 to 2^31 - 1, got {args.wave}")
     policy = load_policy(args.policy)
     rep = policy.republication
     if rep.wave_attribute is None or rep.mode is not RepublicationMode.PANEL:

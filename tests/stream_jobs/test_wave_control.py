@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.policy import MAX_WAVE
 from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE, WaveCloses, control_wave
 
 CLOSE = [(HEADER, WAVE_CLOSE)]
@@ -14,10 +15,20 @@ def test_only_records_with_the_control_header_are_control_records() -> None:
     assert control_wave(None, b'{"wave": 1}') is None
     assert control_wave([("record_id", b"x")], b'{"wave": 1}') is None
     assert control_wave(CLOSE, b'{"wave": 7}') == 7
+    assert control_wave(CLOSE, b'{"wave": %d}' % MAX_WAVE) == MAX_WAVE
 
 
 @pytest.mark.parametrize(
-    "value", [b"", b"not json", b"[1]", b'{"wave": "1"}', b'{"wave": -1}', b'{"wave": true}']
+    "value",
+    [
+        b"",
+        b"not json",
+        b"[1]",
+        b'{"wave": "1"}',
+        b'{"wave": -1}',
+        b'{"wave": true}',
+        b'{"wave": 2147483648}',  # beyond gateway.policy.MAX_WAVE: no record has that wave
+    ],
 )
 def test_a_control_record_that_cannot_be_read_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError, match="wave"):
