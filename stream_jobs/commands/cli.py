@@ -372,14 +372,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"--rate must be a number of records per second like 500/s, got {args.rate}"
         ) from None
     settings = worker_settings(bootstrap=args.bootstrap)
-    survey = PanelSurvey(
-        respondents=args.respondents,
-        waves=args.waves,
-        change_share=args.change_share,
-        new_share=args.new_share,
-        seed=args.seed,
-        rows=load_rows(args.data),
-    )
+    rows = load_rows(args.data)
+    try:
+        survey = PanelSurvey(
+            respondents=args.respondents,
+            waves=args.waves,
+            change_share=args.change_share,
+            new_share=args.new_share,
+            seed=args.seed,
+            rows=rows,
+        )
+    except ValueError as err:  # "new_share must be …" -> "--new-share must be …"
+        name, _, rest = str(err).partition(" ")
+        raise PrivgwError(f"--{name.replace('_', '-')} {rest}") from None
 
     progress = [0]
 

@@ -140,6 +140,10 @@ def run_demo(
 ) -> int:
     if records < 1:
         raise PrivgwError("--records must be ≥ 1")
+    if waves < 1:
+        raise PrivgwError(f"--waves must be ≥ 1, got {waves}")
+    if seed < 0:
+        raise PrivgwError(f"--seed must be a whole number ≥ 0, got {seed}")
     try:
         per_second = parse_rate(rate)
     except ValueError:

@@ -97,6 +97,18 @@ class PanelSurvey:
     seed: int | None = 0
     rows: Sequence[dict[str, Any]] | None = None
 
+    def __post_init__(self) -> None:
+        """Each bad setting named with the fix, its name first (the CLI adds the --)."""
+        for name in ("respondents", "waves"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        for name in ("change_share", "new_share"):
+            share = getattr(self, name)
+            if not 0.0 <= share <= 1.0:  # also NaN
+                raise ValueError(f"{name} must be a share in [0, 1] (e.g. 0.05), got {share}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed must be a whole number ≥ 0, got {self.seed}")
+
     def records(self) -> Iterator[dict[str, Any]]:
         """Records wave by wave; within a wave in random order."""
         rows = self.rows if self.rows is not None else load_rows()

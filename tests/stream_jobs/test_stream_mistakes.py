@@ -243,3 +243,26 @@ def test_simulate_says_the_broker_went_away_and_exits_75(tmp_path: Path) -> None
     assert len(errors) == 1 and "internal error" not in err, err[-3000:]
     assert f"the broker at {own.bootstrap} stopped answering after" in errors[0]
     assert "run simulate again once the broker is back" in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("simulate", "--respondents", "-1"), "--respondents must be ≥ 1, got -1"),
+        (("simulate", "--waves", "0"), "--waves must be ≥ 1, got 0"),
+        (("simulate", "--seed", "-1"), "--seed must be a whole number ≥ 0, got -1"),
+        (("simulate", "--new-share", "-1"), "--new-share must be a share in [0, 1]"),
+        (("simulate", "--change-share", "nan"), "--change-share must be a share in [0, 1]"),
+        (("demo", "--waves", "0"), "--waves must be ≥ 1, got 0"),
+        (("demo", "--seed", "-1"), "--seed must be a whole number ≥ 0, got -1"),
+    ],
+)
+def test_a_bad_simulation_setting_is_named_before_any_broker(
+    tmp_path: Path, args: tuple[str, ...], said: str
+) -> None:
+    """They ended as internal errors (a negative count or seed, a share below 0) or ran on,
+    sending nothing (0 waves) or a survey with shares beyond 1."""
+    where = ["--bootstrap", f"127.0.0.1:{free_port()}"] if args[0] == "simulate" else []
+    where += ["--data-dir", str(tmp_path)] if args[0] == "demo" else []
+    code, err, _ = privgw(*args, *where)
+    assert_one_line(code, err, said)
