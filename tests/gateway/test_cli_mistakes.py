@@ -33,6 +33,15 @@ def assert_clear(code: int, err: str, *needles: str) -> None:
         assert needle in err, err
 
 
+def add_column(table: Path, name: str, value: str, *, row_7: str) -> None:
+    """Append column ``name`` to a CSV: ``value`` in every data row but the 7th, ``row_7``."""
+    lines = table.read_text().splitlines()
+    values = [value] * (len(lines) - 1)
+    values[6] = row_7
+    rows = [f"{line},{v}" for line, v in zip(lines[1:], values, strict=True)]
+    table.write_text("\n".join([f"{lines[0]},{name}", *rows]) + "\n")
+
+
 @pytest.fixture
 def adult(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A small Adult extract in its own directory (the cwd of the test)."""
@@ -269,11 +278,7 @@ def test_protect_refuses_a_timestamp_outside_utc_naming_column_and_row(
 ) -> None:
     policy = tmp_path / "hourly.yaml"
     policy.write_text(POLICY.read_text().replace("coarsen: {unit: day}", "coarsen: {unit: hour}"))
-    lines = adult.read_text().splitlines()
-    stamps = ["2024-05-06T04:10:00+02:00"] * (len(lines) - 1)
-    stamps[6] = text  # data row 7
-    rows = [f"{a},{s}" for a, s in zip(lines[1:], stamps, strict=True)]
-    adult.write_text("\n".join([f"{lines[0]},submitted_at", *rows]) + "\n")
+    add_column(adult, "submitted_at", "2024-05-06T04:10:00+02:00", row_7=text)
     code, err = run(capsys, "protect", adult, "--policy", policy, "-o", "out.csv")
     assert_clear(code, err, "column 'submitted_at'", "representable range", "first at data row 7")
     assert text not in err and not (adult.parent / "out.csv").exists()
@@ -362,10 +367,6 @@ def test_an_empty_file_or_an_overlong_field_is_named(
 def test_a_wave_that_is_no_wave_number_is_refused_naming_column_and_row(
     capsys: pytest.CaptureFixture[str], adult: Path, wave: str, said: str
 ) -> None:
-    lines = adult.read_text().splitlines()
-    waves = ["1"] * (len(lines) - 1)
-    waves[6] = wave  # data row 7
-    rows = [f"{line},{w}" for line, w in zip(lines[1:], waves, strict=True)]
-    adult.write_text("\n".join([f"{lines[0]},wave", *rows]) + "\n")
+    add_column(adult, "wave", "1", row_7=wave)
     code, err = run(capsys, "protect", adult, "--policy", POLICY, "-o", "out.csv")
     assert_clear(code, err, f"column 'wave' {said}, first at data row 7")
