@@ -296,10 +296,7 @@ def _attribute_lines(
     """Attribute ``i``: its fast check, else its slow one (which may reject the record)."""
     attr = policy.attributes[name]
     v, lit = f"v{i}", repr(name)
-    if attr.type is AttrType.NUMERIC:
-        lo, hi = policy.numeric_range(name)
-    else:
-        lo, hi = attr.range if attr.range is not None else (None, None)
+    lo, hi = policy.numeric_range(name)
     cats = frozenset(attr.categories) - missing if attr.categories is not None else None
     ns[f"S{i}"] = (name, attr.required, cats, lo, hi, policy.whole_number(name))
     src = [f"    {v} = g({lit}, ABSENT)"]

@@ -288,8 +288,8 @@ class Policy(StrictModel):
         )
 
     def numeric_range(self, name: str) -> tuple[float | None, float | None]:
-        """The values a numeric attribute takes (None: unbounded): its range, and for the wave
-        attribute at most [0, MAX_WAVE] too."""
+        """The values an attribute takes (None: unbounded): its range (numeric attributes only
+        have one), and for the wave attribute at most [0, MAX_WAVE] too."""
         attr = self.attributes[name]
         lo, hi = attr.range if attr.range is not None else (None, None)
         if name == self.republication.wave_attribute:

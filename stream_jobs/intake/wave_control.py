@@ -24,10 +24,10 @@ import orjson
 
 from gateway.commands.command_kit import add_command
 from gateway.errors import PrivgwError
+from gateway.policy import MAX_WAVE
 
 HEADER = "privgw-control"
 WAVE_CLOSE = b"wave-close"
-_MAX_WAVE = 2**31  # gateway.policy.MAX_WAVE + 1: records beyond it are dead-lettered
 
 
 def control_wave(headers: Sequence[tuple[str, bytes]] | None, value: bytes | None) -> int | None:
@@ -47,7 +47,7 @@ def control_wave(headers: Sequence[tuple[str, bytes]] | None, value: bytes | Non
     except orjson.JSONDecodeError:
         raise ValueError("a wave-close control record's value is not JSON") from None
     wave = body.get("wave") if isinstance(body, dict) else None
-    if not isinstance(wave, int) or isinstance(wave, bool) or not 0 <= wave < _MAX_WAVE:
+    if not isinstance(wave, int) or isinstance(wave, bool) or not 0 <= wave <= MAX_WAVE:
         raise ValueError('a wave-close control record\'s value must be {"wave": <integer>}')
     return wave
 
@@ -107,7 +107,7 @@ def cmd_wave_close(args: argparse.Namespace) -> int:
     from gateway.policy import RepublicationMode, load_policy  # noqa: PLC0415
     from stream_jobs.worker_build import worker_settings  # noqa: PLC0415
 
-    if not 0 <= args.wave < _MAX_WAVE:
+    if not 0 <= args.wave <= MAX_WAVE:
         raise PrivgwError(f"wave must be a number from 0 to 2^31 - 1, got {args.wave}")
     policy = load_policy(args.policy)
     rep = policy.republication
