@@ -123,8 +123,9 @@ class ClaimStep:
         self.diversify = (
             None if ldiv is None else Diversifier(self.claim.columns, spec.standardize, ldiv.l)
         )
-        # a partition that sent nothing for a window's max_seconds holds no wave back
-        self.releases = ReleaseClock(quiet_after=policy.window.max_seconds)
+        # a partition that sent nothing for a window's max_seconds holds no wave back; a wave
+        # of fewer than k respondents so far (a mistyped wave number) closes none before it
+        self.releases = ReleaseClock(quiet_after=policy.window.max_seconds, min_records=spec.k)
         panel = rep.mode is RepublicationMode.PANEL
         pooled = (
             (rep.pool is GroupingPool.RELEASE or panel)
@@ -214,6 +215,7 @@ class ClaimStep:
             self.releases,
             now=now,
             flush_all=flush_all,
+            who=lambda positions: [records[i].respondent_id for i in positions],
         )
 
     def decide(
@@ -353,7 +355,10 @@ class ClaimStep:
             )
         if self._parking is None:  # else parking showed the clock these records as they came
             self.releases.see(
-                releases, [source_of(r) for r in records], [r.arrived_at for r in records]
+                releases,
+                [source_of(r) for r in records],
+                [r.arrived_at for r in records],
+                who=lambda positions: [records[i].respondent_id for i in positions],
             )
         return releases
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from gateway.engine.records import starts_with
 from gateway.grouping.registry import is_wave
-from gateway.grouping.release import ReleaseClock, Source
+from gateway.grouping.release import ReleaseClock, Source, Who
 
 # the release keys of the records at these positions
 ReleasesAt = Callable[[Sequence[int]], list[str]]
@@ -55,9 +55,11 @@ class Parking:
         *,
         now: float,
         flush_all: bool,
+        who: Who | None = None,
     ) -> list[int]:
         """The positions of the records whose wave is not due yet (records of a window
-        release never wait)."""
+        release never wait); ``who``: the respondent ids of the records at some positions,
+        for the clock's count of a new wave's respondents."""
         n = len(self.records)
         if n and starts_with(records, self.records):
             known = n  # the records parked last time come back first, as they were
@@ -68,7 +70,13 @@ class Parking:
         fresh = range(known, len(records))
         releases = self.releases[:known] + releases_at(fresh)
         arrived, sources, events = origins(fresh)
-        clock.see(releases[known:], sources, arrived, events if self.grace is not None else None)
+        clock.see(
+            releases[known:],
+            sources,
+            arrived,
+            events if self.grace is not None else None,
+            None if who is None else lambda positions: who([known + i for i in positions]),
+        )
         oldest = dict(self.oldest) if known else {}
         # by column: a few distinct wave keys among many records
         fresh_releases = np.array(releases[known:], dtype=object)

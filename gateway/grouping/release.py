@@ -3,9 +3,9 @@
 With ``republication.wave_attribute`` a release is a wave: the records carrying the same wave
 number, over as many windows as they take to arrive, and per-release k is counted over all of
 them. Without it (or for a record that carries no wave) every output window is a release of its
-own. A wave is *closed* once a record of a later wave has been seen and no input partition
-still sending lags behind it (a watermark on the wave number, per partition: ReleaseClock):
-records still waiting for their group's quorum in it stop waiting.
+own. A wave is *closed* once a later wave has been seen (k distinct respondents of it) and no
+input partition still sending lags behind it (a watermark on the wave number, per partition:
+ReleaseClock): records still waiting for their group's quorum in it stop waiting.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ def release_keys(waves: Sequence[object], window: Callable[[], str]) -> list[str
 
 # where a record came from, for the release clock: (topic, partition), or None
 Source = tuple[str, int] | None
+# the respondent ids (None: unknown) of the records at these positions
+Who = Callable[[Sequence[int]], Sequence[object]]
+
+
+def _anyone(positions: Sequence[int]) -> list[None]:
+    return [None] * len(positions)
 
 
 @dataclass(slots=True)
@@ -54,17 +60,27 @@ class ReleaseClock:
     behind it: every source either has shown a later wave too, or has sent nothing for
     ``quiet_after`` seconds. One watermark over all sources would close a wave as soon as any
     partition moved on; when partitions advance unevenly (a backfill, a consumer that lags on
-    one partition), the others' records of that wave would all come late."""
+    one partition), the others' records of that wave would all come late.
+
+    A wave counts as seen once ``min_records`` distinct respondents of it have been (the
+    engine's k): one record with a mistyped wave number, or a few test records, would otherwise
+    close every wave before it as soon as the sources paused for ``quiet_after`` seconds, and a
+    panel would impute the members still to answer."""
 
     quiet_after: float = 0.0
-    newest: int | None = None
-    # source -> (the newest wave it has shown, when its last record arrived)
-    sources: dict[Source, tuple[int, float]] = field(default_factory=dict)
+    min_records: int = 1
+    newest: int | None = None  # the newest wave seen
+    # source -> when its last record arrived, and the waves it has shown
+    sources: dict[Source, float] = field(default_factory=dict)
+    shown: dict[Source, set[int]] = field(default_factory=dict)
     # source -> when the caller first said it reads it (see ``own``)
     owned: dict[Source, float] = field(default_factory=dict)
-    # wave -> (first arrival, first and last event time in seconds) of its records (a panel's
-    # close grace: how long the next wave has been arriving)
+    # wave -> (first arrival, first and last event time in seconds) of its records since it was
+    # seen (a panel's close grace: how long the next wave has been arriving)
     arrivals: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    # the waves seen, and the respondents of the others so far (fewer than min_records each)
+    seen: set[int] = field(default_factory=set)
+    pending: dict[int, set[object]] = field(default_factory=dict)
     # the newest wave an operator closed (``privgw wave close N``): it and every earlier wave
     # are closed whatever the sources show
     closed_through: int | None = None
@@ -85,47 +101,76 @@ class ReleaseClock:
         sources: Sequence[Source] | None = None,
         arrived: Sequence[float] | None = None,
         events: Sequence[float | None] | None = None,
+        who: Who | None = None,
     ) -> None:
         """The release keys of records; with their sources and arrival times, each source's
         progress too; with their event times (seconds, None: unknown), how long each wave has
-        been arriving."""
+        been arriving; with ``who`` (the respondent ids of the records at some positions),
+        who counts towards ``min_records`` (without it every record counts, and a record
+        handed back again counts twice)."""
         # by column: a window has a few distinct keys and sources, and many records
         codes, distinct = pd.factorize(pd.Series(keys, dtype=object), use_na_sentinel=False)
         wave_at = np.array([int(k) if is_wave(k) else -1 for k in distinct], dtype=np.int64)
-        if (wave_at >= 0).any():
-            top = int(wave_at.max())
-            if self.newest is None or top > self.newest:
-                self.newest = top
-        if sources is None or arrived is None or not len(keys):
+        if not (wave_at >= 0).any():
             return
         waves = wave_at[codes]
-        valid = waves >= 0
-        if not valid.any():
+        since = self._count(waves, who)
+        if sources is None or arrived is None:
             return
+        valid = waves >= 0
         at = np.asarray(arrived, dtype=np.float64)
         if events is not None:
             ev = pd.Series(cast(Any, events), dtype=np.float64).to_numpy()  # None: NaN
-            self._arrivals(waves[valid], at[valid], np.where(np.isnan(ev), at, ev)[valid])
+            arriving = valid.copy()  # a wave arrives from the record that made it seen
+            for wave, first in since.items():
+                arriving[:first] &= waves[:first] != wave
+            self._arrivals(waves[arriving], at[arriving], np.where(np.isnan(ev), at, ev)[arriving])
         picked = np.flatnonzero(valid)
         mine = pd.Series(cast(Any, sources), dtype=object).iloc[picked]
         src_codes, uniques = pd.factorize(mine, use_na_sentinel=False)
         src = [s if isinstance(s, tuple) else None for s in uniques]  # factorize makes None NaN
-        newest = np.full(len(src), -1, dtype=np.int64)
         last = np.full(len(src), -np.inf)
-        np.maximum.at(newest, src_codes, waves[valid])
         np.maximum.at(last, src_codes, at[valid])
-        known = self.sources
-        for source, wave, when in zip(src, newest.tolist(), last.tolist(), strict=True):
+        known, shown = self.sources, self.shown
+        for source, when in zip(src, last.tolist(), strict=True):
             seen = known.get(source)
-            known[source] = (
-                (wave, when) if seen is None else (max(wave, seen[0]), max(when, seen[1]))
-            )
+            known[source] = when if seen is None else max(when, seen)
+        pairs = np.unique(np.stack([src_codes.astype(np.int64), waves[valid]]), axis=1)
+        for code, wave in pairs.T.tolist():
+            shown.setdefault(src[code], set()).add(wave)
+
+    def _count(self, waves: NDArray[np.int64], who: Who | None) -> dict[int, int]:
+        """Count the respondents of waves not seen yet; those reaching ``min_records`` are
+        seen from then on: wave -> the position of the record that made it."""
+        need, since = self.min_records, {}
+        for wave in np.unique(waves[waves >= 0]).tolist():
+            if wave in self.seen:
+                continue
+            ids = self.pending.setdefault(wave, set())
+            positions = np.flatnonzero(waves == wave).tolist()
+            for start in range(0, len(positions), 4 * need):  # a wave's first records suffice
+                chunk = positions[start : start + 4 * need]
+                for at, rid in zip(chunk, (who or _anyone)(chunk), strict=True):
+                    ids.add(object() if rid is None else rid)  # no id: a respondent of its own
+                    if len(ids) >= need:
+                        since[wave] = at
+                        break
+                if wave in since:
+                    break
+            if wave in since:
+                self.seen.add(wave)
+                del self.pending[wave]
+                if self.newest is None or wave > self.newest:
+                    self.newest = wave
+        return since
 
     def _arrivals(
         self, waves: NDArray[np.int64], arrived: NDArray[np.float64], events: NDArray[np.float64]
     ) -> None:
-        spans = self.arrivals
+        spans, seen_waves = self.arrivals, self.seen
         for wave in np.unique(waves).tolist():
+            if wave not in seen_waves:  # not arriving yet: fewer than min_records
+                continue
             mine = waves == wave
             first, ev_first, ev_last = (
                 float(arrived[mine].min()),
@@ -178,7 +223,7 @@ class ReleaseClock:
         if now is None:
             return True
         wave, quiet = int(key), self.quiet_after
-        known = self.sources
+        known, shown, seen = self.sources, self.shown, self.seen
         topics = {source[0] for source in known if source is not None}  # records came from
         silent = (  # owned, not heard from so far: its first record may still be this wave
             now - since < quiet
@@ -187,7 +232,10 @@ class ReleaseClock:
         )
         if any(silent):
             return False
-        return all(newest > wave or now - last >= quiet for newest, last in known.values())
+        return all(
+            now - last >= quiet or any(w > wave and w in seen for w in shown.get(source, ()))
+            for source, last in known.items()
+        )
 
 
 def release_order(release: str) -> tuple[int, int]:

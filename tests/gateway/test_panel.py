@@ -330,7 +330,7 @@ def test_a_wave_trickling_in_forms_the_cohorts_it_forms_fed_at_once() -> None:
         held: list[ValidRecord] = []
         out: list[bytes] = []
         first = wave(1, 0.0, rate)
-        second = wave(2, 1000.0, rate)[:1]  # the next wave's first record closes it
+        second = wave(2, 1000.0, rate)[:3]  # the next wave's first k respondents close it
         size = 4 if rate else len(first)
         for start in range(0, len(first), size):
             batch = first[start : start + size]
@@ -338,7 +338,8 @@ def test_a_wave_trickling_in_forms_the_cohorts_it_forms_fed_at_once() -> None:
             held = list(res.held)
             out.extend(r.value for r in res.published)
         assert not out, "a wave published before it closed"
-        for batch, now in ((second, 1000.0), ([], 1000.0 + GRACE)):
+        # its grace counts from the k-th respondent of the next wave
+        for batch, now in ((second, 1000.0), ([], second[-1].arrived_at + GRACE)):
             res = engine.protect_window([*held, *batch], now=now)
             held = list(res.held)
             out.extend(r.value for r in res.published)

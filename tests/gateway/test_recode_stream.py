@@ -185,15 +185,26 @@ def test_late_records_join_their_wave_and_unchanged_ones_stay_suppressed() -> No
         ValidRecord("r6", {**wave1[6], "wave": 1}, SourceRef("in", 0, 10), 0.0),  # again
         ValidRecord("n1", {**wave1[0], "wave": 1}, SourceRef("in", 0, 11), 0.0),  # new, fits
         ValidRecord("n2", {**wave1[0], "sex": "M", "wave": 1}, SourceRef("in", 0, 12), 0.0),
-        ValidRecord("n3", {**wave1[0], "wave": 2}, SourceRef("in", 0, 13), 0.0),  # closes 1
+        # k respondents of wave 2 close wave 1 (fewer would not: a mistyped wave number)
+        *(
+            ValidRecord(f"n{i}", {**wave1[0], "wave": 2}, SourceRef("in", 0, 10 + i), 0.0)
+            for i in (3, 4, 5)
+        ),
     ]
     res = engine.protect_window(late, now=1.0)
     got = {r.record_id: orjson.loads(r.value) for r in res.published}
     assert got["in/0/10"]["region"] is None  # r6, unchanged: its suppressed cell stays
     assert got["in/0/11"]["region"] == "a"  # joins (35, F, wife, a) without suppression
-    assert sorted(r.respondent_id or "" for r in res.held) == ["n2", "n3"]  # n3: wave 2 waits
+    # wave 2 waits
+    assert sorted(r.respondent_id or "" for r in res.held) == ["n2", "n3", "n4", "n5"]
     last = engine.protect_window(list(res.held), now=20.0)  # past the hold time
-    assert [r.suppressed for r in last.published] == [True, True]  # n2 fits no class; n3 alone
+    # n2 fits no class; wave 2's three share their tuple
+    assert {r.record_id: r.suppressed for r in last.published} == {
+        "in/0/12": True,
+        "in/0/13": False,
+        "in/0/14": False,
+        "in/0/15": False,
+    }
     check_exact_k({"k": 3}, stream + late, [*first.published, *res.published, *last.published])
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import orjson
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -164,21 +166,35 @@ def _see_record_by_record(
     sources: list[tuple[str, int] | None],
     arrived: list[float],
     events: list[float | None],
+    *,
+    rids: list[str | None],
 ) -> None:
     """What ``see`` means, one record at a time (its vectorised form must agree)."""
-    for key, source, at, event in zip(keys, sources, arrived, events, strict=True):
+    for key, source, at, event, rid in zip(keys, sources, arrived, events, rids, strict=True):
         if not key.isdigit():
             continue
         wave, ev = int(key), at if event is None else event
-        clock.newest = wave if clock.newest is None else max(clock.newest, wave)
-        newest, last = clock.sources.get(source, (wave, at))
-        clock.sources[source] = (max(wave, newest), max(at, last))
-        first, lo, hi = clock.arrivals.get(wave, (at, ev, ev))
-        clock.arrivals[wave] = (min(first, at), min(lo, ev), max(hi, ev))
+        if wave not in clock.seen:
+            ids = clock.pending.setdefault(wave, set())
+            ids.add(object() if rid is None else rid)
+            if len(ids) >= clock.min_records:
+                clock.seen.add(wave)
+                del clock.pending[wave]
+                clock.newest = wave if clock.newest is None else max(clock.newest, wave)
+        clock.sources[source] = max(at, clock.sources.get(source, at))
+        clock.shown.setdefault(source, set()).add(wave)
+        if wave in clock.seen:
+            first, lo, hi = clock.arrivals.get(wave, (at, ev, ev))
+            clock.arrivals[wave] = (min(first, at), min(lo, ev), max(hi, ev))
 
 
-@settings(max_examples=200, deadline=None)
+def _at(values: list[str | None]) -> Callable[[Sequence[int]], list[str | None]]:
+    return lambda positions: [values[i] for i in positions]
+
+
+@settings(max_examples=300, deadline=None)
 @given(
+    st.integers(1, 4),
     st.lists(
         st.lists(
             st.tuples(
@@ -186,24 +202,94 @@ def _see_record_by_record(
                 st.sampled_from([P0, P1, None]),
                 st.floats(0, 100, allow_nan=False),
                 st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False)),
+                st.sampled_from(["a", "b", "c", "d", None]),
             ),
             max_size=30,
         ),
         max_size=4,
-    )
+    ),
 )
 def test_seeing_a_window_at_once_is_seeing_its_records_one_by_one(
-    windows: list[list[tuple[str, tuple[str, int] | None, float, float | None]]],
+    min_records: int,
+    windows: list[list[tuple[str, tuple[str, int] | None, float, float | None, str | None]]],
 ) -> None:
-    fast, slow = ReleaseClock(quiet_after=2.0), ReleaseClock(quiet_after=2.0)
+    fast = ReleaseClock(quiet_after=2.0, min_records=min_records)
+    slow = ReleaseClock(quiet_after=2.0, min_records=min_records)
     for window in windows:
-        keys, sources, arrived, events = (
-            (list(c) for c in zip(*window, strict=True)) if window else ([], [], [], [])
+        keys, sources, arrived, events, rids = (
+            (list(c) for c in zip(*window, strict=True)) if window else ([], [], [], [], [])
         )
-        fast.see(keys, sources, arrived, events)
-        _see_record_by_record(slow, keys, sources, arrived, events)
-        assert (fast.newest, fast.sources, fast.arrivals) == (
+        fast.see(keys, sources, arrived, events, _at(rids))
+        _see_record_by_record(slow, keys, sources, arrived, events, rids=rids)
+        assert (fast.newest, fast.sources, fast.shown, fast.arrivals, fast.seen) == (
             slow.newest,
             slow.sources,
+            slow.shown,
             slow.arrivals,
+            slow.seen,
         )
+        assert {w: len(ids) for w, ids in fast.pending.items()} == {
+            w: len(ids) for w, ids in slow.pending.items()
+        }
+
+
+def _stray_run(tmp_path: Path, strays: int) -> list[set[bytes]]:
+    """The shipped panel policy, one partition sending wave 1, then half of wave 2 with
+    ``strays`` respondents of a mistyped wave 9 on another partition, a pause, the rest of
+    wave 2, then wave 3; what each window published (the strays' own records left out)."""
+    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    validator = Validator(policy)
+    survey = PanelSurvey(respondents=120, waves=3, seed=2, rows=load_rows(), new_share=0)
+    rows = list(survey.records())
+    answers = [validator.decode_and_validate(*reversed(encode(row))) for row in rows]
+    by_wave = {
+        w: [a for a, r in zip(answers, rows, strict=True) if r["wave"] == w] for w in (1, 2, 3)
+    }
+    offsets = {0: 0, 1: 0}
+
+    def on(
+        partition: int, batch: list[tuple[str | None, dict[str, object]]], at: float
+    ) -> list[ValidRecord]:
+        out = []
+        for rid, values in batch:
+            out.append(ValidRecord(rid, values, SourceRef("in", partition, offsets[partition]), at))
+            offsets[partition] += 1
+        return out
+
+    strayed = [
+        (f"stray-{i}", {**values, "wave": 9}) for i, (_, values) in enumerate(by_wave[2][:strays])
+    ]
+    engine = Engine(
+        policy,
+        keyring=Keyring(b"release-clock-secret-0123"),
+        store=SQLiteStore(tmp_path / f"s{strays}.db"),
+    )
+    held: list[ValidRecord] = []
+    published: list[set[bytes]] = []
+    for new, now in [
+        (on(0, by_wave[1], 0.0), 0.0),
+        (on(0, by_wave[2][:60], 100.0) + on(1, strayed, 100.0), 100.0),
+        ([], 130.0),  # past the close grace and the sources' quiet time
+        (on(0, by_wave[2][60:], 200.0), 200.0),
+        (on(0, by_wave[3], 300.0), 300.0),
+        ([], 400.0),
+    ]:
+        result = engine.protect_window([*held, *new], now=now)
+        held = list(result.held)
+        published.append(
+            {p.value for p in result.published if p.source is None or p.source.partition == 0}
+        )
+    return published
+
+
+def test_fewer_than_k_respondents_of_a_later_wave_close_no_wave_before_it(tmp_path: Path) -> None:
+    # one record with a mistyped wave number closed the open wave at the sources' first pause:
+    # its members still to answer were imputed, and every later wave closed the same way
+    k = load_policy(ROOT / "deploy" / "policies" / "adult.yaml").microaggregation.k
+    clean = _stray_run(tmp_path, 0)
+    waves = [{orjson.loads(value)["wave"] for value in window} for window in clean]
+    assert 2 not in set().union(*waves[:5]) and 2 in waves[5], "wave 2 closes once 3 arrives"
+    assert _stray_run(tmp_path, 1) == clean
+    assert _stray_run(tmp_path, k - 1) == clean
+    # k respondents of it make a wave: wave 2 closes at the pause, with half its members
+    assert 2 in {orjson.loads(value)["wave"] for value in _stray_run(tmp_path, k)[2]}
