@@ -224,7 +224,8 @@ def test_the_child_runs_this_copy_of_privgw_whatever_the_working_directory(
 def test_an_engine_failure_is_reported_without_the_value(
     engine_process: EngineProcess,
 ) -> None:
-    bad = validated_panel(6)  # waves 1, 1, 2, 2, 3, 3 over partitions 0, 1, 2, 0, 1, 2
+    # 6 respondents a wave over partitions 0, 1, 2 (a later wave counts from k respondents)
+    bad = validated_panel(18)
     # in wave 1, which every partition has moved past (for longer than the panel's close
     # grace): decided in this window
     bad[1] = bad[1]._replace(values={**bad[1].values, "age": "forty-two-years"})
@@ -233,8 +234,8 @@ def test_an_engine_failure_is_reported_without_the_value(
     assert "forty-two" not in str(err.value)
     assert "ValueError" in str(err.value) or "TypeError" in str(err.value)
     # the child is still there and serves the next window: every record published or held
-    after = engine_process.protect_window(validated_panel(6), now=100.0)
-    assert len(after.published) + len(after.held) == 6
+    after = engine_process.protect_window(validated_panel(18), now=100.0)
+    assert len(after.published) + len(after.held) == 18
 
 
 def test_a_dead_child_is_an_error_not_a_hang(engine_process: EngineProcess) -> None:
