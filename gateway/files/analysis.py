@@ -29,8 +29,28 @@ from gateway.policy import (
 )
 
 
-def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
+def reconstruct_file(
+    protected: str | Path, policy: Policy, *, wave: int | None = None
+) -> dict[str, Any]:
+    """The randomized attributes' distributions from a protected file; ``wave``: only that
+    release's rows (the policy's wave attribute)."""
     df = read_table(protected)
+    field = policy.republication.wave_attribute
+    if wave is not None:
+        if field is None or field not in df.columns:
+            raise InputDataError(
+                f"--wave {wave}: {protected} has no wave column "
+                f"({'the policy names no wave_attribute' if field is None else field}); "
+                "reconstruct all its rows without --wave"
+            )
+        numbers = pd.to_numeric(df[field], errors="coerce")
+        if not (numbers == wave).any():
+            present = sorted({int(w) for w in numbers.dropna() if float(w).is_integer()})
+            raise InputDataError(
+                f"--wave {wave}: {protected} has no row of wave {wave} (its waves: "
+                f"{', '.join(map(str, present[:20])) or 'none'})"
+            )
+        df = df[numbers == wave]
     mp = meta_path(protected)
     if mp.exists():
         try:
@@ -61,7 +81,12 @@ def reconstruct_file(protected: str | Path, policy: Policy) -> dict[str, Any]:
             mechanisms[name] = from_spec(attr)
     rep = policy.republication
     weight = rep.weight_name if rep.mode is RepublicationMode.PANEL else None
-    return reconstruct_rows(frame_rows(df), mechanisms, weight if weight in df.columns else None)
+    return reconstruct_rows(
+        frame_rows(df),
+        mechanisms,
+        weight if weight in df.columns else None,
+        wave=field if field in df.columns else None,
+    )
 
 
 def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from gateway.files.fileio import PICTURE_SUFFIXES, check_output
 from gateway.files.protect import meta_path, microaggregate_file
 from gateway.files.protect_blocks import DEFAULT_BUDGET_MIB, Budget, protect_within
 from gateway.files.ru_map import plot_ru_map, ru_map
-from gateway.policy import load_policy
+from gateway.policy import MAX_WAVE, load_policy
 
 log = logging.getLogger("privgw")
 
@@ -240,7 +240,7 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
                 meta_topic = policy.meta_topic
         # streamed: per-version category counts, never the topic's rows
         reader = _entry_point("privgw.readers", "counts")
-        counts = reader(args.bootstrap, args.topic, meta_topic=meta_topic)
+        counts = reader(args.bootstrap, args.topic, meta_topic=meta_topic, wave=args.wave)
         for version, n in counts.without_meta().items():
             log.warning(
                 "policy version %s: no metadata record in %s; its %d rows are left out of "
@@ -260,7 +260,7 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     else:
         if not args.protected or not args.policy:
             raise PrivgwError("give PROTECTED --policy P, or --bootstrap B --topic T")
-        result = reconstruct_file(args.protected, load_policy(args.policy))
+        result = reconstruct_file(args.protected, load_policy(args.policy), wave=args.wave)
     if args.json:
         print_json(result)
         return 0
@@ -457,8 +457,26 @@ def _add_reconstruct(sub: Any) -> None:
         help="metadata topic (with --topic; default: the policy's meta topic when --policy "
         "names that output topic, else TOPIC.meta)",
     )
+    p.add_argument(
+        "--wave",
+        type=_wave_number,
+        help="only this release's rows (the policy's wave attribute); without it the rows of "
+        "every release are pooled, their standard errors counting each respondent once",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_reconstruct)
+
+
+def _wave_number(text: str) -> int:
+    try:
+        wave = int(text)
+    except ValueError:
+        wave = -1
+    if not 0 <= wave <= MAX_WAVE:
+        raise argparse.ArgumentTypeError(
+            f"must be a wave number, a whole number in [0, {MAX_WAVE}], got {text!r}"
+        )
+    return wave
 
 
 def _add_attack(sub: Any) -> None:

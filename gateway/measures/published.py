@@ -40,19 +40,45 @@ def reconstruct_rows(
     rows: Sequence[Mapping[str, Any]],
     mechanisms: Mapping[str, RRMechanism],
     weight: str | None = None,
+    wave: str | None = None,
 ) -> dict[str, Any]:
     """Estimated true distributions of the randomized attributes from published rows;
-    ``weight``: the rows' analysis weight (a panel release's), if they carry one."""
+    ``weight``: the rows' analysis weight (a panel release's), if they carry one; ``wave``:
+    the field naming each row's release, whose count divides the sample size the standard
+    errors count (:func:`releases_note`)."""
     out: dict[str, Any] = {}
     for name, mech in mechanisms.items():
         kept = [r for r in rows if name in r]
         weights = None
         if weight is not None and kept and all(r.get(weight) is not None for r in kept):
             weights = [float(r[weight]) for r in kept]
-        est = reconstruct_column(name, [r[name] for r in kept], mech, weights)
+        values = [r[name] for r in kept]
+        releases = 1
+        if wave is not None:
+            releases = max(1, len({r.get(wave) for r in kept} - {None}))
+        est = reconstruct_column(name, values, mech, weights, releases=releases)
         if est is not None:
-            out[name] = est.to_dict() if hasattr(est, "to_dict") else _estimate_dict(est)
+            entry: dict[str, Any] = dict(
+                est.to_dict() if hasattr(est, "to_dict") else _estimate_dict(est)
+            )
+            if releases > 1:
+                entry["releases"] = releases
+                entry.setdefault("notes", []).append(releases_note(releases))
+            out[name] = entry
     return out
+
+
+def releases_note(releases: int) -> str:
+    """Why rows of several releases count as fewer: a respondent's randomized answer is drawn
+    once and published again in every release, so its rows are copies, not new draws. With at
+    most one row a release per respondent, R rows over W releases are worth at least R / W
+    independent ones (the Kish size of rows repeated up to W times), which the standard errors
+    count: an upper bound on the error, exact when every respondent answers alike every time."""
+    return (
+        f"the rows span {releases} releases, and a respondent's randomized answer repeats in "
+        f"each: the standard errors count 1/{releases} of the rows (conservative); --wave N "
+        "estimates one release"
+    )
 
 
 def reconstruct_column(
@@ -60,6 +86,8 @@ def reconstruct_column(
     values: Sequence[object],
     mech: RRMechanism,
     weights: Sequence[float] | None = None,
+    *,
+    releases: int = 1,
 ) -> DistributionEstimate | None:
     """Both estimates of one randomized column's true distribution from its published values
     (a missing value counts as the missing category where the mechanism has one); None when
@@ -67,7 +95,8 @@ def reconstruct_column(
 
     ``weights``: analysis weights (a panel release's), one per value. The observed shares are
     then weighted, and counted over Kish's effective sample size (Σw)² / Σw², so the standard
-    errors carry the weights' design effect."""
+    errors carry the weights' design effect. ``releases``: how many releases the values span
+    (:func:`releases_note`): the size counted is divided by it."""
     index = {c: i for i, c in enumerate(mech.categories)}
     codes = []
     kept_weights = []
@@ -85,9 +114,11 @@ def reconstruct_column(
         return None
     coded = np.array(codes, dtype=np.int64)
     if weights is None:
-        return reconstruct(mech, coded)
+        if releases == 1:
+            return reconstruct(mech, coded)
+        return reconstruct(mech, np.bincount(coded, minlength=mech.m) / releases, counts=True)
     w = np.asarray(kept_weights, dtype=np.float64)
-    effective = float(w.sum()) ** 2 / float(np.square(w).sum())
+    effective = float(w.sum()) ** 2 / float(np.square(w).sum()) / releases
     shares = np.bincount(coded, weights=w, minlength=mech.m) / float(w.sum())
     return reconstruct(mech, shares * effective, counts=True)
 

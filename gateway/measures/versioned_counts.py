@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.errors import InputDataError, PrivgwError
-from gateway.measures.published import mechanisms_from_meta, published_code
+from gateway.measures.published import mechanisms_from_meta, published_code, releases_note
 from gateway.measures.reconstruction import reconstruct
 from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.mechanisms.stamp import stamped_version
@@ -42,7 +42,8 @@ class VersionedCounts:
     usable metadata are only counted, and left out of every estimate (:meth:`reconstruct`
     names them)."""
 
-    def __init__(self, metas: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(self, metas: Mapping[str, Mapping[str, Any]], *, wave: int | None = None) -> None:
+        """``wave``: count only that release's rows (each version's wave attribute)."""
         self.mechanisms: dict[str, dict[str, RRMechanism]] = {}
         self.bad_metas: list[str] = []  # versions whose metadata is not a mechanism
         for version, meta in metas.items():
@@ -77,11 +78,28 @@ class VersionedCounts:
         }
         self.squares: dict[str, dict[str, float]] = {v: {} for v in self.weighted}
         self.weighed: dict[str, Counter[str]] = {v: Counter() for v in self.weighted}
+        # each version's wave attribute (its metadata names it): the releases a pool's rows
+        # span divide the size its standard errors count (gateway.measures.published)
+        self._wave_field = {
+            v: (m.get("republication") or {}).get("wave_attribute")
+            for v, m in metas.items()
+            if isinstance(m, Mapping)
+        }
+        self.only_wave = wave
+        self.waves: dict[str, dict[str, set[object]]] = {
+            v: {a: set() for a in mechs} for v, mechs in self.mechanisms.items()
+        }
         self.outside: Counter[tuple[str, str]] = Counter()  # values no category names
         self.unknown_matrix: Counter[tuple[str, str]] = Counter()  # stamps naming no matrix
         self.unreadable = 0  # records that are not JSON objects (the reader counts them)
 
     def add(self, version: str, row: Mapping[str, Any]) -> None:
+        field = self._wave_field.get(version)
+        wave = row.get(field) if isinstance(field, str) else None
+        if isinstance(wave, bool) or not isinstance(wave, int | float):
+            wave = None
+        if self.only_wave is not None and wave != self.only_wave:
+            return
         self.rows[version] = self.rows.get(version, 0) + 1
         index = self._index.get(version)
         if index is None:
@@ -103,6 +121,8 @@ class VersionedCounts:
                 self.outside[(version, name)] += 1
             elif code is not None:
                 self.counts[target][name][code] += 1
+                if wave is not None:
+                    self.waves[target][name].add(wave)
                 field = self._weight.get(target)
                 weight = row.get(field) if field else None
                 if isinstance(weight, int | float) and target in self.weighted:
@@ -168,13 +188,20 @@ class VersionedCounts:
             if not pools:
                 continue
             groups = []
+            spans = []
             for mech, versions, counts in pools.values():
-                effective = self._effective(name, versions, counts)
+                releases = max(1, len(set().union(*(self.waves[v][name] for v in versions))))
+                effective = self._effective(name, versions, counts) / releases
                 est = reconstruct(mech, effective, counts=True).to_dict()
-                if not np.array_equal(effective, counts):  # weighted: n stays the rows read
+                if not np.array_equal(effective, counts):  # n stays the rows read
                     est["n_effective"], est["n"] = est["n"], int(counts.sum())
+                if releases > 1:
+                    est["releases"] = releases
+                    spans.append(releases)
                 groups.append({"policy_versions": versions, **est})
             entry = _combine(groups)
+            if spans:
+                entry.setdefault("notes", []).append(releases_note(max(spans)))
             entry["groups"] = groups
             entry["skipped_versions"] = skipped
             left_out = {

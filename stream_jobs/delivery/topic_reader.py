@@ -213,9 +213,11 @@ async def count_protected_async(
     meta_topic: str | None = None,
     timeout: float = 10.0,
     quiet: float = 1.0,
+    wave: int | None = None,
 ) -> VersionedCounts:
     """The protected ``topic`` folded into per-version category counts as it is read, each
-    version counted against its own record in ``meta_topic`` (default ``<topic>.meta``)."""
+    version counted against its own record in ``meta_topic`` (default ``<topic>.meta``);
+    ``wave``: only that release's rows."""
     meta_topic = meta_topic or f"{topic}.meta"
     await check_bootstrap(WorkerSettings(bootstrap=bootstrap))  # one line, not a traceback
     if not await _exists(bootstrap, topic):  # the user's topic first: the clearer mistake
@@ -226,7 +228,7 @@ async def count_protected_async(
     metas = await read_metas_async(bootstrap, meta_topic, timeout=timeout, quiet=quiet)
     if not metas:
         raise TopicReadError(f"no metadata in {meta_topic}: has the gateway started?")
-    counts = VersionedCounts(metas)
+    counts = VersionedCounts(metas, wave=wave)
     add, loads = counts.add, orjson.loads
     unreadable = 0
     batches = iter_topic(bootstrap, topic, timeout=timeout, quiet=quiet)
@@ -249,9 +251,14 @@ async def count_protected_async(
 
 
 def count_protected(
-    bootstrap: str, topic: str, *, meta_topic: str | None = None, timeout: float = 10.0
+    bootstrap: str,
+    topic: str,
+    *,
+    meta_topic: str | None = None,
+    timeout: float = 10.0,
+    wave: int | None = None,
 ) -> VersionedCounts:
     """``privgw reconstruct --topic``'s reader (entry point ``privgw.readers``: counts)."""
     return asyncio.run(
-        count_protected_async(bootstrap, topic, meta_topic=meta_topic, timeout=timeout)
+        count_protected_async(bootstrap, topic, meta_topic=meta_topic, timeout=timeout, wave=wave)
     )

@@ -203,3 +203,35 @@ def test_bad_policy_exits_2_with_the_key(tmp_path: Path, adult_sample: Path) -> 
     proc = privgw("protect", adult_sample, "--policy", bad, "-o", tmp_path / "o.csv", check=False)
     assert proc.returncode == 2
     assert "microaggregation.k: k must be ≥ 2, got 1" in proc.stderr
+
+
+def test_reconstruct_counts_a_release_published_again_once(protected: Path, tmp_path: Path) -> None:
+    # a panel republishes every respondent's randomized answer, drawn once, in every wave: the
+    # rows of three waves are one sample, not three (before, the SE shrank by sqrt(3))
+    table = pd.read_csv(protected)
+    assert "wave" not in table.columns, "adult.csv has no waves: update this test"
+    waves = tmp_path / "waves.csv"
+    pd.concat([table.assign(wave=w) for w in (1, 2, 3)]).to_csv(waves, index=False)
+    waves.with_name("waves.csv.meta.json").write_bytes(
+        protected.with_name(protected.name + ".meta.json").read_bytes()
+    )
+
+    def estimate(path: Path, *extra: str) -> dict:
+        done = privgw("reconstruct", path, "--policy", POLICY, "--json", *extra)
+        return orjson.loads(done.stdout)["income"]
+
+    once, pooled, second = estimate(protected), estimate(waves), estimate(waves, "--wave", "2")
+    for field in ("em", "em_se", "inversion", "inversion_se"):
+        assert pooled[field] == pytest.approx(once[field], rel=1e-9)
+        assert second[field] == pytest.approx(once[field], rel=1e-9)
+    assert pooled["releases"] == 3 and "releases" not in second
+    assert any("3 releases" in note for note in pooled["notes"])
+    text = privgw("reconstruct", waves, "--policy", POLICY).stdout
+    assert "the rows span 3 releases" in text and "--wave N" in text
+    missing = clikit.privgw("reconstruct", waves, "--policy", POLICY, "--wave", "9")
+    assert missing.returncode == 2
+    assert "has no row of wave 9 (its waves: 1, 2, 3)" in missing.stderr
+    bad = clikit.privgw("reconstruct", waves, "--policy", POLICY, "--wave", "1.5")
+    assert bad.returncode == 2 and "--wave: must be a wave number" in bad.stderr
+    unwaved = clikit.privgw("reconstruct", protected, "--policy", POLICY, "--wave", "1")
+    assert unwaved.returncode == 2 and "has no wave column (wave)" in unwaved.stderr

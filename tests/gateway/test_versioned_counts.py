@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import InputDataError
 from gateway.measures.reconstruction import reconstruct
@@ -62,3 +64,46 @@ def test_versions_with_other_categories_are_not_combined() -> None:
     est = counts.reconstruct()["income"]
     assert "categories" not in est and est["n"] == 100 and est["notes"]
     assert len(est["groups"]) == 2
+
+
+def _panel_meta(version: str, mech: RRMechanism) -> dict[str, object]:
+    return {**_meta(version, mech), "republication": {"wave_attribute": "wave"}}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    low=st.integers(1, 400),
+    high=st.integers(1, 400),
+    releases=st.integers(2, 6),
+    weighted=st.booleans(),
+)
+def test_a_release_published_again_tells_no_more_than_once(
+    low: int, high: int, releases: int, weighted: bool
+) -> None:
+    # a respondent's randomized answer is drawn once and repeated in every release: the same
+    # rows read in W releases are one sample, not W (before, their SE shrank by sqrt(W))
+    mech = uniform(["<=50K", ">50K"], retention=0.75)
+    meta = {"va": _panel_meta("va", mech)}
+    if weighted:
+        meta["va"]["republication"] = {"wave_attribute": "wave", "weight_field": "weight"}
+    rows = [{"income": "<=50K", "weight": 1.0 + i % 3} for i in range(low)]
+    rows += [{"income": ">50K", "weight": 2.0 + i % 2} for i in range(high)]
+    once, again = VersionedCounts(meta), VersionedCounts(meta)
+    for row in rows:
+        once.add("va", {**row, "wave": 1})
+    for wave in range(1, releases + 1):
+        for row in rows:
+            again.add("va", {**row, "wave": wave})
+    one, many = once.reconstruct()["income"], again.reconstruct()["income"]
+    for field in ("inversion", "inversion_se", "em", "em_se"):
+        assert many[field] == pytest.approx(one[field], rel=1e-6, abs=1e-9)
+    assert many["n"] == releases * (low + high) and many["groups"][0]["releases"] == releases
+    assert "releases" not in one["groups"][0] and "notes" not in one
+    assert any(f"{releases} releases" in note for note in many["notes"])
+    # one release of them: exactly the rows read once
+    only = VersionedCounts(meta, wave=releases)
+    for wave in range(1, releases + 1):
+        for row in rows:
+            only.add("va", {**row, "wave": wave})
+    assert only.rows == {"va": low + high}
+    assert only.reconstruct()["income"]["em_se"] == pytest.approx(one["em_se"])
