@@ -236,8 +236,9 @@ class ModeRun:
             self.tally.rows[w].append((owner, row))
 
     def wave(self, w: int, records: list[ValidRecord]) -> None:
-        """Wave ``w``'s windows. The first record of the next wave closes it (a watermark):
-        its window is fed by :meth:`close` and counted as this wave's cost."""
+        """Wave ``w``'s windows. The next wave's first k records close it (a watermark; fewer
+        could be strays): their window is fed by :meth:`close` and counted as this wave's
+        cost."""
         sc = self.sc
         if self.mode.startswith("fresh"):  # no stored groups: a new whole-key MDAV for every wave
             self.engine = Engine(self.policy, keyring=self.key, store=MemoryStore())
@@ -266,20 +267,24 @@ class ModeRun:
         if self.mode.startswith("fresh"):
             self._protect(self.held, 1e12, w, True)
 
-    def close(self, w: int, first_of_next: ValidRecord) -> None:
-        """Wave ``w`` ends: the next wave's first record arrives, alone in its window."""
-        assert first_of_next.source is not None
-        self.owner[first_of_next.source.record_id] = str(first_of_next.respondent_id)
-        self.wave_of[first_of_next.source.record_id] = w + 1
-        now = first_of_next.arrived_at if self.sc.rate or self.panel else 0.0
+    def close(self, w: int, first_of_next: list[ValidRecord]) -> None:
+        """Wave ``w`` ends: the next wave's first k records arrive, alone in their window."""
+        for r in first_of_next:
+            assert r.source is not None
+            self.owner[r.source.record_id] = str(r.respondent_id)
+            self.wave_of[r.source.record_id] = w + 1
+        now = first_of_next[-1].arrived_at if self.sc.rate or self.panel else 0.0
         if self.panel:  # the next wave has been arriving for the close grace
-            rid = str(first_of_next.respondent_id)
-            self.by_key[self.key.respondent_key(rid)] = rid
-            self._protect([*self.held, first_of_next], now, w, False)
+            fresh = [
+                str(r.respondent_id) for r in first_of_next if r.respondent_id not in self.seen
+            ]
+            self.seen.update(fresh)
+            self.by_key.update(zip(self.key.respondent_keys(fresh), fresh, strict=True))
+            self._protect([*self.held, *first_of_next], now, w, False)
             now += self.grace
             self._protect(self.held, now, w, False)
             return
-        self._protect([*self.held, first_of_next], now, w, False)
+        self._protect([*self.held, *first_of_next], now, w, False)
 
     def finish(self, last: int) -> Tally:
         if self.held:
@@ -506,9 +511,9 @@ def main() -> None:
     runs = [ModeRun(mode, sc, unrounded=args.unrounded) for mode in modes]
     for w, wave in enumerate(waves, start=1):
         for run in runs:  # the modes take turns, wave by wave
-            run.wave(w, wave if w == 1 else wave[1:])  # the first closed the wave before
+            run.wave(w, wave if w == 1 else wave[k:])  # the first k closed the wave before
             if w < len(waves):
-                run.close(w, waves[w][0])
+                run.close(w, waves[w][:k])
     tallies = [run.finish(len(waves)) for run in runs]
     # engine cost ratios against deferred, else against the first mode named (same run)
     baseline = "deferred" if "deferred" in modes else modes[0]
