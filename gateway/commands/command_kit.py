@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from gateway.policy import MAX_WAVE
+
 
 def add_command(sub: Any, name: str, help_: str, example: str) -> argparse.ArgumentParser:
     """A subcommand with its help, and an example in its epilog (plug-ins use it too)."""
@@ -32,3 +34,16 @@ def fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4f}"
     return str(v)
+
+
+def wave_number(text: str) -> int:
+    """An argparse type: a wave number, as records carry them."""
+    try:
+        wave = int(text)
+    except ValueError:
+        wave = -1
+    if not 0 <= wave <= MAX_WAVE:
+        raise argparse.ArgumentTypeError(
+            f"must be a wave number, a whole number in [0, {MAX_WAVE}], got {text!r}"
+        )
+    return wave

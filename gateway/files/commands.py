@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.commands.command_kit import add_command, fmt, print_json
+from gateway.commands.command_kit import add_command, fmt, print_json, wave_number
 from gateway.errors import PrivgwError
 from gateway.files.analysis import attack_history, read_jsonl_rows, reconstruct_file
 from gateway.files.evaluate import evaluate_files
@@ -19,7 +19,7 @@ from gateway.files.fileio import PICTURE_SUFFIXES, check_output
 from gateway.files.protect import meta_path, microaggregate_file
 from gateway.files.protect_blocks import DEFAULT_BUDGET_MIB, Budget, protect_within
 from gateway.files.ru_map import plot_ru_map, ru_map
-from gateway.policy import MAX_WAVE, load_policy
+from gateway.policy import load_policy
 
 log = logging.getLogger("privgw")
 
@@ -459,24 +459,12 @@ def _add_reconstruct(sub: Any) -> None:
     )
     p.add_argument(
         "--wave",
-        type=_wave_number,
+        type=wave_number,
         help="only this release's rows (the policy's wave attribute); without it the rows of "
         "every release are pooled, their standard errors counting each respondent once",
     )
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_reconstruct)
-
-
-def _wave_number(text: str) -> int:
-    try:
-        wave = int(text)
-    except ValueError:
-        wave = -1
-    if not 0 <= wave <= MAX_WAVE:
-        raise argparse.ArgumentTypeError(
-            f"must be a wave number, a whole number in [0, {MAX_WAVE}], got {text!r}"
-        )
-    return wave
 
 
 def _add_attack(sub: Any) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from gateway.commands.command_kit import add_command
+from gateway.commands.command_kit import add_command, wave_number
 from gateway.errors import PrivgwError
 from gateway.policy import MAX_WAVE
 
@@ -96,7 +96,7 @@ def register(sub: Any) -> None:
         "after the records already written",
         "privgw wave close 3 --policy deploy/policies/adult.yaml --bootstrap 127.0.0.1:9092",
     )
-    p.add_argument("wave", type=int, help="the wave number to close")
+    p.add_argument("wave", type=wave_number, help="the wave number to close")
     p.add_argument("--policy", required=True, help="policy YAML (its input topic)")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (env PRIVGW_BOOTSTRAP)")
     p.add_argument("--input-topic", help="overrides the policy's input.topic")
@@ -107,8 +107,6 @@ def cmd_wave_close(args: argparse.Namespace) -> int:
     from gateway.policy import RepublicationMode, load_policy  # noqa: PLC0415
     from stream_jobs.worker_build import worker_settings  # noqa: PLC0415
 
-    if not 0 <= args.wave <= MAX_WAVE:
-        raise PrivgwError(f"wave must be a number from 0 to 2^31 - 1, got {args.wave}")
     policy = load_policy(args.policy)
     rep = policy.republication
     if rep.wave_attribute is None or rep.mode is not RepublicationMode.PANEL:

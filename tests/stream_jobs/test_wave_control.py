@@ -3,8 +3,11 @@ records, and when a close holds for a worker's partitions."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from gateway.commands.cli import main
 from gateway.policy import MAX_WAVE
 from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE, WaveCloses, control_wave
 
@@ -48,3 +51,14 @@ def test_a_close_holds_once_every_owned_partition_of_its_topic_has_shown_it() ->
     closes.mark("in", 0, 1)  # an older close read again (a restart) changes nothing
     assert closes.closed_through(owned) == 2
     assert closes.closed_through([("in", 1)]) == 3  # partition 0 went to another worker
+
+
+@pytest.mark.parametrize("wave", ["2147483648", "-1", "1.5", "three"])
+def test_wave_close_takes_only_a_wave_number(wave: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # checked before any broker is asked (the command line's own error, exit 2)
+    policy = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yaml"
+    with pytest.raises(SystemExit) as stopped:
+        main(["wave", "close", wave, "--policy", str(policy), "--bootstrap", "127.0.0.1:1"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"must be a wave number, a whole number in [0, {MAX_WAVE}], got '{wave}'" in err
