@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 import yaml
@@ -42,12 +43,33 @@ def test_a_partition_still_sending_a_wave_keeps_it_open_until_it_moves_on_or_goe
     assert not clock.closed("2", now=10.0)
 
 
-def _panel() -> tuple[list[tuple[str | None, dict[str, object]]], list[int]]:
+Answer = tuple[str | None, dict[str, object]]
+
+
+def _panel(**survey: object) -> tuple[list[Answer], list[int]]:
+    """The simulated panel's records, validated (60 respondents, 2 waves unless ``survey``
+    says otherwise), and each one's wave."""
     policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
     validator = Validator(policy)
-    rows = list(PanelSurvey(respondents=60, waves=2, seed=2, rows=load_rows()).records())
+    settings: dict[str, Any] = {"respondents": 60, "waves": 2, "seed": 2, **survey}
+    rows = list(PanelSurvey(**settings, rows=load_rows()).records())
     answers = [validator.decode_and_validate(*reversed(encode(row))) for row in rows]
     return answers, [int(row["wave"]) for row in rows]
+
+
+class _Inputs:
+    """Records as the worker hands them to the engine: each input partition's offsets run on."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[int, int] = {}
+
+    def on(self, partition: int, batch: list[Answer], at: float) -> list[ValidRecord]:
+        out = []
+        for rid, values in batch:
+            offset = self.offsets.get(partition, 0)
+            out.append(ValidRecord(rid, values, SourceRef("in", partition, offset), at))
+            self.offsets[partition] = offset + 1
+        return out
 
 
 def _window(
@@ -78,16 +100,7 @@ def test_a_wave_is_decided_with_the_records_a_lagging_partition_still_sends(
     answers, waves = _panel()
     first = [a for a, w in zip(answers, waves, strict=True) if w == 1]
     second = [a for a, w in zip(answers, waves, strict=True) if w == 2]
-    offsets = {0: 0, 1: 0}
-
-    def on(
-        partition: int, batch: list[tuple[str | None, dict[str, object]]], at: float
-    ) -> list[ValidRecord]:
-        out = []
-        for rid, values in batch:
-            out.append(ValidRecord(rid, values, SourceRef("in", partition, offsets[partition]), at))
-            offsets[partition] += 1
-        return out
+    on = _Inputs().on
 
     engine = _engine(tmp_path)
     half = len(first) // 2
@@ -238,23 +251,9 @@ def _stray_run(tmp_path: Path, strays: int) -> list[set[bytes]]:
     ``strays`` respondents of a mistyped wave 9 on another partition, a pause, the rest of
     wave 2, then wave 3; what each window published (the strays' own records left out)."""
     policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
-    validator = Validator(policy)
-    survey = PanelSurvey(respondents=120, waves=3, seed=2, rows=load_rows(), new_share=0)
-    rows = list(survey.records())
-    answers = [validator.decode_and_validate(*reversed(encode(row))) for row in rows]
-    by_wave = {
-        w: [a for a, r in zip(answers, rows, strict=True) if r["wave"] == w] for w in (1, 2, 3)
-    }
-    offsets = {0: 0, 1: 0}
-
-    def on(
-        partition: int, batch: list[tuple[str | None, dict[str, object]]], at: float
-    ) -> list[ValidRecord]:
-        out = []
-        for rid, values in batch:
-            out.append(ValidRecord(rid, values, SourceRef("in", partition, offsets[partition]), at))
-            offsets[partition] += 1
-        return out
+    answers, waves = _panel(respondents=120, waves=3, new_share=0)
+    by_wave = {w: [a for a, v in zip(answers, waves, strict=True) if v == w] for w in (1, 2, 3)}
+    on = _Inputs().on
 
     strayed = [
         (f"stray-{i}", {**values, "wave": 9}) for i, (_, values) in enumerate(by_wave[2][:strays])
