@@ -68,6 +68,11 @@ def source_of(record: ValidRecord) -> Source:
     return None if src is None else src.topic_partition
 
 
+def _respondents_at(records: Sequence[ValidRecord], positions: Sequence[int]) -> list[object]:
+    """The respondent ids of the records at ``positions`` (the release clock counts them)."""
+    return [records[i].respondent_id for i in positions]
+
+
 def _origins(
     records: Sequence[ValidRecord], positions: range
 ) -> tuple[list[float], list[Source], list[float | None]]:
@@ -215,7 +220,7 @@ class ClaimStep:
             self.releases,
             now=now,
             flush_all=flush_all,
-            who=lambda positions: [records[i].respondent_id for i in positions],
+            who=functools.partial(_respondents_at, records),
         )
 
     def decide(
@@ -358,7 +363,7 @@ class ClaimStep:
                 releases,
                 [source_of(r) for r in records],
                 [r.arrived_at for r in records],
-                who=lambda positions: [records[i].respondent_id for i in positions],
+                who=functools.partial(_respondents_at, records),
             )
         return releases
 

@@ -44,13 +44,14 @@ def reconstruct_file(
                 "reconstruct all its rows without --wave"
             )
         numbers = pd.to_numeric(df[field], errors="coerce")
-        if not (numbers == wave).any():
+        mine = numbers == wave
+        if not mine.any():
             present = sorted({int(w) for w in numbers.dropna() if float(w).is_integer()})
             raise InputDataError(
                 f"--wave {wave}: {protected} has no row of wave {wave} (its waves: "
                 f"{', '.join(map(str, present[:20])) or 'none'})"
             )
-        df = df[numbers == wave]
+        df = df[mine]
     mp = meta_path(protected)
     if mp.exists():
         try:

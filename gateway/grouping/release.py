@@ -11,7 +11,7 @@ ReleaseClock): records still waiting for their group's quorum in it stop waiting
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -47,8 +47,12 @@ Source = tuple[str, int] | None
 Who = Callable[[Sequence[int]], Sequence[object]]
 
 
-def _anyone(positions: Sequence[int]) -> list[None]:
-    return [None] * len(positions)
+def _ids_at(positions: list[int], who: Who | None, chunk: int) -> Iterator[tuple[int, object]]:
+    """(position, respondent id) of each record at ``positions``, asked of ``who`` a chunk at
+    a time (a wave's first records usually suffice); None where unknown."""
+    for start in range(0, len(positions), chunk):
+        part = positions[start : start + chunk]
+        yield from zip(part, [None] * len(part) if who is None else who(part), strict=True)
 
 
 @dataclass(slots=True)
@@ -147,15 +151,10 @@ class ReleaseClock:
             if wave in self.seen:
                 continue
             ids = self.pending.setdefault(wave, set())
-            positions = np.flatnonzero(waves == wave).tolist()
-            for start in range(0, len(positions), 4 * need):  # a wave's first records suffice
-                chunk = positions[start : start + 4 * need]
-                for at, rid in zip(chunk, (who or _anyone)(chunk), strict=True):
-                    ids.add(object() if rid is None else rid)  # no id: a respondent of its own
-                    if len(ids) >= need:
-                        since[wave] = at
-                        break
-                if wave in since:
+            for at, rid in _ids_at(np.flatnonzero(waves == wave).tolist(), who, 4 * need):
+                ids.add(object() if rid is None else rid)  # no id: a respondent of its own
+                if len(ids) >= need:
+                    since[wave] = at
                     break
             if wave in since:
                 self.seen.add(wave)

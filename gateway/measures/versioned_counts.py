@@ -94,8 +94,8 @@ class VersionedCounts:
         self.unreadable = 0  # records that are not JSON objects (the reader counts them)
 
     def add(self, version: str, row: Mapping[str, Any]) -> None:
-        field = self._wave_field.get(version)
-        wave = row.get(field) if isinstance(field, str) else None
+        wave_field = self._wave_field.get(version)
+        wave = row.get(wave_field) if isinstance(wave_field, str) else None
         if isinstance(wave, bool) or not isinstance(wave, int | float):
             wave = None
         if self.only_wave is not None and wave != self.only_wave:
