@@ -292,3 +292,43 @@ def test_fewer_than_k_respondents_of_a_later_wave_close_no_wave_before_it(tmp_pa
     assert _stray_run(tmp_path, k - 1) == clean
     # k respondents of it make a wave: wave 2 closes at the pause, with half its members
     assert 2 in {orjson.loads(value)["wave"] for value in _stray_run(tmp_path, k)[2]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(2, 5),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["1", "2", "3"]),
+            st.sampled_from([P0, P1]),
+            st.floats(0, 100, allow_nan=False),
+            st.sampled_from(["a", "b", "c", "d", "e", "f"]),
+        ),
+        max_size=40,
+    ),
+    st.lists(st.tuples(st.sampled_from([P0, P1]), st.floats(0, 100, allow_nan=False)), max_size=8),
+    st.data(),
+)
+def test_fewer_than_min_records_respondents_of_a_wave_close_nothing(
+    min_records: int,
+    records: list[tuple[str, tuple[str, int], float, str]],
+    strays: list[tuple[tuple[str, int], float]],
+    data: st.DataObject,
+) -> None:
+    # strays: records of wave 9 from fewer than min_records respondents, anywhere in the stream
+    rids = [f"s{data.draw(st.integers(0, min_records - 2))}" for _ in strays]
+    mixed = list(records)
+    for (source, at), rid in zip(strays, rids, strict=True):  # the records' own order kept
+        mixed.insert(data.draw(st.integers(0, len(mixed))), ("9", source, at, rid))
+    clean = ReleaseClock(quiet_after=2.0, min_records=min_records)
+    strayed = ReleaseClock(quiet_after=2.0, min_records=min_records)
+    for clock, stream in ((clean, records), (strayed, mixed)):
+        keys, sources, arrived, who = (
+            (list(c) for c in zip(*stream, strict=True)) if stream else ([], [], [], [])
+        )
+        clock.see(keys, sources, arrived, list(arrived), _at(who))
+    for now in (0.0, 50.0, 101.0, 103.0, 1000.0):
+        for key in ("1", "2", "3"):
+            # a stray may hold a wave back (its partition still sending), never close one
+            assert not strayed.closed(key, now) or clean.closed(key, now)
+            assert not strayed.closed_after(key, now, 10.0) or clean.closed_after(key, now, 10.0)
