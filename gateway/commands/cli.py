@@ -14,10 +14,16 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from gateway.commands.command_kit import add_command, print_json
-from gateway.commands.sigterm import STOPPED_EARLY, note_sigterm, sigterm_received
+from gateway.commands.sigterm import (
+    STOPPED_EARLY,
+    during_import,
+    note_sigterm,
+    sigterm_received,
+)
 from gateway.errors import PrivgwError
 from gateway.files.policy_report import policy_report
 from gateway.policy import load_policy
@@ -221,9 +227,10 @@ class Terminated(BaseException):
     """SIGTERM before a command's own handling of it (a worker's loop) is in place."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     note_sigterm()  # remembered too: a library's bare except could swallow the exception
-    raise Terminated
+    if not during_import(frame):  # a command's own import: the worker's start checks the note
+        raise Terminated
 
 
 def _stop_on_sigterm() -> None:

@@ -13,17 +13,24 @@ from __future__ import annotations
 
 import signal
 import sys
+from types import FrameType
 
-from gateway.commands.sigterm import STOPPED_EARLY, note_sigterm, sigterm_received
+from gateway.commands.sigterm import (
+    STOPPED_EARLY,
+    during_import,
+    note_sigterm,
+    sigterm_received,
+)
 
 
 class _EarlyTerm(BaseException):
     pass
 
 
-def _early(signum: int, frame: object) -> None:
+def _early(signum: int, frame: FrameType | None) -> None:
     note_sigterm()
-    raise _EarlyTerm
+    if not during_import(frame):  # (the CLI's import is checked when it is done)
+        raise _EarlyTerm
 
 
 def main() -> int:
