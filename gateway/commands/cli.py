@@ -26,7 +26,7 @@ from gateway.commands.sigterm import (
 )
 from gateway.errors import PrivgwError
 from gateway.files.policy_report import policy_report
-from gateway.policy import load_policy
+from gateway.policy import duration_text, load_policy
 
 log = logging.getLogger("privgw")
 # exit codes (docs/operating.md's table; tests/deploy/test_runbook.py holds the two together;
@@ -87,6 +87,14 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
     print(f"consistency: {report['consistency']}")
     if claim:
         print(f"republication: {report['republication']['statement']}")
+    wait = report["longest_wait"]
+    print(
+        f"input topic: a record may wait up to {duration_text(wait['seconds'])} "
+        f"({wait['setting']}) read "
+        "but not yet published, and a restart reads it again from the topic: keep its "
+        f"retention.ms at {wait['input_retention_ms']} or more (`privgw run` refuses less "
+        "than the wait)"
+    )
     for name, entry in report["attributes"].items():
         print(f"\n{name}: {entry['role']} {entry['type']}, {entry['method']}")
         if "gamma" in entry:

@@ -36,7 +36,7 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
             records_from_frame(read_table(data, as_text=True), policy, data), policy
         )
     attrs: dict[str, Any] = {}
-    claim = policy.k_claim
+    claim, wait = policy.k_claim, policy.longest_wait
     kinds = {c.name: c.kind.value for c in claim_columns(policy)}
     for name, attr in policy.attributes.items():
         entry: dict[str, Any] = {
@@ -91,6 +91,13 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
         "published_weight": published_weight(policy),
         "consistency": policy.consistency.mode.value,
         "republication": republication_statement(policy),
+        # the stream keeps a record read but uncommitted up to this long: the input topic must
+        # keep records longer (a restart reads them again from it)
+        "longest_wait": {
+            "seconds": wait.seconds,
+            "setting": wait.setting,
+            "input_retention_ms": wait.retention_ms,
+        },
         "attributes": attrs,
     }
 

@@ -35,7 +35,7 @@ from gateway.policy.enums import (
     TimeUnit,
 )
 from gateway.policy.loading import load_policy, parse_policy, policy_from_yaml
-from gateway.policy.model import MAX_WAVE, Policy, topic_clash
+from gateway.policy.model import MAX_WAVE, LongestWait, Policy, duration_text, topic_clash
 from gateway.policy.sections import (
     ConsistencySpec,
     InputSpec,
@@ -72,6 +72,7 @@ __all__ = [
     "HoldTimeout",
     "InputSpec",
     "LDiversitySpec",
+    "LongestWait",
     "Method",
     "MicroaggAlgorithm",
     "MicroaggSpec",
@@ -89,6 +90,7 @@ __all__ = [
     "SmallStrata",
     "TimeUnit",
     "WindowSpec",
+    "duration_text",
     "load_policy",
     "parse_policy",
     "policy_from_yaml",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
+from dataclasses import dataclass
 from typing import Annotated, Self
 
 import numpy as np
@@ -38,6 +39,31 @@ MAX_WAVE = 2**31 - 1
 
 # cells of the grid of categories the edit rules are checked on (beyond it, not checked)
 _MAX_RULE_GRID = 1 << 22
+_KAFKA_RETENTION_MS = 7 * 86_400_000  # a topic's retention.ms unless set
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in the largest unit of days, hours and seconds that is at least one."""
+    if seconds >= 86_400:
+        return f"{seconds / 86_400:.3g} days"
+    if seconds >= 3_600:
+        return f"{seconds / 3_600:.3g} hours"
+    return f"{seconds:.3g} s"
+
+
+@dataclass(frozen=True, slots=True)
+class LongestWait:
+    """How long the stream may keep a record read but uncommitted, in seconds from when a
+    worker reads it, and the policy setting that bounds it."""
+
+    seconds: float
+    setting: str
+
+    @property
+    def retention_ms(self) -> int:
+        """The retention.ms a topic whose records wait so long needs: twice the wait (a
+        restart reads them again, and their wait starts again), Kafka's default week at least."""
+        return max(_KAFKA_RETENTION_MS, math.ceil(2 * self.seconds * 1000))
 
 
 class Policy(StrictModel):
@@ -305,6 +331,18 @@ class Policy(StrictModel):
     def weight(self) -> str | None:
         """The sampling weight attribute (role ``weight``), if the policy names one."""
         return next((n for n, a in self.attributes.items() if a.role is Role.WEIGHT), None)
+
+    @property
+    def longest_wait(self) -> LongestWait:
+        """A panel wave's records wait until the wave closes, at the latest max_wave_seconds
+        after its first record; other records their hold for k, or the window. The input topic
+        must keep records longer: a restart reads the uncommitted ones again from it."""
+        rep, window = self.republication, self.window
+        if rep.mode is RepublicationMode.PANEL:
+            return LongestWait(rep.max_wave, "republication.max_wave_seconds")
+        if window.max_seconds > window.max_hold_seconds:
+            return LongestWait(window.max_seconds, "window.max_seconds")
+        return LongestWait(window.max_hold_seconds, "window.max_hold_seconds")
 
     @property
     def randomized(self) -> list[str]:

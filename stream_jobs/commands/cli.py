@@ -283,7 +283,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if broker is not None:
             print(f"embedded broker on {broker.bootstrap} (memory only; log {broker.log_path})")
             # it starts empty: the input topic is created for the development loop only
-            asyncio.run(ensure_topics(settings, topics, input_too=True))
+            asyncio.run(ensure_topics(settings, topics, input_too=True, wait=policy.longest_wait))
         upgrade = start_checks(policy, settings, topics, keyring)
         worker = build_worker(policy, settings, keyring)
         worker.meta_extra = upgrade.announcement()

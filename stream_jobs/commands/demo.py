@@ -205,7 +205,7 @@ async def _demo(
     policy_name: str,
 ) -> int:
     topics = settings.topics(policy)
-    await ensure_topics(settings, topics, input_too=True)
+    await ensure_topics(settings, topics, input_too=True, wait=policy.longest_wait)
     worker: GatewayWorker = build_worker(policy, settings, keyring)
     start_exporter(worker, settings, store=worker.state_store)
     print(

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.policy import load_policy
 from stream_jobs.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,6 +221,10 @@ def test_the_input_topic_is_created_before_the_worker_starts() -> None:
     policy = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
     command = SERVICES["topics-init"]["command"]
     assert command[command.index("--topic") + 1] == policy["input"]["topic"]
+    # it keeps an open wave's records, read but unpublished, twice the policy's wait
+    configs = dict(command[i + 1].split("=", 1) for i, a in enumerate(command) if a == "--config")
+    wait = load_policy(ROOT / "deploy" / "policies" / "adult.yaml").longest_wait
+    assert int(configs["retention.ms"]) >= wait.retention_ms
     depends = SERVICES["privgw"]["depends_on"]["topics-init"]
     assert depends["condition"] == "service_completed_successfully"
     assert "/readyz" in " ".join(SERVICES["privgw"]["healthcheck"]["test"])

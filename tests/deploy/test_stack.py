@@ -81,8 +81,9 @@ def test_the_stack_fires_an_alert_that_reaches_the_receiver(tmp_path: Path) -> N
         # kafka + topics-init: the input topic the policy names, created by the operator
         topics = SERVICES["topics-init"]["command"]
         topic = topics[topics.index("--topic") + 1]
+        config = dict(topics[i + 1].split("=", 1) for i, a in enumerate(topics) if a == "--config")
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        for future in admin.create_topics([NewTopic(topic, 3, 1)]).values():
+        for future in admin.create_topics([NewTopic(topic, 3, 1, config=config)]).values():
             future.result(30)
         del admin  # its connections go with it (it would log the broker's stop below)
 

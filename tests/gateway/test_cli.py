@@ -132,6 +132,15 @@ def test_reconstruct_and_check_policy(protected: Path) -> None:
     published = pd.read_csv(protected)
     for name, step in steps.items():
         assert (published[name].dropna() % step == 0).all()
+    # the input topic's retention a panel needs: its wave's records wait up to a week
+    wait = report["longest_wait"]
+    assert wait == {
+        "seconds": 604_800.0,
+        "setting": "republication.max_wave_seconds",
+        "input_retention_ms": 2 * 604_800_000,
+    }
+    line = next(x for x in text.splitlines() if x.startswith("input topic:"))
+    assert "7 days (republication.max_wave_seconds)" in line and "1209600000" in line
 
 
 def test_microaggregate_census_like_sdcmicro(tmp_path: Path) -> None:

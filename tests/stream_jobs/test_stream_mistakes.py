@@ -16,6 +16,7 @@ from pathlib import Path
 
 import clikit
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 from streamkit import create_input_topic, high_watermarks
 
 from stream_jobs.commands.broker import EmbeddedBroker, free_port
@@ -148,6 +149,24 @@ def test_an_output_topic_that_is_the_input_topic_is_refused(
         *run_args(tmp_path, broker.bootstrap, "--output-topic", "survey.responses")
     )
     assert_one_line(code, err, "output topic (--output-topic", "same topic as input topic")
+
+
+def test_an_input_topic_deleting_records_before_their_wave_closes_is_refused(
+    tmp_path: Path, secret_env: str, broker: EmbeddedBroker, unique_name: str
+) -> None:
+    """A panel keeps a wave's records unpublished, and uncommitted, for up to a week; a topic
+    keeping them three days loses them at a restart after that. Refused before anything is
+    written to the state directory."""
+    topic = f"{unique_name}.in"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    config = {"retention.ms": str(3 * 86_400_000)}
+    for future in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
+        future.result(30)
+    code, err, _ = privgw(*run_args(tmp_path, broker.bootstrap, "--input-topic", topic))
+    assert_one_line(
+        code, err, f"topic {topic} deletes records after 3 days", "republication.max_wave_seconds"
+    )
+    assert not (tmp_path / "state").exists()
 
 
 def test_reconstruct_a_missing_topic_says_so(broker: EmbeddedBroker, unique_name: str) -> None:
