@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import socket
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
@@ -20,7 +18,7 @@ from aiokafka.helpers import create_ssl_context
 
 from gateway.engine.routing import murmur2_many, partitions_for_keys
 from gateway.errors import PrivgwError
-from gateway.policy import LongestWait, duration_text
+from gateway.policy import LongestWait
 from stream_jobs.settings import Topics, WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -156,7 +154,7 @@ def make_producer(settings: WorkerSettings) -> Any:
 
 async def topic_partitions(settings: WorkerSettings, topic: str) -> int | None:
     """How many partitions ``topic`` has (None: it does not exist)."""
-    admin = _admin(settings)
+    admin = admin_client(settings)
     await admin.start()
     try:
         described = await admin.describe_topics([topic])
@@ -203,86 +201,7 @@ async def ensure_topics(
     )
 
 
-RETENTION_KEYS = ("retention.ms", "retention.bytes")
-
-
-class ShortRetentionError(PrivgwError):
-    """A topic the worker reads deletes records sooner than they may wait uncommitted."""
-
-
-async def topic_retention(
-    settings: WorkerSettings, names: Sequence[str]
-) -> dict[str, dict[str, int]]:
-    """The retention settings the broker reports for the topics ``names`` (retention.ms,
-    retention.bytes; -1 is none). A topic whose configuration cannot be read (absent, not
-    authorised, a broker that reports only what was set) has no entry, or fewer."""
-    admin = _admin(settings)
-    await admin.start()
-    try:
-        responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-        )
-    finally:
-        await admin.close()
-    kept: dict[str, dict[str, int]] = {}
-    for response in responses:
-        for resource in response.to_object()["resources"]:
-            if resource["error_code"] != 0:
-                continue
-            entries = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
-            kept[resource["resource_name"]] = {
-                key: int(value)
-                for key, value in entries.items()
-                if key in RETENTION_KEYS and value is not None and value.lstrip("-").isdigit()
-            }
-    return kept
-
-
-async def check_retention(settings: WorkerSettings, topics: Topics, wait: LongestWait) -> None:
-    """Refuse a topic the worker reads (the input, the repartition topic) that deletes records
-    before they may be decided: a restart would read again from a log that no longer holds
-    them, and those records would be lost. Warn when it keeps them less than twice that (a
-    restart starts their wait again), or by size."""
-    names = [t for t in (topics.input, topics.repartition) if t is not None]
-    try:
-        kept = await topic_retention(settings, names)
-    except KafkaError as err:  # DescribeConfigs not allowed, say: the start goes on
-        log.warning("cannot read the retention of %s (%s): not checked", ", ".join(names), err)
-        return
-    need_ms, wanted = math.ceil(wait.seconds * 1000), wait.retention_ms
-    waits = f"{duration_text(wait.seconds)} ({wait.setting})"
-    for name in names:
-        config = kept.get(name, {})
-        ms, size = config.get("retention.ms", -1), config.get("retention.bytes", -1)
-        keeps = f"{duration_text(ms / 1000)} (retention.ms {ms})"
-        if 0 <= ms < need_ms:
-            raise ShortRetentionError(
-                f"topic {name} deletes records after {keeps} but the policy may keep one "
-                f"waiting {waits} before it is published: a restart would find it deleted. "
-                f"Raise the topic's retention.ms to {wanted} or more, or lower {wait.setting}"
-            )
-        if 0 <= ms < 2 * need_ms:
-            log.warning(
-                "topic %s keeps records %s, less than twice the %s a record may wait: a "
-                "restart starts the wait again, and a second one can find records deleted; "
-                "set retention.ms to %d or more",
-                name,
-                keeps,
-                waits,
-                wanted,
-            )
-        if size >= 0:
-            log.warning(
-                "topic %s deletes records by size (retention.bytes %d): records waiting up to "
-                "%s (%s) can be deleted before they are published; set retention.bytes to -1",
-                name,
-                size,
-                duration_text(wait.seconds),
-                wait.setting,
-            )
-
-
-def _admin(settings: WorkerSettings) -> AIOKafkaAdminClient:
+def admin_client(settings: WorkerSettings) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap,
         client_id=f"{settings.client_id}-admin",
@@ -293,7 +212,7 @@ def _admin(settings: WorkerSettings) -> AIOKafkaAdminClient:
 
 async def existing_topics(settings: WorkerSettings) -> set[str]:
     """The names of the cluster's topics."""
-    admin = _admin(settings)
+    admin = admin_client(settings)
     await admin.start()
     try:
         return set(await admin.list_topics())
@@ -332,7 +251,7 @@ async def create_missing_topics(settings: WorkerSettings, topics: Sequence[NewTo
     the replication factor capped at the cluster's broker count."""
     if not settings.create_topics:
         return
-    admin = _admin(settings)
+    admin = admin_client(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -21,12 +21,9 @@ def start_checks(policy: Any, settings: Any, topics: Any, keyring: Any) -> Any:
 
     from state.failures import check_state_dir  # noqa: PLC0415
     from stream_jobs.commands.upgrade_cli import check_policy_on_state  # noqa: PLC0415
-    from stream_jobs.kafka import (  # noqa: PLC0415
-        check_bootstrap,
-        check_input_topic,
-        check_retention,
-    )
+    from stream_jobs.kafka import check_bootstrap, check_input_topic  # noqa: PLC0415
     from stream_jobs.ops.metrics import check_metrics_port  # noqa: PLC0415
+    from stream_jobs.topic_configs import check_topic_configs  # noqa: PLC0415
 
     if settings.state_backend == "partitioned":
         require_rocksdb()
@@ -37,7 +34,7 @@ def start_checks(policy: Any, settings: Any, topics: Any, keyring: Any) -> Any:
     asyncio.run(check_bootstrap(settings))
     try:  # exit 2 before any engine starts
         asyncio.run(check_input_topic(settings, topics))
-        asyncio.run(check_retention(settings, topics, policy.longest_wait))
+        asyncio.run(check_topic_configs(settings, topics, policy.longest_wait))
         asyncio.run(check_announced(policy, settings, topics, keyring))
     except KafkaError as err:
         raise PrivgwError(
