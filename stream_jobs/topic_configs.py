@@ -60,8 +60,9 @@ async def check_topic_configs(settings: WorkerSettings, topics: Topics, wait: Lo
     """Refuse (:class:`TopicConfigError`) a topic that deletes what the worker reads again: the
     input or the repartition topic keeping records less than ``wait``, the metadata topic or
     the partitioned backend's changelog not compacted, or compacted and deleted by age too.
-    Warn when a waiting record is kept less than twice ``wait`` (a restart starts its wait
-    again), or by size. A broker that denies DescribeConfigs: a warning, and the start goes on."""
+    Warn when a waiting record is kept less than twice ``wait`` (the margin is the outage
+    around its decision the topic tolerates), or by size. A broker that denies
+    DescribeConfigs: a warning, and the start goes on."""
     waiting = [t for t in (topics.input, topics.repartition) if t is not None]
     kept_whole = {topics.meta: "the metadata topic (secret announcements, policies, matrices)"}
     if settings.state_backend == "partitioned":
@@ -96,9 +97,9 @@ def _check_waiting(name: str, config: dict[str, str], wait: LongestWait) -> None
         )
     if 0 <= ms < 2 * need_ms:
         log.warning(
-            "topic %s keeps records %s, less than twice the %s a record may wait: a restart "
-            "starts the wait again, and a second one can find records deleted; set "
-            "retention.ms to %d or more",
+            "topic %s keeps records %s, less than twice the %s a record may wait: a worker "
+            "outage around a wave's close can find its records deleted; set retention.ms to "
+            "%d or more",
             name,
             keeps,
             waits,

@@ -202,9 +202,11 @@ class ClaimStep:
         *,
         now: float,
         flush_all: bool,
+        wall: float | None = None,
     ) -> list[int]:
         """The records set aside unread in this window (:mod:`gateway.grouping.parking`);
-        ``waves``: the wave attribute's values of the records at the positions asked."""
+        ``waves``: the wave attribute's values of the records at the positions asked;
+        ``wall``: the time now in the records' event time (:class:`InputMarks`)."""
         parking, wave = self._parking, self.policy.republication.wave_attribute
         if parking is None or wave is None or not records:
             return []
@@ -221,6 +223,7 @@ class ClaimStep:
             now=now,
             flush_all=flush_all,
             who=functools.partial(_respondents_at, records),
+            wall=wall,
         )
 
     def decide(

@@ -235,7 +235,9 @@ class Engine:
             self._claims.releases.close_through(marks.closed_through)
         wave = self.policy.republication.wave_attribute
         waves = values_at(records, by_attribute, wave)  # parking reads only a few of them
-        parked = self._claims.parked(records, waves, now=now, flush_all=flush_all)
+        parked = self._claims.parked(
+            records, waves, now=now, flush_all=flush_all, wall=marks.wall_time
+        )
         if not parked:
             columns = window_columns(records) if by_attribute is None else by_attribute
             return self._protect_window(

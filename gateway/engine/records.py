@@ -113,10 +113,13 @@ class InputMarks:
     what records below it published need not be kept for a replay
     (:mod:`gateway.grouping.replay`), and the partitions the release clock waits for.
     ``closed_through``: the newest wave an operator closed on every partition (``privgw wave
-    close``): it and the waves before it are decided with the records in hand."""
+    close``): it and the waves before it are decided with the records in hand.
+    ``wall_time``: the time now on the clock the records' timestamps use (epoch seconds), for
+    a panel wave's maximum counted from its records' own timestamps."""
 
     committed: Mapping[tuple[str, int], int] | None = None
     closed_through: int | None = None
+    wall_time: float | None = None
 
 
 NO_MARKS = InputMarks()

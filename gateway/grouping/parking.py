@@ -6,9 +6,11 @@ group-mates have arrived, anywhere in the wave. Deciding every record again in e
 waits would cost a state read, its keyed digests and its classification per window, for most of
 a wave. So the engine sets a wave's records aside, undecided and unread, until the wave is due:
 closed (a later wave has been seen, and no partition still sending lags behind it), one of its
-records past its hold time, or the last flush. The caller keeps handing them back held, first in
-the window, as with every held record; the due wave is then decided in one window, with every
-record of it in hand.
+records past its hold time, or the last flush. A panel's hold time is the wave's maximum
+(``max_wave_seconds``), counted from its first record read, or from when its records' own
+timestamps say it opened: a restart reads the open wave again, and those keep its age. The
+caller keeps handing the parked records back held, first in the window, as with every held
+record; the due wave is then decided in one window, with every record of it in hand.
 
 The engine remembers what it parked — the records themselves, else their ids — so a window
 reads only its new records' waves; an engine without that memory (a restart) reads them all,
@@ -18,6 +20,7 @@ to the same outcome.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -56,10 +59,14 @@ class Parking:
         now: float,
         flush_all: bool,
         who: Who | None = None,
+        wall: float | None = None,
     ) -> list[int]:
         """The positions of the records whose wave is not due yet (records of a window
         release never wait); ``who``: the respondent ids of the records at some positions,
-        for the clock's count of a new wave's respondents."""
+        for the clock's count of a new wave's respondents. ``wall``: the time now in the
+        records' event time (epoch seconds): a panel wave is also due once that long past when
+        its records opened it (:meth:`ReleaseClock.opened_at`), so that a restart, which reads
+        the open wave again, does not start its maximum again."""
         n = len(self.records)
         if n and starts_with(records, self.records):
             known = n  # the records parked last time come back first, as they were
@@ -93,7 +100,9 @@ class Parking:
             due = {
                 r
                 for r, at in oldest.items()
-                if now - at >= hold or clock.closed_after(r, now, grace)
+                if now - at >= hold
+                or _open_for(clock, r, wall) >= hold
+                or clock.closed_after(r, now, grace)
             }
         else:
             hold = self.max_hold_seconds
@@ -116,3 +125,9 @@ class Parking:
             self.rids = [self.rids[i] for i in parked[:old]] + rids_at(parked[old:])
         self.oldest = {r: at for r, at in oldest.items() if r not in due}
         return parked
+
+
+def _open_for(clock: ReleaseClock, release: str, wall: float | None) -> float:
+    """How long wave ``release`` has been open by its records' event times (-inf: unknown)."""
+    opened = None if wall is None else clock.opened_at(int(release))
+    return -math.inf if opened is None or wall is None else wall - opened

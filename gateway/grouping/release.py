@@ -88,6 +88,9 @@ class ReleaseClock:
     # the newest wave an operator closed (``privgw wave close N``): it and every earlier wave
     # are closed whatever the sources show
     closed_through: int | None = None
+    # wave -> the min_records earliest event times of its records (seconds, ascending): when it
+    # opened by its records' own timestamps, which a restart that reads it again keeps
+    earliest: dict[int, NDArray[np.float64]] = field(default_factory=dict)
 
     def own(self, sources: Iterable[Source], now: float) -> None:
         """Sources the caller reads (the worker's partitions), also those that sent nothing
@@ -125,6 +128,7 @@ class ReleaseClock:
         at = np.asarray(arrived, dtype=np.float64)
         if events is not None:
             ev = pd.Series(cast(Any, events), dtype=np.float64).to_numpy()  # None: NaN
+            self._earliest(waves[valid], ev[valid])
             arriving = valid.copy()  # a wave arrives from the record that made it seen
             for wave, first in since.items():
                 arriving[:first] &= waves[:first] != wave
@@ -142,6 +146,25 @@ class ReleaseClock:
         pairs = np.unique(np.stack([src_codes.astype(np.int64), waves[valid]]), axis=1)
         for code, wave in pairs.T.tolist():
             shown.setdefault(src[code], set()).add(wave)
+
+    def _earliest(self, waves: NDArray[np.int64], events: NDArray[np.float64]) -> None:
+        keep, known = self.min_records, ~np.isnan(events)
+        for wave in np.unique(waves[known]).tolist():
+            times = events[known & (waves == wave)]
+            kept = self.earliest.get(wave)
+            both = times if kept is None else np.concatenate([kept, times])
+            if len(both) > keep:
+                both = np.partition(both, keep - 1)[:keep]
+            self.earliest[wave] = np.sort(both)
+
+    def opened_at(self, wave: int) -> float | None:
+        """When ``wave`` opened by its records' own event times: the ``min_records``-th
+        earliest (fewer records with a clock far behind cannot date it back), None until
+        that many are known. A restart reads its records again, and the same times."""
+        times = self.earliest.get(wave)
+        if times is None or len(times) < self.min_records:
+            return None
+        return float(times[self.min_records - 1])
 
     def _count(self, waves: NDArray[np.int64], who: Who | None) -> dict[int, int]:
         """Count the respondents of waves not seen yet; those reaching ``min_records`` are

@@ -61,8 +61,9 @@ class LongestWait:
 
     @property
     def retention_ms(self) -> int:
-        """The retention.ms a topic whose records wait so long needs: twice the wait (a
-        restart reads them again, and their wait starts again), Kafka's default week at least."""
+        """The retention.ms a topic whose records wait so long needs: twice the wait (they
+        are decided only once a worker reads them: the margin is the outage around their
+        decision it tolerates), Kafka's default week at least."""
         return max(_KAFKA_RETENTION_MS, math.ceil(2 * self.seconds * 1000))
 
 

@@ -181,9 +181,11 @@ class WindowLifecycle:
         clock: Callable[[], float],
         observers: list[WindowObserver],
         owned: Callable[[], list[tuple[str, int]]] = list,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         """``owned``: the worker's partitions now (the engine's release clock waits for those
-        not heard from yet)."""
+        not heard from yet). ``wall_clock``: the clock of the records' timestamps (a panel
+        wave's maximum counts from them too, across restarts)."""
         self.engine = window_engine(engine)
         self.observers = observers
         self._buffer = buffer
@@ -191,7 +193,7 @@ class WindowLifecycle:
         self._delivery = delivery
         self._stats = stats
         self._gc = gc
-        self._clock = clock
+        self._clock, self._wall_clock = clock, wall_clock
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="privgw-engine")
         self.protecting: Protecting | None = None  # the window in the engine
         # a window the engine failed on: its records are out of the buffer but neither
@@ -313,7 +315,7 @@ class WindowLifecycle:
             now=now,
             flush_all=flush_all,
             tail=tail,
-            marks=InputMarks(committed, closed_through),
+            marks=InputMarks(committed, closed_through, self._wall_clock()),
         )
 
     async def protected(self, then: FlushReason | None = None) -> None:

@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.engine.engine import Engine
-from gateway.engine.records import SourceRef, ValidRecord
+from gateway.engine.records import InputMarks, SourceRef, ValidRecord
 from gateway.grouping.release import ReleaseClock
 from gateway.keyed.keyed import Keyring
 from gateway.policy import Policy, load_policy, parse_policy
 from gateway.validation import Validator
+from state.memory_store import MemoryStore
 from state.sqlite_store import SQLiteStore
 from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
@@ -181,12 +182,16 @@ def _see_record_by_record(
     events: list[float | None],
     *,
     rids: list[str | None],
+    stamps: dict[int, list[float]],
 ) -> None:
-    """What ``see`` means, one record at a time (its vectorised form must agree)."""
+    """What ``see`` means, one record at a time (its vectorised form must agree); ``stamps``:
+    every known event time of each wave so far."""
     for key, source, at, event, rid in zip(keys, sources, arrived, events, rids, strict=True):
         if not key.isdigit():
             continue
         wave, ev = int(key), at if event is None else event
+        if event is not None:
+            stamps.setdefault(wave, []).append(event)
         if wave not in clock.seen:
             ids = clock.pending.setdefault(wave, set())
             ids.add(object() if rid is None else rid)
@@ -228,12 +233,18 @@ def test_seeing_a_window_at_once_is_seeing_its_records_one_by_one(
 ) -> None:
     fast = ReleaseClock(quiet_after=2.0, min_records=min_records)
     slow = ReleaseClock(quiet_after=2.0, min_records=min_records)
+    stamps: dict[int, list[float]] = {}
     for window in windows:
         keys, sources, arrived, events, rids = (
             (list(c) for c in zip(*window, strict=True)) if window else ([], [], [], [], [])
         )
         fast.see(keys, sources, arrived, events, _at(rids))
-        _see_record_by_record(slow, keys, sources, arrived, events, rids=rids)
+        _see_record_by_record(slow, keys, sources, arrived, events, rids=rids, stamps=stamps)
+        # a wave opened at its min_records-th earliest known event time, once that many are
+        for wave in (1, 2, 3):
+            known = sorted(stamps.get(wave, []))
+            opened = known[min_records - 1] if len(known) >= min_records else None
+            assert fast.opened_at(wave) == opened
         assert (fast.newest, fast.sources, fast.shown, fast.arrivals, fast.seen) == (
             slow.newest,
             slow.sources,
@@ -332,3 +343,68 @@ def test_fewer_than_min_records_respondents_of_a_wave_close_nothing(
             # a stray may hold a wave back (its partition still sending), never close one
             assert not strayed.closed(key, now) or clean.closed(key, now)
             assert not strayed.closed_after(key, now, 10.0) or clean.closed_after(key, now, 10.0)
+
+
+def _stamped(records: list[ValidRecord], stamps_ms: list[int]) -> list[ValidRecord]:
+    """The records with these broker timestamps."""
+    out = []
+    for r, ms in zip(records, stamps_ms, strict=True):
+        assert r.source is not None
+        out.append(r._replace(source=r.source._replace(timestamp_ms=ms)))
+    return out
+
+
+def _open_wave_run(stamps_ms: list[int], steps: list[tuple[float, float, bool]]) -> list[bool]:
+    """Wave 1 of a panel (max_wave_seconds 100, no wave after it) with these timestamps, fed
+    again at each step (now, wall time, restart first): whether it was published by then.
+    A restart is a new engine on the same state reading the wave's records again."""
+    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
+    assert data["republication"]["mode"] == "panel", "the Adult policy changed: update this"
+    data["republication"]["max_wave_seconds"] = 100
+    policy = parse_policy(data)
+    answers, waves = _panel(respondents=30, waves=1)
+    records = _stamped(_Inputs().on(0, answers, 0.0), stamps_ms)
+
+    store = MemoryStore()
+
+    def engine() -> Engine:
+        return Engine(policy, keyring=Keyring(b"release-clock-secret-0123"), store=store)
+
+    current, held, done, out = engine(), [], False, []
+    for now, wall, restart in steps:
+        if restart and not done:
+            current = engine()
+            held = [r._replace(arrived_at=now) for r in records]  # read again, arriving now
+        elif not held and not done:
+            held = [r._replace(arrived_at=now) for r in records]
+        result = current.protect_window(held, now=now, marks=InputMarks(wall_time=wall))
+        held = list(result.held)
+        done = done or bool(result.published)
+        out.append(done)
+    assert len(waves) == len(records)
+    return out
+
+
+def test_a_restart_does_not_start_an_open_panel_waves_maximum_again() -> None:
+    """A wave with no later one closes max_wave_seconds after it opened. Its records stay
+    uncommitted, so a restart reads them again: counted from that read, a worker restarted
+    more often than max_wave_seconds never closed the panel's last wave (and its records
+    outlived the topic's retention). Counted from the records' own timestamps too, it closes
+    on time; fewer than k records with a clock far behind do not date it back."""
+    t0 = 1_800_000_000.0
+    stamps = [int((t0 + i) * 1000) for i in range(30)]
+    # read at mono 0 (wall t0 + 30), restart at wall t0 + 90 (mono 5000), then on at 20 s steps
+    steps = [(0.0, t0 + 30, False), (60.0, t0 + 90, False), (5000.0, t0 + 90.5, True)]
+    steps += [(5000.0 + 20 * i, t0 + 90.5 + 20 * i, False) for i in (1, 2)]
+    assert _open_wave_run(stamps, steps) == [
+        *(False,) * 3,
+        True,  # wall t0 + 110.5: the wave's 5th earliest record (t0 + 4) is 106.5 s old
+        True,
+    ]
+    # without timestamps the maximum runs from the read again: 100 s after mono 5000
+    assert _open_wave_run([-1] * 30, steps) == [False] * 5
+    # k - 1 records stamped in 1970 (a producer's clock not set) date nothing back
+    k = load_policy(ROOT / "deploy" / "policies" / "adult.yaml").microaggregation.k
+    skewed = [0] * (k - 1) + stamps[k - 1 :]
+    assert _open_wave_run(skewed, steps[:3]) == [False] * 3
+    assert _open_wave_run([0] * k + stamps[k:], steps[:1]) == [True]

@@ -342,3 +342,35 @@ def test_the_partitioned_backend_keeps_the_roster_in_parts_through_its_changelog
         assert imputed or wave == 1, f"nobody skipped wave {wave}"
         assert present | imputed <= published, f"wave {wave} lost members"
         assert len(published & (present | imputed)) == len(seen)
+
+
+def test_a_wave_read_again_keeps_the_age_its_records_timestamps_give_it(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    """A wave's records stay uncommitted until it closes, and a restart reads them again: its
+    maximum counted from that read never ran out for a worker restarted more often (the
+    panel's last wave, which no later wave closes). Here the topic holds a wave produced 95 s
+    ago and nothing after it, as a restarted worker finds it: with max_wave_seconds 100 it is
+    published within seconds, not 100 s after the read."""
+    policy = _policy(grace=1.0, max_wave=100.0)
+    settings = settings_for(broker.bootstrap, unique_name, tmp_path)
+    topics = settings.topics(policy)
+    create_topics(policy, settings)
+    [wave] = _waves(60, 1, skip=0.0, seed=11)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    produced = int((time.time() - 95) * 1000)
+    for i, (key, value) in enumerate(wave):
+        producer.produce(topics.input, value=value, key=key, timestamp=produced + 10 * i)
+    assert producer.flush(30) == 0
+    worker = make_worker(policy, settings, secret_env)
+    started = time.monotonic()
+
+    def done(w: Any) -> bool:
+        return accounted(w, len(wave)) and w.stats.held == 0
+
+    assert asyncio.run(run_until(worker, done, timeout=60)) == 0
+    assert done(worker), "the wave was still open when the test gave up"
+    assert time.monotonic() - started < 60  # the read-based maximum: 100 s
+    out = consume_all(broker.bootstrap, topics.output, expected=len(wave))
+    assert {orjson.loads(m.value or b"")["wave"] for m in out} == {1}
+    assert len(out) == len(wave)

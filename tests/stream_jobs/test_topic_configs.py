@@ -41,7 +41,7 @@ def _check(broker: EmbeddedBroker, name: str, tmp_path: Path, wait: LongestWait)
 def test_the_longest_wait_is_the_panel_wave_or_the_hold() -> None:
     wait = PANEL.longest_wait
     assert (wait.seconds, wait.setting) == (604_800.0, "republication.max_wave_seconds")
-    assert wait.retention_ms == 2 * WEEK_MS  # twice the wait: a restart starts it again
+    assert wait.retention_ms == 2 * WEEK_MS  # twice the wait: an outage as long tolerated
     text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
     old = "max_wave_seconds: 604800"
     assert old in text, "the Adult policy's panel settings changed: update this test"
