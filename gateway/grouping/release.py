@@ -132,7 +132,7 @@ class ReleaseClock:
             arriving = valid.copy()  # a wave arrives from the record that made it seen
             for wave, first in since.items():
                 arriving[:first] &= waves[:first] != wave
-            self._arrivals(waves[arriving], at[arriving], np.where(np.isnan(ev), at, ev)[arriving])
+            self._arrivals(waves[arriving], at[arriving], ev[arriving])
         picked = np.flatnonzero(valid)
         mine = pd.Series(cast(Any, sources), dtype=object).iloc[picked]
         src_codes, uniques = pd.factorize(mine, use_na_sentinel=False)
@@ -194,10 +194,13 @@ class ReleaseClock:
             if wave not in seen_waves:  # not arriving yet: fewer than min_records
                 continue
             mine = waves == wave
+            # an unknown event time stays out: the worker's clock is no event time (a record
+            # without one beside stamped ones made the span decades long, and skipped the grace)
+            known = events[mine][~np.isnan(events[mine])]
             first, ev_first, ev_last = (
                 float(arrived[mine].min()),
-                float(events[mine].min()),
-                float(events[mine].max()),
+                float(known.min()) if known.size else math.inf,
+                float(known.max()) if known.size else -math.inf,
             )
             seen = spans.get(wave)
             if seen is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,21 @@ def test_a_partition_still_sending_a_wave_keeps_it_open_until_it_moves_on_or_goe
     clock.see(["2"], [P1], [0.7])
     assert clock.closed("1", now=0.8)
     assert not clock.closed("2", now=10.0)
+
+
+def test_a_record_without_an_event_time_takes_no_part_in_the_close_graces_span() -> None:
+    """Its arrival (the worker's monotonic clock) stood in for its event time beside stamped
+    records (epoch seconds): the next wave's span was decades long, and the grace passed at
+    once. Now the grace runs on the worker's clock, or on the stamped records' own span."""
+    stamp = 1_800_000_000.0
+    clock = ReleaseClock(quiet_after=2.0)
+    clock.see(["1", "1", "1"], [P0, P0, P0], [0.0, 0.0, 0.0], [stamp, stamp, stamp])
+    clock.see(["2", "2"], [P0, P0], [1.0, 1.0], [None, stamp + 1])
+    assert clock.closed("1", now=1.5)
+    assert not clock.closed_after("1", 1.5, grace=10.0)
+    assert clock.closed_after("1", 11.0, grace=10.0)  # the worker's clock
+    clock.see(["2"], [P0], [2.0], [stamp + 12])
+    assert clock.closed_after("1", 2.5, grace=10.0)  # the records' own span: 11 s
 
 
 Answer = tuple[str | None, dict[str, object]]
@@ -189,7 +205,9 @@ def _see_record_by_record(
     for key, source, at, event, rid in zip(keys, sources, arrived, events, rids, strict=True):
         if not key.isdigit():
             continue
-        wave, ev = int(key), at if event is None else event
+        wave = int(key)
+        # an unknown event time takes no part in the span
+        lo, hi = (math.inf, -math.inf) if event is None else (event, event)
         if event is not None:
             stamps.setdefault(wave, []).append(event)
         if wave not in clock.seen:
@@ -202,8 +220,8 @@ def _see_record_by_record(
         clock.sources[source] = max(at, clock.sources.get(source, at))
         clock.shown.setdefault(source, set()).add(wave)
         if wave in clock.seen:
-            first, lo, hi = clock.arrivals.get(wave, (at, ev, ev))
-            clock.arrivals[wave] = (min(first, at), min(lo, ev), max(hi, ev))
+            first, low, high = clock.arrivals.get(wave, (at, lo, hi))
+            clock.arrivals[wave] = (min(first, at), min(low, lo), max(high, hi))
 
 
 def _at(values: list[str | None]) -> Callable[[Sequence[int]], list[str | None]]:
