@@ -65,8 +65,9 @@ class Parking:
         release never wait); ``who``: the respondent ids of the records at some positions,
         for the clock's count of a new wave's respondents. ``wall``: the time now in the
         records' event time (epoch seconds): a panel wave is also due once that long past when
-        its records opened it (:meth:`ReleaseClock.opened_at`), so that a restart, which reads
-        the open wave again, does not start its maximum again."""
+        its records opened it (:meth:`ReleaseClock.opened_at`) and no source still sends it
+        (:meth:`ReleaseClock.drained`: a backlog of old waves is read whole first), so that a
+        restart, which reads the open wave again, does not start its maximum again."""
         n = len(self.records)
         if n and starts_with(records, self.records):
             known = n  # the records parked last time come back first, as they were
@@ -101,7 +102,7 @@ class Parking:
                 r
                 for r, at in oldest.items()
                 if now - at >= hold
-                or _open_for(clock, r, wall) >= hold
+                or (_open_for(clock, r, wall) >= hold and clock.drained(int(r), now))
                 or clock.closed_after(r, now, grace)
             }
         else:

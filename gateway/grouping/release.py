@@ -245,9 +245,13 @@ class ReleaseClock:
             return True
         if self.newest is None or not key.lstrip("-").isdigit() or int(key) >= self.newest:
             return False
-        if now is None:
-            return True
-        wave, quiet = int(key), self.quiet_after
+        return True if now is None else self.drained(int(key), now)
+
+    def drained(self, wave: int, now: float) -> bool:
+        """Whether no source still sending may hold more of ``wave``: each has shown a later
+        wave, or has sent nothing for ``quiet_after`` seconds (one owned but not heard from
+        yet only once that long after it was owned)."""
+        quiet = self.quiet_after
         known, shown, seen = self.sources, self.shown, self.seen
         topics = {source[0] for source in known if source is not None}  # records came from
         silent = (  # owned, not heard from so far: its first record may still be this wave

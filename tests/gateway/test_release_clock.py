@@ -425,4 +425,32 @@ def test_a_restart_does_not_start_an_open_panel_waves_maximum_again() -> None:
     k = load_policy(ROOT / "deploy" / "policies" / "adult.yaml").microaggregation.k
     skewed = [0] * (k - 1) + stamps[k - 1 :]
     assert _open_wave_run(skewed, steps[:3]) == [False] * 3
-    assert _open_wave_run([0] * k + stamps[k:], steps[:1]) == [True]
+    # k of them do, once the source has gone quiet (it may still be sending the wave)
+    quiet = [(0.0, t0 + 30, False), (3.0, t0 + 33, False)]
+    assert _open_wave_run([0] * k + stamps[k:], quiet) == [False, True]
+
+
+def test_a_backlog_of_old_records_is_read_whole_before_its_wave_is_decided() -> None:
+    """A wave whose records' timestamps are long past its maximum (a platform loading last
+    year's panel) is due by them only once no source still sends it: decided whole, with every
+    member, not with the first window's."""
+    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
+    data["republication"]["max_wave_seconds"] = 100
+    policy = parse_policy(data)
+    answers, _ = _panel(respondents=30, waves=1)
+    year_ago = 1_800_000_000.0 - 365 * 86_400
+    inputs = _Inputs()
+    engine = Engine(policy, keyring=Keyring(b"release-clock-secret-0123"), store=MemoryStore())
+    held: list[ValidRecord] = []
+    published = []
+    quiet = policy.window.max_seconds  # a source sending nothing this long holds nothing back
+    for step, now in enumerate([0.0, 0.5, 1.0, 1.0 + quiet]):
+        new = _stamped(
+            inputs.on(0, answers[10 * step : 10 * step + 10], now),
+            [int((year_ago + i) * 1000) for i in range(len(answers[10 * step : 10 * step + 10]))],
+        )
+        marks = InputMarks(wall_time=1_800_000_000.0 + now)
+        result = engine.protect_window([*held, *new], now=now, marks=marks)
+        held = list(result.held)
+        published.append(len(result.published))
+    assert published == [0, 0, 0, len(answers)]
