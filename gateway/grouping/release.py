@@ -79,9 +79,10 @@ class ReleaseClock:
     shown: dict[Source, set[int]] = field(default_factory=dict)
     # source -> when the caller first said it reads it (see ``own``)
     owned: dict[Source, float] = field(default_factory=dict)
-    # wave -> (first arrival, first and last event time in seconds) of its records since it was
-    # seen (a panel's close grace: how long the next wave has been arriving)
-    arrivals: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    # wave -> (first arrival, the min_records earliest and latest known event times, seconds,
+    # ascending) of its records since it was seen: a panel's close grace, how long the next
+    # wave has been arriving (:meth:`event_span`)
+    arrivals: dict[int, tuple[float, tuple[float, ...]]] = field(default_factory=dict)
     # the waves seen, and the respondents of the others so far (fewer than min_records each)
     seen: set[int] = field(default_factory=set)
     pending: dict[int, set[object]] = field(default_factory=dict)
@@ -189,27 +190,33 @@ class ReleaseClock:
     def _arrivals(
         self, waves: NDArray[np.int64], arrived: NDArray[np.float64], events: NDArray[np.float64]
     ) -> None:
-        spans, seen_waves = self.arrivals, self.seen
+        spans, seen_waves, keep = self.arrivals, self.seen, self.min_records
         for wave in np.unique(waves).tolist():
             if wave not in seen_waves:  # not arriving yet: fewer than min_records
                 continue
             mine = waves == wave
             # an unknown event time stays out: the worker's clock is no event time (a record
             # without one beside stamped ones made the span decades long, and skipped the grace)
-            known = events[mine][~np.isnan(events[mine])]
-            first, ev_first, ev_last = (
-                float(arrived[mine].min()),
-                float(known.min()) if known.size else math.inf,
-                float(known.max()) if known.size else -math.inf,
-            )
+            times = events[mine][~np.isnan(events[mine])]
+            first = float(arrived[mine].min())
             seen = spans.get(wave)
             if seen is not None:
-                first, ev_first, ev_last = (
-                    min(first, seen[0]),
-                    min(ev_first, seen[1]),
-                    max(ev_last, seen[2]),
-                )
-            spans[wave] = (first, ev_first, ev_last)
+                first = min(first, seen[0])
+                times = np.concatenate([times, seen[1]])
+            times = np.sort(times)
+            if len(times) > 2 * keep:  # the ends are all the span needs
+                times = np.concatenate([times[:keep], times[-keep:]])
+            spans[wave] = (first, tuple(times.tolist()))
+
+    def event_span(self, wave: int) -> float:
+        """How long ``wave`` has been arriving by its records' own event times: from its
+        ``min_records``-th earliest to its ``min_records``-th latest (fewer records with a clock
+        far off cannot stretch it), -inf until that many are known."""
+        entry = self.arrivals.get(wave)
+        keep = self.min_records
+        if entry is None or len(entry[1]) < keep:
+            return -math.inf
+        return entry[1][-keep] - entry[1][keep - 1]
 
     def close_through(self, wave: int) -> None:
         """An operator closed ``wave``, and with it every earlier one (waves close in order)."""
@@ -232,8 +239,8 @@ class ReleaseClock:
         if grace <= 0:
             return True
         wave = int(key)
-        for later, (first, ev_first, ev_last) in self.arrivals.items():
-            if later > wave and (now - first >= grace or ev_last - ev_first >= grace):
+        for later, (first, _) in self.arrivals.items():
+            if later > wave and (now - first >= grace or self.event_span(later) >= grace):
                 return True
         return False
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,28 @@ def test_a_record_without_an_event_time_takes_no_part_in_the_close_graces_span()
     assert clock.closed_after("1", 11.0, grace=10.0)  # the worker's clock
     clock.see(["2"], [P0], [2.0], [stamp + 12])
     assert clock.closed_after("1", 2.5, grace=10.0)  # the records' own span: 11 s
+
+
+def test_fewer_than_k_records_with_a_clock_far_off_do_not_pass_the_close_grace() -> None:
+    """The grace's event-time span runs from the next wave's k-th earliest to its k-th latest
+    record: one producer whose clock is an hour ahead no longer closed the open wave at once
+    (its members' answers still in flight were imputed); k such records are a clock, not a
+    stray."""
+    k, stamp = 3, 1_800_000_000.0
+
+    def clock_with(ahead: int) -> ReleaseClock:
+        clock = ReleaseClock(quiet_after=2.0, min_records=k)
+        clock.see(["1"] * k, [P0] * k, [0.0] * k, [stamp] * k, _at(["a", "b", "c"]))
+        times = [stamp + 1 + i for i in range(6)] + [stamp + 3600] * ahead
+        n = len(times)
+        rids = [f"r{i}" for i in range(n)]
+        clock.see(["2"] * n, [P0] * n, [1.0] * n, times, _at(rids))
+        assert clock.closed("1", now=1.5)
+        return clock
+
+    assert not clock_with(k - 1).closed_after("1", 1.5, grace=10.0)
+    assert clock_with(k - 1).closed_after("1", 11.5, grace=10.0)  # the worker's clock
+    assert clock_with(k).closed_after("1", 1.5, grace=10.0)
 
 
 Answer = tuple[str | None, dict[str, object]]
@@ -206,8 +227,6 @@ def _see_record_by_record(
         if not key.isdigit():
             continue
         wave = int(key)
-        # an unknown event time takes no part in the span
-        lo, hi = (math.inf, -math.inf) if event is None else (event, event)
         if event is not None:
             stamps.setdefault(wave, []).append(event)
         if wave not in clock.seen:
@@ -220,8 +239,13 @@ def _see_record_by_record(
         clock.sources[source] = max(at, clock.sources.get(source, at))
         clock.shown.setdefault(source, set()).add(wave)
         if wave in clock.seen:
-            first, low, high = clock.arrivals.get(wave, (at, lo, hi))
-            clock.arrivals[wave] = (min(first, at), min(low, lo), max(high, hi))
+            # an unknown event time takes no part in the span; the span needs only the ends
+            first, times = clock.arrivals.get(wave, (at, ()))
+            times = tuple(sorted([*times, *([] if event is None else [event])]))
+            keep = clock.min_records
+            if len(times) > 2 * keep:
+                times = times[:keep] + times[-keep:]
+            clock.arrivals[wave] = (min(first, at), times)
 
 
 def _at(values: list[str | None]) -> Callable[[Sequence[int]], list[str | None]]:
