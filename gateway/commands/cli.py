@@ -90,10 +90,9 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
     wait = report["longest_wait"]
     print(
         f"input topic: a record may wait up to {duration_text(wait['seconds'])} "
-        f"({wait['setting']}) read "
-        "but not yet published, and a restart reads it again from the topic: keep its "
-        f"retention.ms at {wait['input_retention_ms']} or more (`privgw run` refuses less "
-        "than the wait)"
+        f"({wait['setting']}) read but not yet published, and a restart reads it again from "
+        f"the topic: keep its retention.ms at {wait['input_retention_ms']} or more "
+        "(`privgw run` refuses less than the wait)"
     )
     for name, entry in report["attributes"].items():
         print(f"\n{name}: {entry['role']} {entry['type']}, {entry['method']}")

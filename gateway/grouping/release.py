@@ -58,7 +58,8 @@ def _ids_at(positions: list[int], who: Who | None, chunk: int) -> Iterator[tuple
 @dataclass(slots=True)
 class ReleaseClock:
     """The newest wave an engine has seen, and each input source's (kept in memory: after a
-    restart, hold time bounds the wait until a later wave is seen again).
+    restart, hold time bounds the wait until a later wave is seen again; a panel wave's
+    maximum also counts from its records' own timestamps, which the restart reads again).
 
     A wave is closed once a later wave has been seen and no source that is still sending lags
     behind it: every source either has shown a later wave too, or has sent nothing for

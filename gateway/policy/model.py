@@ -53,8 +53,8 @@ def duration_text(seconds: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LongestWait:
-    """How long the stream may keep a record read but uncommitted, in seconds from when a
-    worker reads it, and the policy setting that bounds it."""
+    """How long the stream may keep a record read but uncommitted (seconds), and the policy
+    setting that bounds it."""
 
     seconds: float
     setting: str
