@@ -171,9 +171,8 @@ class GatewayWorker:
     async def _start(self) -> None:
         s = self.settings
         await check_input_topic(s, self.topics)
-        await ensure_topics(
-            s, self.topics, wait=self.policy.longest_wait
-        )  # (unless create_topics is off)
+        # (unless create_topics is off)
+        await ensure_topics(s, self.topics, wait=self.policy.longest_wait)
         self._producer = make_producer(s)
         await self._producer.start()
         await self.delivery.open(self._producer)

@@ -130,5 +130,7 @@ class Parking:
 
 def _open_for(clock: ReleaseClock, release: str, wall: float | None) -> float:
     """How long wave ``release`` has been open by its records' event times (-inf: unknown)."""
-    opened = None if wall is None else clock.opened_at(int(release))
-    return -math.inf if opened is None or wall is None else wall - opened
+    if wall is None:
+        return -math.inf
+    opened = clock.opened_at(int(release))
+    return -math.inf if opened is None else wall - opened

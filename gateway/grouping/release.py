@@ -55,6 +55,17 @@ def _ids_at(positions: list[int], who: Who | None, chunk: int) -> Iterator[tuple
         yield from zip(part, [None] * len(part) if who is None else who(part), strict=True)
 
 
+def _ends(
+    times: NDArray[np.float64], kept: NDArray[np.float64] | None, low: int, high: int
+) -> NDArray[np.float64]:
+    """``times`` and the ``kept`` ones, ascending, of which only the ``low`` smallest and the
+    ``high`` largest stay: all a k-th earliest or latest needs, however many arrive."""
+    both = np.sort(times if kept is None else np.concatenate([kept, times]))
+    if len(both) > low + high:
+        both = np.concatenate([both[:low], both[len(both) - high :]])
+    return both
+
+
 @dataclass(slots=True)
 class ReleaseClock:
     """The newest wave an engine has seen, and each input source's (kept in memory: after a
@@ -153,11 +164,7 @@ class ReleaseClock:
         keep, known = self.min_records, ~np.isnan(events)
         for wave in np.unique(waves[known]).tolist():
             times = events[known & (waves == wave)]
-            kept = self.earliest.get(wave)
-            both = times if kept is None else np.concatenate([kept, times])
-            if len(both) > keep:
-                both = np.partition(both, keep - 1)[:keep]
-            self.earliest[wave] = np.sort(both)
+            self.earliest[wave] = _ends(times, self.earliest.get(wave), keep, 0)
 
     def opened_at(self, wave: int) -> float | None:
         """When ``wave`` opened by its records' own event times: the ``min_records``-th
@@ -203,11 +210,8 @@ class ReleaseClock:
             seen = spans.get(wave)
             if seen is not None:
                 first = min(first, seen[0])
-                times = np.concatenate([times, seen[1]])
-            times = np.sort(times)
-            if len(times) > 2 * keep:  # the ends are all the span needs
-                times = np.concatenate([times[:keep], times[-keep:]])
-            spans[wave] = (first, tuple(times.tolist()))
+            kept = None if seen is None else np.asarray(seen[1], dtype=np.float64)
+            spans[wave] = (first, tuple(_ends(times, kept, keep, keep).tolist()))
 
     def event_span(self, wave: int) -> float:
         """How long ``wave`` has been arriving by its records' own event times: from its
