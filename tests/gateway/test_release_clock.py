@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -396,17 +397,27 @@ def _stamped(records: list[ValidRecord], stamps_ms: list[int]) -> list[ValidReco
     return out
 
 
+@functools.cache
+def _short_waves() -> Policy:
+    """The shipped panel policy with max_wave_seconds 100."""
+    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
+    assert data["republication"]["mode"] == "panel", "the Adult policy changed: update this"
+    data["republication"]["max_wave_seconds"] = 100
+    return parse_policy(data)
+
+
+@functools.cache
+def _one_wave(respondents: int) -> tuple[Answer, ...]:
+    """A panel's first wave, validated (read only: the runs below share it)."""
+    return tuple(_panel(respondents=respondents, waves=1)[0])
+
+
 def _open_wave_run(stamps_ms: list[int], steps: list[tuple[float, float, bool]]) -> list[bool]:
     """Wave 1 of a panel (max_wave_seconds 100, no wave after it) with these timestamps, fed
     again at each step (now, wall time, restart first): whether it was published by then.
     A restart is a new engine on the same state reading the wave's records again."""
-    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
-    assert data["republication"]["mode"] == "panel", "the Adult policy changed: update this"
-    data["republication"]["max_wave_seconds"] = 100
-    policy = parse_policy(data)
-    answers, waves = _panel(respondents=30, waves=1)
-    records = _stamped(_Inputs().on(0, answers, 0.0), stamps_ms)
-
+    policy = _short_waves()
+    records = _stamped(_Inputs().on(0, _one_wave(len(stamps_ms)), 0.0), stamps_ms)
     store = MemoryStore()
 
     def engine() -> Engine:
@@ -423,7 +434,6 @@ def _open_wave_run(stamps_ms: list[int], steps: list[tuple[float, float, bool]])
         held = list(result.held)
         done = done or bool(result.published)
         out.append(done)
-    assert len(waves) == len(records)
     return out
 
 
@@ -458,9 +468,7 @@ def test_a_backlog_of_old_records_is_read_whole_before_its_wave_is_decided() -> 
     """A wave whose records' timestamps are long past its maximum (a platform loading last
     year's panel) is due by them only once no source still sends it: decided whole, with every
     member, not with the first window's."""
-    data = yaml.safe_load((ROOT / "deploy" / "policies" / "adult.yaml").read_text())
-    data["republication"]["max_wave_seconds"] = 100
-    policy = parse_policy(data)
+    policy = _short_waves()
     answers, _ = _panel(respondents=30, waves=1)
     year_ago = 1_800_000_000.0 - 365 * 86_400
     inputs = _Inputs()
@@ -469,12 +477,41 @@ def test_a_backlog_of_old_records_is_read_whole_before_its_wave_is_decided() -> 
     published = []
     quiet = policy.window.max_seconds  # a source sending nothing this long holds nothing back
     for step, now in enumerate([0.0, 0.5, 1.0, 1.0 + quiet]):
-        new = _stamped(
-            inputs.on(0, answers[10 * step : 10 * step + 10], now),
-            [int((year_ago + i) * 1000) for i in range(len(answers[10 * step : 10 * step + 10]))],
-        )
+        batch = answers[10 * step : 10 * step + 10]
+        stamps = [int((year_ago + i) * 1000) for i in range(len(batch))]
+        new = _stamped(inputs.on(0, batch, now), stamps)
         marks = InputMarks(wall_time=1_800_000_000.0 + now)
         result = engine.protect_window([*held, *new], now=now, marks=marks)
         held = list(result.held)
         published.append(len(result.published))
     assert published == [0, 0, 0, len(answers)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.lists(st.floats(0, 60), min_size=8, max_size=8),  # how long before the first read
+    st.lists(st.tuples(st.floats(3, 40), st.booleans()), min_size=3, max_size=7),
+)
+def test_restarts_close_an_open_wave_at_the_first_step_after_they_would_have_anyway(
+    ages: list[float], steps: list[tuple[float, bool]]
+) -> None:
+    """Random timestamps (produced up to a minute before the wave is first read, so that it
+    closes along the way, 40-100 s after the read) and random restarts at steps at least the
+    sources' quiet time apart: the wave is published at the step it is without restarts, or,
+    if a restart reads it again then (its source still sending), at the first step after
+    without one. A restart no longer starts the maximum again: without timestamps, restarts
+    every step would keep the wave open for good."""
+    t0 = 1_800_000_000.0
+    stamps = [int((t0 - age) * 1000) for age in ages]
+    now, plan = 0.0, [(0.0, t0, False)]
+    for gap, restart in steps:
+        now += gap
+        plan.append((now, t0 + now, restart))
+    alone = _open_wave_run(stamps, [(at, wall, False) for at, wall, _ in plan])
+    restarted = _open_wave_run(stamps, plan)
+    first = alone.index(True) if True in alone else len(plan)
+    expected = next((j for j in range(first, len(plan)) if not plan[j][2]), len(plan))
+    assert (restarted.index(True) if True in restarted else len(plan)) == expected, (
+        alone,
+        restarted,
+    )
