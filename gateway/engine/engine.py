@@ -191,11 +191,13 @@ class Engine:
             self._panel.forget_partition(partition)
 
     # ------------------------------------------------------------------ metadata
-    def metadata(self) -> dict[str, object]:
-        """Everything an analyst needs to reconstruct statistics (the meta topic's value)."""
+    def metadata(self, described: Policy | None = None) -> dict[str, object]:
+        """Everything an analyst needs to reconstruct statistics (the meta topic's value).
+        ``described``: the policy a file was protected under when this engine ran only part of
+        it (``privgw protect`` groups the keys of recoding, strata and l-diversity itself and
+        has the engine publish the rest): its version, claim and methods are published."""
         return release_metadata(
-            self.policy,
-            claims=self._claims,
+            self.policy if described is None else described,
             protections=self._columns.protections,
             draws=self.draws,
         )

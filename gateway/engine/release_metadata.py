@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.engine.claim_step import ClaimStep
 from gateway.grouping.guarantees import republication_statement
+from gateway.grouping.mixed_microaggregation import claim_columns
 from gateway.grouping.recode_stream import importance_order
 from gateway.keyed.draw_derivation import META_NAME, DrawDerivation
 from gateway.mechanisms.protection import Protection
@@ -18,7 +18,6 @@ from gateway.policy import Method, MicroaggAlgorithm, Policy, Role
 def release_metadata(
     p: Policy,
     *,
-    claims: ClaimStep,
     protections: Mapping[str, Protection],
     draws: DrawDerivation | None,
 ) -> dict[str, object]:
@@ -29,6 +28,7 @@ def release_metadata(
     keyed)."""
     keyed = {} if draws is None else {META_NAME: draws.value}
     claim = p.k_claim
+    ldiv = p.microaggregation.l_diversity if claim else None
     return {
         **keyed,
         "policy_version": p.version,
@@ -37,9 +37,7 @@ def release_metadata(
         "microaggregation": p.microaggregation.algorithm.value,
         # groups never cross these strata; each publishes l distinct values of the attribute
         "strata": list(p.microaggregation.strata or []) if claim else [],
-        "l_diversity": None
-        if (diversify := claims.diversify) is None
-        else {"attribute": claims.ldiv, "l": diversify.ell},
+        "l_diversity": None if ldiv is None else {"attribute": ldiv.attribute, "l": ldiv.l},
         "quasi_identifiers": [
             n for n, a in p.attributes.items() if a.role is Role.QUASI_IDENTIFIER
         ],
@@ -47,7 +45,7 @@ def release_metadata(
         # what the k claim covers: every published tuple of these is shared by >= k
         # respondents over the whole history; the unprotected ones are outside it
         "k_claim": claim,
-        "quasi_identifier_kinds": {c.name: c.kind.value for c in claims.claim.columns},
+        "quasi_identifier_kinds": {c.name: c.kind.value for c in claim_columns(p)},
         "unprotected_quasi_identifiers": p.unprotected_quasi_identifiers,
         "published_outside_k_claim": p.published_outside_claim,
         "methods": {n: a.method.value for n, a in p.attributes.items()},

@@ -34,7 +34,7 @@ def reconstruct_file(
 ) -> dict[str, Any]:
     """The randomized attributes' distributions from a protected file; ``wave``: only that
     release's rows (the policy's wave attribute)."""
-    df = read_table(protected)
+    df = read_table(protected, policy=policy)
     field = policy.republication.wave_attribute
     if wave is not None:
         if field is None or field not in df.columns:
@@ -101,6 +101,61 @@ def read_jsonl_rows(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     for path in paths:
         rows.extend(frame_rows(read_table(path)))
     return rows
+
+
+def attack_k(given: int | None, meta: Mapping[str, Any]) -> int:
+    """``privgw attack --k``, else the metadata's k, else 2."""
+    k = given if given is not None else int(meta.get("k", 0)) or 2
+    if k < 2:
+        raise InputDataError(f"--k must be ≥ 2, got {k}")
+    return k
+
+
+def release_counts(text: str) -> list[int]:
+    """``privgw attack --t``: numbers of releases, whole numbers ≥ 1, comma-separated."""
+    try:
+        ts = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise InputDataError(
+            f"--t must be whole numbers ≥ 1 separated by commas, got {text!r}"
+        ) from None
+    if not ts or min(ts) < 1:
+        raise InputDataError(f"--t: every number of releases must be ≥ 1, got {text!r}")
+    return ts
+
+
+def check_history(
+    history: Sequence[Mapping[str, Any]],
+    truth: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+) -> None:
+    """What the adversaries read is there: every history row a record_id (with ``truth``),
+    every truth row a record_id and a respondent_id, the named ``columns`` in the history with
+    single values, and waves that can be ordered (numbers, or text)."""
+    needs = (
+        ("the history", history, ("record_id",) if truth else ()),
+        ("--truth", truth, ("record_id", "respondent_id")),
+    )
+    for label, rows, fields in needs:
+        for i, row in enumerate(rows):
+            missing = [f for f in fields if row.get(f) is None]
+            if missing:
+                raise InputDataError(f"{label}: row {i + 1} has no {missing[0]}")
+    seen = set().union(*(row.keys() for row in history)) if history else set()
+    for name in columns:
+        if name not in seen:
+            raise InputDataError(f"no column {name!r} in the history; fix the name")
+        for i, row in enumerate(history):
+            if isinstance(row.get(name), dict | list):
+                raise InputDataError(
+                    f"the history's column {name!r} holds a JSON object or array at row {i + 1};"
+                    " a published cell is a single value"
+                )
+    kinds = {isinstance(r.get("wave"), str) for r in history if r.get("wave") is not None}
+    if len(kinds) > 1:
+        raise InputDataError(
+            "the history's waves mix numbers and text; give every wave the same type"
+        )
 
 
 def attack_history(

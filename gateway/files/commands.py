@@ -13,7 +13,14 @@ from typing import Any
 
 from gateway.commands.command_kit import add_command, fmt, print_json, wave_number
 from gateway.errors import PrivgwError
-from gateway.files.analysis import attack_history, read_jsonl_rows, reconstruct_file
+from gateway.files.analysis import (
+    attack_history,
+    attack_k,
+    check_history,
+    read_jsonl_rows,
+    reconstruct_file,
+    release_counts,
+)
 from gateway.files.evaluate import evaluate_files
 from gateway.files.fileio import PICTURE_SUFFIXES, check_output
 from gateway.files.protect import meta_path, microaggregate_file
@@ -40,8 +47,9 @@ def cmd_protect(args: argparse.Namespace) -> int:
     check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
     budget = Budget(memory_mib=args.memory_budget, block_rows=args.block_rows)
     summary = protect_within(args.input, policy, args.output, seed=args.seed, budget=budget)
+    cells = summary["whole_key"].get("suppressed_cells", 0)
     grouping = (
-        "keys recoded, cells suppressed one by one"
+        f"keys recoded, {cells} key cells suppressed one by one"
         if summary["groups"] is None
         else f"{summary['groups']} groups, smallest {summary['min_group_size']}"
     )
@@ -306,8 +314,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
         )
     truth = read_jsonl_rows([args.truth]) if args.truth is not None else []
     qi = [c for c in (args.qi or "").split(",") if c] or list(meta.get("microaggregated", []))
-    k = args.k or int(meta.get("k", 0)) or 2
-    ts = [int(t) for t in args.t.split(",")]
+    k = attack_k(args.k, meta)
+    ts = release_counts(args.t)
+    check_history(history, truth, [*qi, *sticky, *([args.attribute] if args.attribute else [])])
     result = attack_history(
         history, truth, attribute=args.attribute, qi_columns=qi, k=k, ts=ts, sticky=sticky
     )

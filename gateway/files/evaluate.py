@@ -32,9 +32,12 @@ from gateway.policy import (
     MISSING_LABEL,
     AttrType,
     Method,
+    MicroaggAlgorithm,
     Policy,
     Role,
 )
+
+RECODE = MicroaggAlgorithm.RECODE_SUPPRESS
 
 
 def missing_to_none(values: Sequence[object], tokens: set[str]) -> list[object]:
@@ -142,13 +145,13 @@ def _numeric_columns_for(
             and n in orig.columns
             and n in prot.columns
         ]
-    return [
-        str(c)
-        for c in orig.columns
-        if c in prot.columns
-        and pd.api.types.is_numeric_dtype(orig[c])
-        and pd.api.types.is_numeric_dtype(prot[c])
-    ]
+    # the original's numbers: a cell of text in the protected file is an error, not a reason
+    # to leave the column out
+    return [str(c) for c in orig.columns if c in prot.columns and _is_number(orig[c])]
+
+
+def _is_number(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
 def evaluate_files(
@@ -159,13 +162,19 @@ def evaluate_files(
     p_pct: float | None = None,
 ) -> dict[str, Any]:
     """Information loss and disclosure risk of PROTECTED against ORIGINAL (rows aligned)."""
-    orig = read_table(original)
-    prot = read_table(protected)
+    orig = read_table(original, policy=policy)
+    prot = read_table(protected, policy=policy)
+    if orig.empty:
+        raise InputDataError(f"{original}: no data rows to evaluate")
     if len(orig) != len(prot):
         raise InputDataError(
             f"the files have {len(orig)} and {len(prot)} rows; evaluation needs the rows of "
             "both files in the same order"
         )
+    recoded = policy is not None and policy.microaggregation.algorithm is RECODE
+    if recoded:  # intervals as the means of their originals
+        assert policy is not None
+        prot = recoded_standins(orig, prot, policy)
     cols = _numeric_columns_for(policy, orig, prot)
     if not cols and not (
         policy is not None
@@ -175,8 +184,13 @@ def evaluate_files(
             f"{original} and {protected} have no numeric column in common to evaluate; check "
             "that both files have the same header (or give the --policy that protected them)"
         )
+    # a column with no value in either file leaves every row incomplete: named, left out
+    empty = [c for c in cols if orig[c].isna().all() or prot[c].isna().all()]
+    cols = [c for c in cols if c not in empty]
     pct = p_pct if p_pct is not None else (policy.risk.interval_pct if policy else 10.0)
     result: dict[str, Any] = {"records": len(orig), "columns": cols}
+    if empty:
+        result["columns_without_values"] = empty
     if cols:
         excluded, rep = _numeric_quality(orig, prot, cols, (original, protected), pct)
         result["excluded_incomplete_rows"] = excluded
@@ -208,6 +222,22 @@ def evaluate_files(
         result.update(whole_key_evaluation(orig, prot, policy, original, protected))
         result.update(_weighted_and_frequency(orig, prot, policy, cols))
     return result
+
+
+def recoded_standins(orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+    """A recoded file's numeric keys as numbers: each published interval (or value) stands
+    for the mean of the originals published under it, a suppressed cell for the overall mean
+    (docs/policy.md): what SSE/SST and linkage of a recoding measure."""
+    tokens = set(policy.input.missing_tokens)
+    out = prot.copy()
+    for name in policy.numeric_claim:
+        if name not in orig.columns or name not in prot.columns:
+            continue
+        x = pd.Series(numeric_matrix(orig, [name], "the original")[:, 0], index=orig.index)
+        label = pd.Series(missing_to_none(prot[name].tolist(), tokens), index=prot.index)
+        means = x.groupby(label.where(label.notna(), "\0").astype(str)).transform("mean")
+        out[name] = np.where(label.isna(), x.mean(), means)
+    return out
 
 
 def _numeric_quality(

@@ -26,16 +26,20 @@ from gateway.validation import has_duplicate_key
 JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
 
 
-def _is_jsonl(path: Path) -> bool:
-    return path.suffix.lower() in JSONL_SUFFIXES
+def is_jsonl(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in JSONL_SUFFIXES
 
 
-def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
+def read_table(
+    path: str | Path, *, as_text: bool = False, policy: Policy | None = None
+) -> pd.DataFrame:
     """Read CSV (comma-separated, header row) or JSON Lines. ``as_text`` keeps every cell as
-    a string (the policy decides types); otherwise pandas infers numeric columns."""
+    a string (the policy decides types); otherwise pandas infers numeric columns, except a
+    CSV's columns that ``policy`` makes categorical, kept as text (an empty cell missing):
+    categories coded 1..9 with one cell missing would read as 3.0."""
     p = _existing(path)
     try:
-        if _is_jsonl(p):
+        if is_jsonl(p):
             df = pd.DataFrame(list(_jsonl_objects(p)))
             if as_text:
                 df = df.astype(object).where(df.notna(), None)
@@ -43,13 +47,20 @@ def read_table(path: str | Path, *, as_text: bool = False) -> pd.DataFrame:
         _check_csv_shape(p)
         if as_text:
             return pd.read_csv(p, dtype=str, keep_default_na=False, na_filter=False)
-        return pd.read_csv(p)
+        return pd.read_csv(p, dtype=dict.fromkeys(_text_columns(policy), str))
     except InputDataError:
         raise
     except UnicodeDecodeError:
         raise InputDataError(f"{p}: not UTF-8 text") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as err:
         raise _csv_error(p, err) from None
+
+
+def _text_columns(policy: Policy | None) -> list[str]:
+    """The attributes whose values are labels, not numbers (categories and timestamps)."""
+    if policy is None:
+        return []
+    return [n for n, a in policy.attributes.items() if a.type is not AttrType.NUMERIC]
 
 
 def _jsonl_objects(p: Path) -> Iterator[dict[str, Any]]:
@@ -91,7 +102,7 @@ def count_rows(path: str | Path) -> int:
     holding it: a CSV's rows, a JSON Lines file's non-blank lines."""
     p = _existing(path)
     try:
-        if _is_jsonl(p):
+        if is_jsonl(p):
             with p.open("rb") as fh:
                 return sum(1 for line in fh if line.strip())
         return _check_csv_shape(p)
@@ -108,7 +119,7 @@ def iter_table(path: str | Path, policy: Policy, rows: int) -> Iterator[tuple[in
     p = _existing(path)
     keep = set(policy.attributes) | {policy.input.respondent_id}
     try:
-        if _is_jsonl(p):
+        if is_jsonl(p):
             done = 0
             batch: list[dict[str, Any]] = []
             for obj in _jsonl_objects(p):
@@ -270,7 +281,7 @@ def write_table(df: pd.DataFrame, path: str | Path) -> None:
     p = Path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        if _is_jsonl(p):
+        if is_jsonl(p):
             with p.open("wb") as fh:
                 for row in df.to_dict(orient="records"):
                     clean = {k: _json_value(v) for k, v in row.items()}
@@ -450,12 +461,23 @@ def numeric_matrix(df: pd.DataFrame, columns: Sequence[str], path: str | Path) -
     for j, c in enumerate(columns):
         if c not in df.columns:
             raise InputDataError(f"{path}: no column '{c}'")
-        col = pd.to_numeric(df[c], errors="coerce")
+        col = numbers_of(df[c])
         bad = int((col.isna() & df[c].notna()).sum())
         if bad:
             raise InputDataError(f"{path}: column '{c}' has {bad} non-numeric value(s)")
         out[:, j] = col.to_numpy(dtype=float)
         check_magnitude(out[:, j], c, path)
+    return out
+
+
+def numbers_of(column: pd.Series) -> pd.Series:
+    """A column's numbers, NaN where a cell is missing or not a number. JSON's true and false
+    are not numbers (pandas would read them as 1 and 0)."""
+    if pd.api.types.is_bool_dtype(column):
+        return pd.Series(np.nan, index=column.index)
+    out = pd.to_numeric(column, errors="coerce")
+    if column.dtype == object:
+        out[column.map(type).isin((bool, np.bool_)).to_numpy()] = np.nan
     return out
 
 

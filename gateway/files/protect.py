@@ -3,6 +3,7 @@ MDAV alone on numeric columns (``privgw microaggregate``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from gateway.files.evaluate import claim_frame, missing_to_none, whole_key_evalu
 from gateway.files.fileio import (
     Progress,
     chunks,
+    is_jsonl,
+    numbers_of,
     numeric_matrix,
     read_table,
     records_from_frame,
@@ -35,6 +38,26 @@ from gateway.policy import (
     Policy,
     RRMode,
 )
+
+log = logging.getLogger(__name__)
+
+
+def warn_of_waves(df: pd.DataFrame, policy: Policy) -> None:
+    """A file is one release: a class of k may hold fewer than k records of one wave, which
+    the published wave column then tells apart. Say so when the file holds several waves."""
+    wave = policy.republication.wave_attribute
+    if wave is None or wave not in df.columns or policy.attributes[wave].method is Method.DROP:
+        return
+    waves = df[wave].replace("", None).dropna().nunique()
+    if waves > 1:
+        log.warning(
+            "the file holds %d waves (%s) and is protected as one release: k holds over the "
+            "file, not within each wave, and the published %s column splits the classes; "
+            "protect each wave's rows on its own for k within each wave",
+            waves,
+            wave,
+            wave,
+        )
 
 
 def meta_path(out: str | Path) -> Path:
@@ -111,6 +134,7 @@ def protect_file(
     records = records_from_frame(df, policy, src)
     if not records:
         raise InputDataError(f"{src}: no data rows")
+    warn_of_waves(df, policy)
     k = policy.microaggregation.k
     if policy.k_claim and len(records) < k:  # before anything is written
         raise InputDataError(
@@ -121,7 +145,7 @@ def protect_file(
     engine, result, protected = run_engine(
         records, df, policy, SeededSource(seed), value_frequencies(records, policy)
     )
-    meta = engine.metadata()
+    meta = engine.metadata(policy)  # the file's policy, not the engine's part of it
     whole_key: dict[str, Any] = {}
     file_groups: dict[str, Any] | None = None  # the groups formed here, not by the engine
     if recoding:  # the keys: recoded and suppressed here, the engine published the rest
@@ -162,7 +186,7 @@ def protect_file(
         **_groups(rep, recoding=recoding, file_groups=file_groups),
         "measures": dict(rep.measures),
         "retention": dict(rep.retention),
-        "policy_version": engine.version,
+        "policy_version": policy.version,
         "meta": str(meta_path(out)),
     }
 
@@ -193,16 +217,26 @@ def _refuse_nearly_numeric(df: pd.DataFrame, path: str | Path) -> None:
     """A numeric column with a typo in one cell reads as text, and "all numeric columns" would
     leave it out, published unchanged: refuse it, naming the column and the row."""
     for c in df.columns:
-        if pd.api.types.is_numeric_dtype(df[c]):
+        if _is_numeric(df[c]):
             continue
         given = df[c].notna().to_numpy()
-        bad = given & pd.to_numeric(df[c], errors="coerce").isna().to_numpy()
+        bad = given & numbers_of(df[c]).isna().to_numpy()
         if bad.any() and 1.0 - bad.sum() / given.sum() >= _NEARLY_NUMERIC:
             row = int(np.flatnonzero(bad)[0]) + 1
             raise InputDataError(
                 f"{path}: column '{c}' is numeric but for {int(bad.sum())} value(s), first at "
                 f"data row {row}; fix them, or list the columns to microaggregate with --columns"
             )
+        if given.any() and not bad.any():  # a JSON file's numbers written as strings
+            raise InputDataError(
+                f"{path}: column '{c}' holds numbers written as text; write them as numbers, "
+                "or list the columns to microaggregate with --columns"
+            )
+
+
+def _is_numeric(column: pd.Series) -> bool:
+    """Numbers by type (true and false are not)."""
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
 def microaggregate_file(
@@ -219,11 +253,7 @@ def microaggregate_file(
     df = read_table(src)
     if not columns:
         _refuse_nearly_numeric(df, src)
-    cols = (
-        list(columns)
-        if columns
-        else [str(c) for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
-    )
+    cols = list(columns) if columns else [str(c) for c in df.columns if _is_numeric(df[c])]
     if not cols:
         raise InputDataError(
             f"{src}: no numeric columns to microaggregate; name them with --columns"
@@ -251,7 +281,8 @@ def microaggregate_file(
         }
     else:
         masked, labels = microaggregate(x, k, algorithm=algorithm, standardize=standardize)
-    result = df.copy()
+    # every other cell as it was written ("00100" stays, "NA" is not made missing)
+    result = df.copy() if is_jsonl(src) else read_table(src, as_text=True)
     for j, c in enumerate(cols):
         result[c] = masked[:, j]
     write_table(result, out)

@@ -146,6 +146,8 @@ def risk_file(
     of its key set as without them (a left-out key's with ``left_out`` and its ``change``),
     and the per-record table gains each set's columns, suffixed ``[label]``."""
     frame = as_missing(read_table(src), keys, missing)
+    if frame.empty:
+        raise InputDataError(f"{src}: no data rows, no key to count")
 
     def run(names: Sequence[str], msu: int | None) -> tuple[pd.DataFrame, dict[str, Any]]:
         freq, suda, summary = file_risk(

@@ -69,6 +69,12 @@ def key_codes(frame: pd.DataFrame, keys: Sequence[str]) -> Int:
             raise InputDataError(f"--keys: no column {name!r} in the file; fix the name")
         column = frame[name]
         if column.dtype == object:
+            nested = np.flatnonzero(column.map(type).isin((dict, list)).to_numpy())
+            if nested.size:  # a JSON object or array: no category to count
+                raise InputDataError(
+                    f"--keys: column {name!r} holds a JSON object or array at data row "
+                    f"{int(nested[0]) + 1}; a key's cells must be single values"
+                )
             column = column.where(column.astype(str).str.strip() != "", None)
         codes, _ = pd.factorize(column, use_na_sentinel=True)
         cols.append(np.asarray(codes, dtype=np.int64))

@@ -370,3 +370,88 @@ def test_a_wave_that_is_no_wave_number_is_refused_naming_column_and_row(
     add_column(adult, "wave", "1", row_7=wave)
     code, err = run(capsys, "protect", adult, "--policy", POLICY, "-o", "out.csv")
     assert_clear(code, err, f"column 'wave' {said}, first at data row 7")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("risk", "HEADER", "--keys", "sex,race"), "adult.csv: no data rows, no key to count"),
+        (("risk", "HEADER", "--keys", "sex", "--weight", "fnlwgt"), "no data rows"),
+        (("evaluate", "HEADER", "HEADER"), "adult.csv: no data rows to evaluate"),
+        (("evaluate", "HEADER", "HEADER", "--policy", POLICY), "no data rows to evaluate"),
+    ],
+)
+def test_a_file_of_a_header_only_is_named(
+    capsys: pytest.CaptureFixture[str], adult: Path, args: tuple[str | Path, ...], said: str
+) -> None:
+    adult.write_text(adult.read_text().splitlines()[0] + "\n")
+    code, err = run(capsys, *(adult if a == "HEADER" else a for a in args))
+    assert_clear(code, err, said)
+
+
+@pytest.mark.parametrize("command", ["risk", "kanon"])
+@pytest.mark.parametrize("cell", [{"v": SECRET_VALUE}, [SECRET_VALUE, 1]])
+def test_a_key_cell_that_is_a_json_object_or_array_is_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, cell: object
+) -> None:
+    rows = [{"a": "x", "b": i % 3} for i in range(9)]
+    rows[5]["a"] = cell  # type: ignore[assignment]
+    src = tmp_path / "keys.jsonl"
+    src.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    extra = ["--k", "3", "-o", tmp_path / "o.jsonl"] if command == "kanon" else []
+    code, err = run(capsys, command, src, "--keys", "a,b", *extra)
+    assert_clear(code, err, "column 'a' holds a JSON object or array at data row 6")
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> tuple[Path, Path]:
+    """A publication history of two waves and its ground truth (record_id -> respondent)."""
+    hist, truth = [], []
+    for i in range(12):
+        for wave in (1, 2):
+            rid = f"r{i}_{wave}"
+            hist.append({"record_id": rid, "wave": wave, "occ": "ab"[i % 2], "age": 30 + i % 3})
+            truth.append({"record_id": rid, "respondent_id": f"p{i}", "occ": "ab"[i % 2]})
+    paths = tmp_path / "hist.jsonl", tmp_path / "truth.jsonl"
+    for path, rows in zip(paths, (hist, truth), strict=True):
+        path.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    return paths
+
+
+def _rewrite(path: Path, row: int, change: dict[str, object], drop: str | None = None) -> None:
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    rows[row].update(change)
+    if drop is not None:
+        del rows[row][drop]
+    path.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "edit", "said"),
+    [
+        (("--t", "abc"), None, "--t must be whole numbers ≥ 1 separated by commas"),
+        (("--t", "0,-1"), None, "--t: every number of releases must be ≥ 1"),
+        (("--k", "0"), None, "--k must be ≥ 2, got 0"),
+        (("--k", "-3"), None, "--k must be ≥ 2, got -3"),
+        (("--qi", "NOPE"), None, "no column 'NOPE' in the history; fix the name"),
+        (("--attribute", "NOPE"), None, "no column 'NOPE' in the history"),
+        (("--sticky", "NOPE"), None, "no column 'NOPE' in the history"),
+        ((), ("hist", 3, {}, "record_id"), "the history: row 4 has no record_id"),
+        ((), ("truth", 0, {}, "respondent_id"), "--truth: row 1 has no respondent_id"),
+        ((), ("hist", 5, {"wave": "two"}, None), "the history's waves mix numbers and text"),
+        ((), ("hist", 6, {"age": {"v": SECRET_VALUE}}, None), "'age' holds a JSON object"),
+    ],
+)
+def test_attack_settings_and_histories_it_cannot_read_are_named(
+    capsys: pytest.CaptureFixture[str],
+    history: tuple[Path, Path],
+    args: tuple[str, ...],
+    edit: tuple[str, int, dict[str, object], str | None] | None,
+    said: str,
+) -> None:
+    hist, truth = history
+    if edit is not None:
+        _rewrite(hist if edit[0] == "hist" else truth, *edit[1:])
+    base = ["--truth", truth, "--attribute", "occ", "--qi", "age"]
+    code, err = run(capsys, "attack", hist, *base, *args)
+    assert_clear(code, err, said)
