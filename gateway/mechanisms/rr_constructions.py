@@ -33,6 +33,10 @@ __all__ = [
     "uniform",
 ]
 
+# The off-diagonal entries are (1 - p)/m ≈ 1/γ, with an absolute rounding error of about
+# 1e-16: relative to 1/γ it grows with γ, and past 1e7 the matrix's amplification can exceed γ
+# by more than 1e-9 of it (measured: 4e-10 at ε = 17, 1e-8 at ε = 20; HiGHS fails from ε ≈ 35)
+FINE_GRAIN_MAX_GAMMA = 1e7
 MIN_RETENTION_SHARE = 0.25
 """Fine-grain: each value's retention probability p_i is at least this share of the one a
 uniform mechanism with the same γ gives, so that P stays invertible whatever the weights."""
@@ -155,6 +159,13 @@ def fine_grain(
     if m < 2:
         raise MechanismError(f"randomized response needs at least 2 categories, got {m}")
     g = gamma_for(gamma=gamma)
+    if g > FINE_GRAIN_MAX_GAMMA * (1.0 + 1e-12):  # exp(log(1e7)) is a hair above
+        raise MechanismError(
+            f"rr mode fine_grain takes γ up to {FINE_GRAIN_MAX_GAMMA:g} (ε up to "
+            f"{math.log(FINE_GRAIN_MAX_GAMMA):.2f}), got γ = {g:.4g} (ε = {math.log(g):.2f}): "
+            "beyond it every retention is within 1e-6 of 1 and float64 cannot keep the bound; "
+            "lower epsilon (or gamma), or use mode uniform"
+        )
     f = np.full(m, 1.0 / m) if weights is None else weight_vector(weights, cats, "rr.weights")
     c = g - 1.0
     big, small = max(m - 1.0, g), min(m - 1.0, g)

@@ -22,6 +22,7 @@ from gateway.errors import MechanismError
 from gateway.measures.reconstruction import DistributionEstimate, reconstruct
 from gateway.mechanisms.randomized_response import RRMechanism, from_dict, from_matrix
 from gateway.mechanisms.rr_constructions import (
+    FINE_GRAIN_MAX_GAMMA,
     MIN_RETENTION_SHARE,
     fine_grain,
     from_spec,
@@ -647,3 +648,34 @@ def test_fine_grain_stays_invertible_on_skewed_weights(gamma: float) -> None:
     published = mech.apply(truth, rng.random(truth.size))
     est = reconstruct(mech, published)
     assert np.all(np.isfinite(est.inversion)) and np.all(np.isfinite(est.em))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    w=st.integers(2, 25).flatmap(lambda m: st.lists(st.floats(0.01, 10.0), min_size=m, max_size=m)),
+    epsilon=st.floats(6.0, math.log(FINE_GRAIN_MAX_GAMMA)),
+)
+@example(w=[1.0] * 8, epsilon=math.log(FINE_GRAIN_MAX_GAMMA))
+def test_fine_grain_keeps_its_bound_up_to_the_largest_gamma_it_takes(
+    w: list[float], epsilon: float
+) -> None:
+    """The off-diagonal entries (1 - p)/m near 1/γ lose relative precision as γ grows: up to
+    the largest γ fine_grain takes, the matrix keeps the bound and beats uniform."""
+    gamma = math.exp(epsilon)
+    f = np.array(w)
+    mech = fine_grain(cats(f.size), gamma=gamma, weights=f)
+    p = mech.matrix
+    np.testing.assert_allclose(p.sum(axis=0), 1.0, rtol=0, atol=1e-12)
+    assert np.all(p >= 0)
+    assert row_amplification(p) <= gamma * (1 + GAMMA_SLACK)
+    got = mech.expected_retention(f)
+    assert got >= uniform(cats(f.size), gamma=gamma).expected_retention(f) - 1e-9
+
+
+@pytest.mark.parametrize("epsilon", [17.0, 40.0, 700.0])
+def test_fine_grain_beyond_its_largest_gamma_is_refused_naming_the_fix(epsilon: float) -> None:
+    """ε ≤ 700 is a valid policy; fine_grain past γ = 1e7 would publish a matrix whose
+    amplification exceeds γ (and HiGHS fails outright from ε ≈ 35)."""
+    with pytest.raises(MechanismError, match=r"fine_grain takes γ up to 1e\+07 .*use mode uniform"):
+        fine_grain(cats(8), gamma=math.exp(epsilon))
+    assert uniform(cats(8), epsilon=epsilon).gamma <= math.exp(epsilon) * (1 + GAMMA_SLACK)
