@@ -36,6 +36,9 @@ from gateway.policy.specs import StrictModel
 #: Largest wave number: the state stores waves as 32-bit integers (a larger one failed every
 #: window that held it, on every worker that read it again).
 MAX_WAVE = 2**31 - 1
+# A sampling weight beyond this is a typo or an attack: 1e308 overflowed the panel's raking
+# (the engine failed on the wave, in a loop), and two such weights nulled every weight of it
+MAX_WEIGHT = 1e12
 
 # cells of the grid of categories the edit rules are checked on (beyond it, not checked)
 _MAX_RULE_GRID = 1 << 22
@@ -316,9 +319,13 @@ class Policy(StrictModel):
 
     def numeric_range(self, name: str) -> tuple[float | None, float | None]:
         """The values an attribute takes (None: unbounded): its range (numeric attributes only
-        have one), and for the wave attribute at most [0, MAX_WAVE] too."""
+        have one), for the wave attribute at most [0, MAX_WAVE] too, and for the sampling
+        weight at most ±MAX_WEIGHT."""
         attr = self.attributes[name]
         lo, hi = attr.range if attr.range is not None else (None, None)
+        if attr.role is Role.WEIGHT:
+            lo = -MAX_WEIGHT if lo is None else max(lo, -MAX_WEIGHT)
+            hi = MAX_WEIGHT if hi is None else min(hi, MAX_WEIGHT)
         if name == self.republication.wave_attribute:
             lo = 0.0 if lo is None else max(lo, 0.0)
             hi = float(MAX_WAVE) if hi is None else min(hi, float(MAX_WAVE))

@@ -11,6 +11,7 @@ import pytest
 
 from gateway import validation
 from gateway.policy import Policy, load_policy, parse_policy
+from gateway.policy.model import MAX_WEIGHT
 from gateway.validation import (
     MAX_SAFE_INTEGER,
     DLQReason,
@@ -427,3 +428,23 @@ def test_a_timestamp_must_be_iso_8601_text() -> None:
     for ok in ("2024-05-01", "2024-05-01T10:00:00Z", "?"):
         res = validator.decode_and_validate(enc({**good, "submitted_at": ok}), b"r0")
         assert not isinstance(res, Rejection)
+
+
+@pytest.mark.parametrize("declared", [None, [0, 1e15]])
+def test_a_sampling_weight_is_bounded_whatever_its_range(declared: list[float] | None) -> None:
+    """1e308, a valid JSON number, overflowed the panel's raking: the engine failed on the
+    wave in a loop, and two such weights nulled every weight of it."""
+    weight: dict[str, Any] = {"role": "weight", "type": "numeric", "method": "keep"}
+    if declared is not None:
+        weight["range"] = declared
+    spec = POLICY.model_dump(mode="json", exclude_defaults=True)
+    policy = parse_policy({**spec, "attributes": {**spec["attributes"], "w": weight}})
+    validator = Validator(policy)
+    below = (-MAX_WEIGHT,) if declared is None else ()  # else below the declared 0
+    for value in (MAX_WEIGHT, 0, 1.5, *below):
+        accepted = validator.decode_and_validate(enc({**GOOD, "w": value}), b"r1")
+        assert not isinstance(accepted, Rejection), (value, accepted)
+    for value in (1e308, -1e308, MAX_WEIGHT * 1.000001, 10**13):
+        res = validator.decode_and_validate(enc({**GOOD, "w": value}), b"r1")
+        assert isinstance(res, Rejection) and res.reason is DLQReason.OUT_OF_RANGE, (value, res)
+        assert res.field == "w"
