@@ -41,6 +41,7 @@ from stream_jobs.delivery.delivery import Delivery
 from stream_jobs.delivery.meta import meta_message
 from stream_jobs.engine_process.memory import Collector, tune_memory
 from stream_jobs.intake.intake import Intake
+from stream_jobs.intake.undecodable import UNDECODABLE, read_around
 from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
 from stream_jobs.ops.worker_stats import WorkerStats
 from stream_jobs.partitions.changelog import KafkaChangelog
@@ -256,9 +257,17 @@ class GatewayWorker:
                         # to the engine first, so the engine does not idle while they are
                         # encoded and produced
                         await windows.protected(then=self._buffer.due(self._clock()))
-                batch = await self._consumer.getmany(
-                    timeout_ms=windows.poll_timeout_ms(), max_records=self.settings.max_poll_records
-                )
+                unread: list[Any] = []
+                try:
+                    batch = await self._consumer.getmany(
+                        timeout_ms=windows.poll_timeout_ms(),
+                        max_records=self.settings.max_poll_records,
+                    )
+                except UNDECODABLE:  # one record the client cannot decode failed the fetch
+                    await self.intake.rewind_to_consumed()
+                    batch, unread = await read_around(
+                        self._consumer, self.settings.max_poll_records, timeout_ms=200
+                    )
                 if self.delivery.settling_done():
                     await self.delivery.settled()  # raises if the window's outputs failed
                 async with self._lock:
@@ -268,10 +277,14 @@ class GatewayWorker:
                         # a rebalance happened while this batch was fetched: it may come from
                         # before it, so it is dropped, and the partitions it advanced are put
                         # back to their committed offsets to be read again
-                        await self.rebalancing.rewind_to_committed(batch)
+                        await self.rebalancing.rewind_to_committed(
+                            {**batch, **{tp: [] for tp, _ in unread}}
+                        )
                         continue
                     if batch:
                         self.intake.ingest(batch, self._clock())
+                    if unread:  # after the records before them (offsets in order)
+                        self.intake.undecodable(unread, self._clock())
                     elif windows.protecting is None:  # (a window in the engine is not waited for)
                         await self.intake.check_truncated_logs()
                     reason = self._buffer.due(self._clock(), quiet=not batch)

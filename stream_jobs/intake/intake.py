@@ -42,6 +42,7 @@ _NO_KEY_VALUE = rejection(DLQReason.MISSING_KEY)  # keyless, and the key field i
 _KEY_MISMATCH = rejection(DLQReason.KEY_MISMATCH)  # keyed, but not by the respondent
 _WRONG_PARTITION = rejection(DLQReason.WRONG_PARTITION)  # its key's state lives elsewhere
 _BAD_CONTROL = rejection(DLQReason.BAD_CONTROL)
+_UNDECODABLE = rejection(DLQReason.INVALID_UTF8)  # a header key (stream_jobs.intake.undecodable)
 
 
 async def seek_reset(consumer: Any, tp: TopicPartition, auto_offset_reset: str) -> None:
@@ -240,6 +241,35 @@ class Intake:
         self._buffer.consumed(topic, partition, m.offset, now)
         self._stats.dlq[rej.reason.value] += 1
         log.debug("dead-lettered %s/%d/%d: %s", topic, partition, m.offset, rej.reason.value)
+
+    async def rewind_to_consumed(self) -> None:
+        """Every assigned partition back to the record after the last one consumed (else its
+        committed offset, else where auto_offset_reset says): a fetch that failed may have
+        advanced other partitions past records it never returned."""
+        consumer = self.consumer
+        for tp in consumer.assignment():
+            position = self._buffer.position((tp.topic, tp.partition))
+            if position is None:
+                position = await consumer.committed(tp)
+            if position is not None:
+                consumer.seek(tp, position)
+            else:
+                await seek_reset(consumer, tp, self.settings.auto_offset_reset)
+
+    def undecodable(self, unread: list[tuple[TopicPartition, Any]], now: float) -> None:
+        """Records the client could not decode (``stream_jobs.intake.undecodable``): each is
+        dead-lettered ``invalid_utf8`` with its coordinates, and counted as consumed."""
+        for tp, m in unread:
+            self._reject(_UNDECODABLE, m, tp.topic, tp.partition, now)
+            log.warning(
+                "%s/%d/%d: a record the Kafka client cannot decode (a header key that is not "
+                "UTF-8) was dead-lettered; it stays in the topic at that offset",
+                tp.topic,
+                tp.partition,
+                m.offset,
+            )
+        self._stats.consumed += len(unread)
+        self._stats.valid = self._stats.consumed - self._stats.dlq_total - self._stats.control
 
     async def check_truncated_logs(self) -> None:
         """A partition whose high watermark fell below the offsets already consumed lost its

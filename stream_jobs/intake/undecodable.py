@@ -1,0 +1,60 @@
+"""Records the Kafka client cannot decode.
+
+aiokafka decodes a record's header keys as UTF-8 while it hands out a fetch: one header key of
+other bytes (the broker accepts any) failed the whole ``getmany`` with UnicodeDecodeError, again
+at every restart, so one record stopped the worker for good. Where that happens the worker reads
+each partition one record at a time from where its reading stands: the records before the bad
+one come back to be ingested as usual, the bad one is found at its offset, skipped (a seek past
+it) and dead-lettered. Its bytes stay in the input topic at the coordinates the dead letter
+names: the client never hands them out.
+
+No record is lost on the way. The failed fetch may have advanced other partitions past records
+it never returned, so every partition is first put back to the record after the last one the
+worker consumed (``Intake.rewind_to_consumed``); aiokafka then advances a partition's position
+only as it returns records, so the position at the failure is the undecodable record's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import TopicPartition
+
+# what aiokafka raises for a record it cannot decode (the header key; a value is bytes)
+UNDECODABLE = (UnicodeDecodeError,)
+
+
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """A record the client could not decode, as far as a dead letter needs it."""
+
+    offset: int
+    key: None = None
+    value: None = None
+    timestamp: None = None
+
+
+async def read_around(
+    consumer: Any, limit: int, timeout_ms: int
+) -> tuple[dict[TopicPartition, list[Any]], list[tuple[TopicPartition, Unread]]]:
+    """Each assigned partition's next records, one at a time (at most ``limit`` of them, as
+    many as the failed fetch could hold), up to the first the client cannot decode: the records
+    read, and the undecodable ones (each partition is then past its own)."""
+    batch: dict[TopicPartition, list[Any]] = {}
+    unread: list[tuple[TopicPartition, Unread]] = []
+    for tp in sorted(consumer.assignment()):
+        got: list[Any] = []
+        while len(got) < limit:
+            try:
+                part = await consumer.getmany(tp, timeout_ms=timeout_ms, max_records=1)
+            except UNDECODABLE:
+                offset = await consumer.position(tp)
+                consumer.seek(tp, offset + 1)
+                unread.append((tp, Unread(offset)))
+                break
+            if not part:
+                break
+            got.extend(part.get(tp, ()))
+        if got:
+            batch[tp] = got
+    return batch, unread
