@@ -153,10 +153,14 @@ def make_producer(settings: WorkerSettings) -> Any:
 
 
 async def topic_partitions(settings: WorkerSettings, topic: str) -> int | None:
-    """How many partitions ``topic`` has (None: it does not exist)."""
+    """How many partitions ``topic`` has (None: it does not exist). Listed first: describing
+    a missing topic creates it on a broker that auto-creates topics (Kafka's default), and a
+    mistyped ``privgw wave close --input-topic`` then closed a wave on a new, empty topic."""
     admin = admin_client(settings)
     await admin.start()
     try:
+        if topic not in set(await admin.list_topics()):
+            return None
         described = await admin.describe_topics([topic])
     finally:
         await admin.close()

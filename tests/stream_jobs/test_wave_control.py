@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from gateway.commands.cli import main
 from gateway.policy import MAX_WAVE
+from stream_jobs.commands.broker import EmbeddedBroker
 from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE, WaveCloses, control_wave
 
 CLOSE = [(HEADER, WAVE_CLOSE)]
@@ -62,3 +64,19 @@ def test_wave_close_takes_only_a_wave_number(wave: str, capsys: pytest.CaptureFi
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert f"must be a wave number, a whole number in [0, {MAX_WAVE}], got '{wave}'" in err
+
+
+@pytest.mark.broker
+def test_wave_close_on_a_missing_topic_is_refused_and_creates_nothing(
+    broker: EmbeddedBroker, unique_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Describing a missing topic creates it where the broker auto-creates topics (the
+    development broker and Kafka's default): a mistyped --input-topic was created, and the
+    close reported done on its empty partitions."""
+    policy = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yaml"
+    topic = f"{unique_name}.mistyped"
+    args = ["--policy", str(policy), "--bootstrap", broker.bootstrap, "--input-topic", topic]
+    assert main(["wave", "close", "1", *args]) == 2
+    assert f"input topic {topic} does not exist" in capsys.readouterr().err
+    listed = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
+    assert topic not in listed.topics
