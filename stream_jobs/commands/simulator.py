@@ -31,6 +31,7 @@ import orjson
 from aiokafka.errors import KafkaError
 
 from gateway.engine.records import json_bytes
+from gateway.errors import InputDataError
 from stream_jobs.kafka import make_producer
 from stream_jobs.ops.broker_watch import BrokerTiming, BrokerWatch
 from stream_jobs.settings import WorkerSettings
@@ -41,6 +42,17 @@ log = logging.getLogger(__name__)
 NUMERIC_COLUMNS = frozenset(
     {"age", "fnlwgt", "education_num", "capital_gain", "capital_loss", "hours_per_week"}
 )
+ADULT_COLUMNS = NUMERIC_COLUMNS | {
+    "workclass",
+    "education",
+    "marital_status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "native_country",
+    "income",
+}
 # answers that change between waves: quasi-identifiers and sensitive values
 CHANGEABLE = (
     "age",
@@ -79,13 +91,38 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
             .read_text(encoding="utf-8")
         )
     else:
-        text = Path(path).read_text(encoding="utf-8")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            why = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else err.strerror
+            raise InputDataError(f"--data {path}: {why}; give a CSV of Adult's columns") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = sorted(ADULT_COLUMNS - set(reader.fieldnames or ()))
+    if missing:
+        raise InputDataError(
+            f"--data {path}: no column {', '.join(missing)}; the simulator needs Adult's "
+            f"{len(ADULT_COLUMNS)} columns (the header of ../shared/data/adult.csv)"
+        )
     rows = []
-    for r in csv.DictReader(text.splitlines()):
-        rows.append({k: int(v) if k in NUMERIC_COLUMNS else v for k, v in r.items()})
+    for i, r in enumerate(reader, start=1):
+        try:
+            rows.append({k: int(v) if k in NUMERIC_COLUMNS else v for k, v in r.items()})
+        except (TypeError, ValueError):  # the value is never named
+            bad = next(k for k in NUMERIC_COLUMNS if not _is_int(r.get(k)))
+            raise InputDataError(
+                f"--data {path}: column {bad!r} is not a whole number at data row {i}"
+            ) from None
     if not rows:
-        raise ValueError("the survey data file has no rows")
+        raise InputDataError(f"--data {path}: the survey data file has no rows")
     return rows
+
+
+def _is_int(text: object) -> bool:
+    try:
+        int(str(text))
+    except ValueError:
+        return False
+    return text is not None
 
 
 @dataclass

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -285,3 +285,34 @@ def test_a_bad_simulation_setting_is_named_before_any_broker(
     where += ["--data-dir", str(tmp_path)] if args[0] == "demo" else []
     code, err, _ = privgw(*args, *where)
     assert_one_line(code, err, said)
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda d: d / "missing.csv", "missing.csv: No such file or directory"),
+        (lambda d: d, "Is a directory"),
+        (lambda d: _write(d / "other.csv", "a,b\n1,2\n"), "no column age, capital_gain"),
+        (lambda d: _write(d / "latin.csv", "age\n\xe9\n", "latin-1"), "not UTF-8 text"),
+        (lambda d: _adult_with(d, "Zq9x"), "column 'age' is not a whole number at data row 2"),
+    ],
+)
+def test_simulate_data_it_cannot_read_is_named(
+    tmp_path: Path, make: Callable[[Path], Path], said: str
+) -> None:
+    """`privgw simulate --data` ended in "internal error" (FileNotFoundError, KeyError) before
+    any broker was asked."""
+    code, err, _ = privgw("simulate", "--data", str(make(tmp_path)), "--bootstrap", "127.0.0.1:1")
+    assert_one_line(code, err, "--data", said)
+    assert "Zq9x" not in err
+
+
+def _write(path: Path, text: str, encoding: str = "utf-8") -> Path:
+    path.write_text(text, encoding=encoding)
+    return path
+
+
+def _adult_with(directory: Path, age: str) -> Path:
+    lines = (ROOT.parent / "shared" / "data" / "adult.csv").read_text().splitlines()[:4]
+    lines[2] = age + lines[2][lines[2].index(",") :]
+    return _write(directory / "adult.csv", "\n".join(lines) + "\n")
