@@ -37,11 +37,14 @@ def panel_measures(
     *,
     n_in: int,
     suppressed: set[int],
+    release_sizes: Mapping[int, int] | None = None,
 ) -> dict[str, float]:
     """``names``/``cols``: the published columns, aligned with ``pub_idx`` (below ``n_in``: a
     present record, whose true values are ``truth[name][i]``; from ``n_in``: an imputed one).
     Classes are counted on codes, not on tuples of values (a window's release holds every
-    active member: the per-record tuples were the largest cost of the panel's measures)."""
+    active member: the per-record tuples were the largest cost of the panel's measures).
+    ``release_sizes``: for a record republished from its wave's stored outcome (a replay, a
+    late copy), its class's size in that release, of which the window holds only part."""
     by_name = dict(zip(names, cols, strict=True))
     idx = np.asarray(pub_idx, dtype=np.int64)
     shown = ~np.isin(idx, np.fromiter(suppressed, dtype=np.int64, count=len(suppressed)))
@@ -64,21 +67,41 @@ def panel_measures(
     n = rows.size
     codes = [_codes_at(by_name[name], rows) for name in (spec.wave, *spec.claim)]
     classes, count = combine_codes(codes, n)
-    sizes = np.bincount(classes, minlength=count)
+    counts = np.bincount(classes, minlength=count)  # the window's records by class
+    sizes = _release_sizes(counts, classes, idx[rows], release_sizes or {})
     out["key_smallest_class"] = float(sizes.min())
-    out["key_share_below_k"] = int(sizes[sizes < spec.k].sum()) / n
+    out["key_share_below_k"] = int(counts[sizes < spec.k].sum()) / n
     out["key_uniques"] = float(np.count_nonzero(sizes == 1))
-    # Σ 1/fk over the release's records: one per class (a cohort keeps its tuple over waves)
-    out["key_expected_reidentifications"] = float(count)
-    out["key_global_risk"] = count / n
+    # Σ 1/fk over the release's records: one per class when the window holds the release
+    # (a cohort keeps its tuple over waves)
+    expected = float((counts / sizes).sum())
+    out["key_expected_reidentifications"] = expected
+    out["key_global_risk"] = expected / n
     sensitive = [_codes_at(by_name[name], rows) for name in spec.sensitive]
     for name, values in zip(spec.sensitive, sensitive, strict=True):
-        out[f"ldiv_min:{name}"] = float(l_diversity(classes, count, sizes, values).min_l)
+        out[f"ldiv_min:{name}"] = float(l_diversity(classes, count, counts, values).min_l)
     if spec.sensitive:
         combos, m = combine_codes(sensitive, n)
         out["sensitive_records"] = float(n)
         out["sensitive_uniques"] = float(np.count_nonzero(np.bincount(combos, minlength=m) == 1))
     return out
+
+
+def _release_sizes(
+    counts: NDArray[np.int64],
+    classes: NDArray[np.int64],
+    at: NDArray[np.int64],
+    release_sizes: Mapping[int, int],
+) -> NDArray[np.int64]:
+    """Each class's size in its release: the window's count, or more where a record of it was
+    republished from a release the window holds only part of."""
+    if not release_sizes:
+        return counts
+    sizes = counts.copy()
+    for j in np.flatnonzero(np.isin(at, np.fromiter(release_sizes, dtype=np.int64))):
+        c = classes[j]
+        sizes[c] = max(sizes[c], release_sizes[int(at[j])])
+    return sizes
 
 
 def _codes_at(values: Sequence[Any], rows: NDArray[np.int64]) -> NDArray[np.int64]:

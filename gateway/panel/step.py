@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from gateway.engine.columns import PublishedColumns, WindowInputs
 from gateway.engine.keyed_inputs import KeyedInputs
 from gateway.engine.records import (
@@ -308,6 +310,8 @@ class PanelStep:
         outcome = roster.outcome_of(wave)
         assert outcome is not None
         imputed = set(outcome.imputed_members)
+        classes = np.asarray(outcome.class_of)
+        sizes = np.bincount(classes[classes >= 0])  # every member's class, imputed too
         seen: dict[bytes, int] = {}
         for i in idx:
             key = pw.rkeys[i]
@@ -324,6 +328,7 @@ class PanelStep:
                 plan.suppressed.append(i)
             else:
                 plan.tuples[i], plan.weights[i] = outcome.tuples[cls], outcome.weights[cls]
+                plan.release_sizes[i] = int(sizes[cls])
         if outcome.imputed_rids:
             plan.replayed.append(
                 (outcome.imputed_names, outcome.imputed_rows, outcome.imputed_rids)
@@ -376,7 +381,7 @@ class PanelStep:
         plan.measures.update(  # before assembled() appends the re-sent records to the columns
             panel_measures(
                 self._measured, out.names, out.columns, pub_idx, columns,
-                n_in=n_in, suppressed=suppressed,
+                n_in=n_in, suppressed=suppressed, release_sizes=plan.release_sizes,
             )
         )  # fmt: skip
         names, cols, pub_rids, flags, respondents, keys = assembled(

@@ -594,3 +594,34 @@ def test_a_window_reports_the_share_of_members_published_with_other_categories(
         assert res.report.measures["panel_stale_ratio"] == pytest.approx(want, abs=1e-12)
         checked += 1
     assert checked
+
+
+@given(panels())
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_late_copy_is_measured_in_its_class_of_the_release(p: dict[str, Any]) -> None:
+    """A producer's retry after the wave closed republishes the record as its release published
+    it; the window holds that one record, but its class is the release's: measured there, it
+    was a class of 1 < k (an error line, and the critical alert on the key's smallest class)."""
+    p = {**p, "crash": None, "late": 0, "waves": 1, "skip": 0.0}
+    p["n"] = max(p["n"], 30)
+    run = Run(p, MemoryStore())
+    wave = _waves(p)[0]
+    run.feed(wave, 100.0)
+    run.feed([], 1e9, flush=True)
+    release: dict[tuple[Any, ...], int] = defaultdict(int)
+    first: dict[str, tuple[Any, ...]] = {}
+    for rec in run.out:
+        row = orjson.loads(rec.value)
+        if row["age"] is not None:
+            release[tuple(row[c] for c in CLAIM)] += 1
+            first[rec.record_id] = tuple(row[c] for c in CLAIM)
+    copies = [r for r in wave if r.values["age"] is not None][: 1 + p["seed"] % 3]
+    before = len(run.out)
+    run.feed(copies, 1e9 + 1.0, flush=True)
+    again = run.out[before:]
+    assert {r.record_id for r in again} <= set(first)  # the same records, republished
+    measures = run.results[-1].report.measures
+    sizes = [release[first[r.record_id]] for r in again if r.record_id in first]
+    assert sizes and min(sizes) >= p["k"]
+    assert measures["key_smallest_class"] == min(sizes)
+    assert measures["key_share_below_k"] == 0.0 and measures["key_uniques"] == 0.0
