@@ -227,13 +227,18 @@ class Delivery:
         wid = window_id.encode()
         ver = self._version_b
         guard = self.partition_guard
+        # a panel's outputs name no input record: while a restored range is protected again,
+        # each may be one of its records (its record id keyed per respondent and wave)
+        unsourced_again = guard is not None and guard.republishing()
         by_partition: dict[int, list[BatchItem]] = {}
         for rec, partition in zip(published, self._out_partitions_of(published), strict=True):
             ts = rec.source.timestamp_ms if rec.source is not None else -1
             headers = [("record_id", rec.record_id.encode()), ("policy_version", ver)]
             headers.append(("window_id", wid))
             src = rec.source
-            if guard and src and guard.superseding((src.topic, src.partition), src.offset):
+            if (guard and src and guard.superseding((src.topic, src.partition), src.offset)) or (
+                src is None and unsourced_again
+            ):
                 headers.append(SUPERSEDES)  # protected again after a restore
             by_partition.setdefault(partition, []).append(
                 (rec.key, rec.value, ts if ts >= 0 else None, headers)

@@ -227,6 +227,12 @@ class PartitionStateGuard:
     def superseding(self, tp: TP, offset: int) -> bool:
         return self.ledger.superseding(tp, offset)
 
+    def republishing(self) -> bool:
+        """Whether records of a restored range are still to be protected again: an output
+        that names no input record (a panel's, keyed per respondent and wave) produced now
+        may be one of them."""
+        return bool(self.ledger.republish)
+
     def before_commit(self, commits: Mapping[TP, int]) -> None:
         """Record the offsets about to be committed (before the commit, so the ledger is
         never behind this worker's own commits, even after a crash)."""

@@ -309,3 +309,60 @@ def test_the_refusal_says_who_committed(tmp_path: Path) -> None:
     assert again.state_id == guard.ledger.state_id and again.superseding(("in", 0), 19)
     again.record({("in", 0): 20})
     assert not PartitionLedger(tmp_path).superseding(("in", 0), 19)
+
+
+def test_a_panel_restored_from_backup_marks_every_record_it_protects_again(
+    broker: EmbeddedBroker, unique_name: str, secret_env: str, tmp_path: Path
+) -> None:
+    """A panel's outputs name no input record (their ids are keyed per respondent and wave),
+    so the mark, which went by the input record's offset, was on none of them: wave 2
+    protected again after a restore carried no `supersedes: true`."""
+    policy = small_window_policy(tmp_path, 500, mode="panel")
+    in_topic, out_topic = f"{unique_name}.in", f"{unique_name}.out"
+    create_input_topic(broker.bootstrap, in_topic, partitions=3)
+    state, backup = tmp_path / "state", tmp_path / "backup"
+    group = ("--group-id", f"{unique_name}-g", "--bootstrap", broker.bootstrap)
+    survey = [encode(r) for r in PanelSurvey(300, waves=2, seed=3, rows=load_rows()).records()]
+    waves = {w: [r for r in survey if json.loads(r[1] or b"{}")["wave"] == w] for w in (1, 2)}
+
+    def ids() -> set[bytes]:
+        return {m.headers["record_id"] for m in consume_all(broker.bootstrap, out_topic, timeout=3)}
+
+    def wave(w: int, log: Path, before: set[bytes]) -> set[bytes]:
+        worker = start_worker(broker.bootstrap, unique_name, policy, state, log)
+        produce(broker.bootstrap, in_topic, waves[w])
+        close = ("wave", "close", str(w), "--policy", str(policy), "--input-topic", in_topic)
+        assert _privgw(*close, "--bootstrap", broker.bootstrap).returncode == 0
+        deadline = time.monotonic() + 60
+        while len(new := ids() - before) < len(waves[w]):
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{len(new)} of wave {w} published"
+            time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        return ids() - before
+
+    first = wave(1, tmp_path / "w1.log", set())
+    shutil.copytree(state, backup)
+    second = wave(2, tmp_path / "w2.log", first)
+    shutil.rmtree(state)
+    shutil.copytree(backup, state)
+    reset = _privgw("offsets", "reset", "--state-dir", str(state), *group)
+    assert reset.returncode == 0, reset.stderr
+    log = tmp_path / "w3.log"
+    worker = start_worker(broker.bootstrap, unique_name, policy, state, log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            out = consume_all(broker.bootstrap, out_topic, timeout=3)
+            again = {m.headers["record_id"] for m in out if m.headers.get("supersedes") == b"true"}
+            if again >= second:
+                break
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{len(again & second)} of {len(second)} marked"
+            time.sleep(0.5)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert again == second  # wave 2's records, each marked; wave 1's not republished
+    assert all(sum(m.headers["record_id"] == r for m in out) == 1 for r in first)
