@@ -46,7 +46,9 @@ def control_wave(headers: Sequence[tuple[str, bytes]] | None, value: bytes | Non
         body = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
         raise ValueError("a wave-close control record's value is not JSON") from None
-    wave = body.get("wave") if isinstance(body, dict) else None
+    # exactly {"wave": N}: a survey record that carries the header (a producer copying
+    # headers) would otherwise close its wave and vanish, in neither output nor dead letters
+    wave = body.get("wave") if isinstance(body, dict) and len(body) == 1 else None
     if not isinstance(wave, int) or isinstance(wave, bool) or not 0 <= wave <= MAX_WAVE:
         raise ValueError('a wave-close control record\'s value must be {"wave": <integer>}')
     return wave

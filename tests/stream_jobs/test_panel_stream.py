@@ -20,6 +20,7 @@ import orjson
 import pytest
 import yaml
 from confluent_kafka import Producer
+from prometheus_client import CollectorRegistry
 from streamkit import (
     Message,
     Sent,
@@ -44,6 +45,7 @@ from stream_jobs.commands.broker import EmbeddedBroker
 from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE
 from stream_jobs.kafka import partitions_for_keys
+from stream_jobs.ops.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.broker
 
@@ -131,7 +133,9 @@ def test_every_member_is_published_every_wave_and_imputed_records_look_the_same(
 ) -> None:
     """With engine shards too: each shard keeps the cohorts of its respondents."""
     waves = _waves(160, 3, skip=0.3, seed=43)
-    out, _ = _run(broker, unique_name, tmp_path, secret_env, waves, backlog=False, shards=shards)
+    out, worker = _run(
+        broker, unique_name, tmp_path, secret_env, waves, backlog=False, shards=shards
+    )
     keyring = Keyring(secret_env.encode())
     by_id: dict[str, Message] = {}
     for m in out:
@@ -150,6 +154,11 @@ def test_every_member_is_published_every_wave_and_imputed_records_look_the_same(
     assert imputed_ids, "no respondent skipped a wave: the test would check nothing"
     # every active member, present or absent, is in every wave's release, once
     assert set(by_id) == present_ids | imputed_ids
+    # and counted so: an absent member's record was produced but in no counter
+    registry = CollectorRegistry()
+    GatewayMetrics.create(registry).attach(worker)
+    assert registry.get_sample_value("privgw_records_imputed_total") == len(imputed_ids)
+    assert registry.get_sample_value("privgw_records_published_total") == len(present_ids)
     shapes: dict[str, set[Any]] = defaultdict(set)
     for rid, m in by_id.items():
         kind = "imputed" if rid in imputed_ids else "present"

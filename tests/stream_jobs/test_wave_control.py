@@ -33,6 +33,7 @@ def test_only_records_with_the_control_header_are_control_records() -> None:
         b'{"wave": -1}',
         b'{"wave": true}',
         b'{"wave": 2147483648}',  # beyond gateway.policy.MAX_WAVE: no record has that wave
+        b'{"wave": 1, "respondent_id": "r1", "age": 40}',  # a survey record with the header
     ],
 )
 def test_a_control_record_that_cannot_be_read_is_refused(value: bytes) -> None:
