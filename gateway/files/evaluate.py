@@ -13,6 +13,7 @@ import pandas as pd
 
 from gateway.errors import InputDataError
 from gateway.files.fileio import (
+    is_number_column,
     numeric_matrix,
     read_table,
 )
@@ -147,11 +148,7 @@ def _numeric_columns_for(
         ]
     # the original's numbers: a cell of text in the protected file is an error, not a reason
     # to leave the column out
-    return [str(c) for c in orig.columns if c in prot.columns and _is_number(orig[c])]
-
-
-def _is_number(column: pd.Series) -> bool:
-    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+    return [str(c) for c in orig.columns if c in prot.columns and is_number_column(orig[c])]
 
 
 def evaluate_files(
@@ -171,10 +168,8 @@ def evaluate_files(
             f"the files have {len(orig)} and {len(prot)} rows; evaluation needs the rows of "
             "both files in the same order"
         )
-    recoded = policy is not None and policy.microaggregation.algorithm is RECODE
-    if recoded:  # intervals as the means of their originals
-        assert policy is not None
-        prot = recoded_standins(orig, prot, policy)
+    if policy is not None and policy.microaggregation.algorithm is RECODE:
+        prot = recoded_standins(orig, prot, policy, original)  # intervals: their means
     cols = _numeric_columns_for(policy, orig, prot)
     if not cols and not (
         policy is not None
@@ -224,7 +219,9 @@ def evaluate_files(
     return result
 
 
-def recoded_standins(orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+def recoded_standins(
+    orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy, original: str | Path
+) -> pd.DataFrame:
     """A recoded file's numeric keys as numbers: each published interval (or value) stands
     for the mean of the originals published under it, a suppressed cell for the overall mean
     (docs/policy.md): what SSE/SST and linkage of a recoding measure."""
@@ -233,7 +230,7 @@ def recoded_standins(orig: pd.DataFrame, prot: pd.DataFrame, policy: Policy) -> 
     for name in policy.numeric_claim:
         if name not in orig.columns or name not in prot.columns:
             continue
-        x = pd.Series(numeric_matrix(orig, [name], "the original")[:, 0], index=orig.index)
+        x = pd.Series(numeric_matrix(orig, [name], original)[:, 0], index=orig.index)
         label = pd.Series(missing_to_none(prot[name].tolist(), tokens), index=prot.index)
         means = x.groupby(label.where(label.notna(), "\0").astype(str)).transform("mean")
         out[name] = np.where(label.isna(), x.mean(), means)

@@ -470,6 +470,11 @@ def numeric_matrix(df: pd.DataFrame, columns: Sequence[str], path: str | Path) -
     return out
 
 
+def is_number_column(column: pd.Series) -> bool:
+    """Numbers by type (JSON's true and false are not)."""
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+
+
 def numbers_of(column: pd.Series) -> pd.Series:
     """A column's numbers, NaN where a cell is missing or not a number. JSON's true and false
     are not numbers (pandas would read them as 1 and 0)."""

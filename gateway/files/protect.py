@@ -20,6 +20,7 @@ from gateway.files.fileio import (
     Progress,
     chunks,
     is_jsonl,
+    is_number_column,
     numbers_of,
     numeric_matrix,
     read_table,
@@ -217,7 +218,7 @@ def _refuse_nearly_numeric(df: pd.DataFrame, path: str | Path) -> None:
     """A numeric column with a typo in one cell reads as text, and "all numeric columns" would
     leave it out, published unchanged: refuse it, naming the column and the row."""
     for c in df.columns:
-        if _is_numeric(df[c]):
+        if is_number_column(df[c]):
             continue
         given = df[c].notna().to_numpy()
         bad = given & numbers_of(df[c]).isna().to_numpy()
@@ -234,11 +235,6 @@ def _refuse_nearly_numeric(df: pd.DataFrame, path: str | Path) -> None:
             )
 
 
-def _is_numeric(column: pd.Series) -> bool:
-    """Numbers by type (true and false are not)."""
-    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
-
-
 def microaggregate_file(
     src: str | Path,
     out: str | Path,
@@ -253,7 +249,7 @@ def microaggregate_file(
     df = read_table(src)
     if not columns:
         _refuse_nearly_numeric(df, src)
-    cols = list(columns) if columns else [str(c) for c in df.columns if _is_numeric(df[c])]
+    cols = list(columns) if columns else [str(c) for c in df.columns if is_number_column(df[c])]
     if not cols:
         raise InputDataError(
             f"{src}: no numeric columns to microaggregate; name them with --columns"
