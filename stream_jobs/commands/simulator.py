@@ -117,12 +117,12 @@ def load_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def _is_int(text: object) -> bool:
+def _is_int(text: str | None) -> bool:
     try:
-        int(str(text))
+        int(text or "")
     except ValueError:
         return False
-    return text is not None
+    return True
 
 
 @dataclass
