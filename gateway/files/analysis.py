@@ -82,12 +82,18 @@ def reconstruct_file(
             mechanisms[name] = from_spec(attr)
     rep = policy.republication
     weight = rep.weight_name if rep.mode is RepublicationMode.PANEL else None
-    return reconstruct_rows(
+    result = reconstruct_rows(
         frame_rows(df),
         mechanisms,
         weight if weight in df.columns else None,
         wave=field if field in df.columns else None,
     )
+    if not result:  # as a topic with none: said, not an empty success
+        raise InputDataError(
+            f"{protected}: no randomized value to reconstruct from ({len(df)} rows; randomized "
+            f"attributes: {', '.join(mechanisms) or 'none'})"
+        )
+    return result
 
 
 def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:

@@ -87,6 +87,22 @@ def test_a_protected_file_with_coded_categories_reads_back_whatever_cells_are_mi
     assert 0.0 <= orjson.loads(text)["retention"]["water"] <= 1.0
 
 
+def test_reconstruct_with_no_randomized_value_says_so(
+    coded: tuple[Path, pd.DataFrame], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed nothing and exited 0: a file whose randomized column is all missing."""
+    tmp, frame = coded
+    src, out, policy = tmp / "unanswered.csv", tmp / "unanswered.out.csv", tmp / "coded.yaml"
+    frame.assign(water="").to_csv(src, index=False)
+    assert run(capsys, "protect", src, "--policy", policy, "-o", out, "--seed", "1")[0] == 0
+    code, _, err = run(capsys, "reconstruct", out, "--policy", policy)
+    assert code == 2
+    assert (
+        f"{out}: no randomized value to reconstruct from (600 rows; randomized attributes: water)"
+        in err
+    )
+
+
 @pytest.fixture(scope="module")
 def recoded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     tmp = tmp_path_factory.mktemp("recoded")
