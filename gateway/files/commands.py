@@ -423,7 +423,7 @@ def _add_evaluate(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument(
         "--report",
-        help="write one self-contained HTML page (tables, plots, the commands) for analysts",
+        help="write one HTML page (tables, plots, the commands) for analysts; needs --policy",
     )
     p.set_defaults(func=cmd_evaluate)
 
@@ -437,7 +437,7 @@ def _add_ru_map(sub: Any) -> None:
     )
     p.add_argument("input", help="input file (.csv or .jsonl)")
     p.add_argument("--policy", required=True, help="policy YAML (its k is replaced by each k)")
-    p.add_argument("--k", default="2,3,4,5,6,8,10", help="comma-separated k values")
+    p.add_argument("--k", default="2,3,4,5,6,8,10", help="comma-separated k values (%(default)s)")
     p.add_argument("-o", "--output", required=True, help="PNG picture")
     p.set_defaults(func=cmd_ru_map)
 

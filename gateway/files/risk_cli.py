@@ -179,7 +179,9 @@ def register(sub: Any) -> None:
     p.add_argument("input", help="input file (.csv or .jsonl)")
     p.add_argument("--keys", required=True, help="comma-separated categorical key columns")
     p.add_argument("--weight", help="sampling weight column (Fk and the individual risk)")
-    p.add_argument("--k", type=int, default=5, help="also count violations of this k (2, 3 always)")
+    p.add_argument(
+        "--k", type=int, default=5, help="also count violations of this k (default 5; 2, 3 always)"
+    )
     p.add_argument(
         "--max-msu", type=int, default=None, help="largest MSU size searched (default: all keys)"
     )
