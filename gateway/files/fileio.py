@@ -58,9 +58,8 @@ def read_table(
 
 def _text_columns(policy: Policy | None) -> list[str]:
     """The attributes whose values are labels, not numbers (categories and timestamps)."""
-    if policy is None:
-        return []
-    return [n for n, a in policy.attributes.items() if a.type is not AttrType.NUMERIC]
+    attributes = policy.attributes.items() if policy is not None else ()
+    return [n for n, a in attributes if a.type is not AttrType.NUMERIC]
 
 
 def _jsonl_objects(p: Path) -> Iterator[dict[str, Any]]:
@@ -476,8 +475,7 @@ def is_number_column(column: pd.Series) -> bool:
 
 
 def numbers_of(column: pd.Series) -> pd.Series:
-    """A column's numbers, NaN where a cell is missing or not a number. JSON's true and false
-    are not numbers (pandas would read them as 1 and 0)."""
+    """A column's numbers; NaN where missing or not a number (JSON's true/false are not)."""
     if pd.api.types.is_bool_dtype(column):
         return pd.Series(np.nan, index=column.index)
     out = pd.to_numeric(column, errors="coerce")
