@@ -53,6 +53,19 @@ async def seek_reset(consumer: Any, tp: TopicPartition, auto_offset_reset: str) 
         await consumer.seek_to_end(tp)
 
 
+async def seek_back(
+    consumer: Any, tp: TopicPartition, auto_offset_reset: str, position: int | None = None
+) -> None:
+    """A partition to ``position``, else to its committed offset, else where
+    auto_offset_reset says: to read again what a fetch advanced past."""
+    if position is None:
+        position = await consumer.committed(tp)
+    if position is not None:
+        consumer.seek(tp, position)
+    else:
+        await seek_reset(consumer, tp, auto_offset_reset)
+
+
 class Intake:
     """The worker's consuming side: ``consumer`` once it exists, ``routing`` with the
     partitioned backend, ``on_buffered`` to see each run of valid records buffered."""
@@ -246,15 +259,10 @@ class Intake:
         """Every assigned partition back to the record after the last one consumed (else its
         committed offset, else where auto_offset_reset says): a fetch that failed may have
         advanced other partitions past records it never returned."""
-        consumer = self.consumer
-        for tp in consumer.assignment():
+        reset = self.settings.auto_offset_reset
+        for tp in self.consumer.assignment():
             position = self._buffer.position((tp.topic, tp.partition))
-            if position is None:
-                position = await consumer.committed(tp)
-            if position is not None:
-                consumer.seek(tp, position)
-            else:
-                await seek_reset(consumer, tp, self.settings.auto_offset_reset)
+            await seek_back(self.consumer, tp, reset, position)
 
     def undecodable(self, unread: list[tuple[TopicPartition, Any]], now: float) -> None:
         """Records the client could not decode (``stream_jobs.intake.undecodable``): each is
@@ -268,8 +276,7 @@ class Intake:
                 tp.partition,
                 m.offset,
             )
-        self._stats.consumed += len(unread)
-        self._stats.valid = self._stats.consumed - self._stats.dlq_total - self._stats.control
+        self._stats.consumed += len(unread)  # and dead-lettered: the valid count stays
 
     async def check_truncated_logs(self) -> None:
         """A partition whose high watermark fell below the offsets already consumed lost its

@@ -36,7 +36,7 @@ from gateway.state_store.state_api import (
     check_key_fingerprint,
 )
 from stream_jobs.delivery.delivery import Delivery
-from stream_jobs.intake.intake import Intake, seek_reset
+from stream_jobs.intake.intake import Intake, seek_back
 from stream_jobs.ops.worker_stats import WorkerStats
 from stream_jobs.partitions.changelog import RestoreError, restore_partitions
 from stream_jobs.partitions.partition_state import PartitionStateGuard
@@ -278,8 +278,4 @@ class Rebalancing(ConsumerRebalanceListener):  # type: ignore[misc]
         for tp in batch:
             if tp not in assigned:
                 continue  # another member's now; it reads from the committed offset
-            committed = await self.consumer.committed(tp)
-            if committed is not None:
-                self.consumer.seek(tp, committed)
-            else:
-                await seek_reset(self.consumer, tp, self._worker.settings.auto_offset_reset)
+            await seek_back(self.consumer, tp, self._worker.settings.auto_offset_reset)
