@@ -43,13 +43,14 @@ from gateway.policy import (
 log = logging.getLogger(__name__)
 
 
-def warn_of_waves(df: pd.DataFrame, policy: Policy) -> None:
+def warn_of_waves(records: Sequence[ValidRecord], policy: Policy) -> None:
     """A file is one release: a class of k may hold fewer than k records of one wave, which
-    the published wave column then tells apart. Say so when the file holds several waves."""
+    the published wave column then tells apart. Say so when the file holds several waves (as
+    validated: a missing token is no wave, 1 and 1.0 are one)."""
     wave = policy.republication.wave_attribute
-    if wave is None or wave not in df.columns or policy.attributes[wave].method is Method.DROP:
+    if wave is None or policy.attributes[wave].method is Method.DROP:
         return
-    waves = df[wave].replace("", None).dropna().nunique()
+    waves = len({r.values.get(wave) for r in records} - {None})
     if waves > 1:
         log.warning(
             "the file holds %d waves (%s) and is protected as one release: k holds over the "
@@ -135,7 +136,7 @@ def protect_file(
     records = records_from_frame(df, policy, src)
     if not records:
         raise InputDataError(f"{src}: no data rows")
-    warn_of_waves(df, policy)
+    warn_of_waves(records, policy)
     k = policy.microaggregation.k
     if policy.k_claim and len(records) < k:  # before anything is written
         raise InputDataError(
