@@ -60,6 +60,26 @@ def _published(
         assert time.monotonic() < deadline, f"{len(wanted - seen)} records not published"
 
 
+def _marked_again(
+    bootstrap: str, topic: str, wanted: set[bytes], worker: Any, log: Path, *, seconds: float
+) -> tuple[list[Any], set[bytes]]:
+    """Wait until every record id of ``wanted`` is in ``topic`` marked ``supersedes: true``,
+    then stop ``worker`` (it must exit 0): the topic's records, and the ids marked."""
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            out = consume_all(bootstrap, topic, timeout=3)
+            again = {m.headers["record_id"] for m in out if m.headers.get("supersedes") == b"true"}
+            if again >= wanted:
+                return out, again
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{len(again & wanted)} of {len(wanted)} marked"
+            time.sleep(0.5)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+
+
 def _privgw(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", *args],
@@ -248,20 +268,8 @@ def test_a_restore_from_backup_is_named_and_privgw_offsets_takes_the_group_back(
 
     log = tmp_path / "w4.log"
     w = start_worker(broker.bootstrap, unique_name, policy, state, log)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            out = consume_all(broker.bootstrap, out_topic, timeout=3)
-            again = [m for m in out if m.headers.get("supersedes") == b"true"]
-            if len(again) >= len(second):
-                break
-            assert w.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"{len(again)} of {len(second)} again"
-            time.sleep(0.5)
-    finally:
-        w.send_signal(signal.SIGTERM)
-        assert w.wait(30) == 0
-    assert {m.headers["record_id"] for m in again} == second
+    out, again = _marked_again(broker.bootstrap, out_topic, second, w, log, seconds=90)
+    assert again == second
     copies: dict[bytes, list[Any]] = {}
     for m in out:
         copies.setdefault(m.headers["record_id"], []).append(m)
@@ -351,18 +359,6 @@ def test_a_panel_restored_from_backup_marks_every_record_it_protects_again(
     assert reset.returncode == 0, reset.stderr
     log = tmp_path / "w3.log"
     worker = start_worker(broker.bootstrap, unique_name, policy, state, log)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            out = consume_all(broker.bootstrap, out_topic, timeout=3)
-            again = {m.headers["record_id"] for m in out if m.headers.get("supersedes") == b"true"}
-            if again >= second:
-                break
-            assert worker.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"{len(again & second)} of {len(second)} marked"
-            time.sleep(0.5)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0
+    out, again = _marked_again(broker.bootstrap, out_topic, second, worker, log, seconds=60)
     assert again == second  # wave 2's records, each marked; wave 1's not republished
     assert all(sum(m.headers["record_id"] == r for m in out) == 1 for r in first)
