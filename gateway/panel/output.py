@@ -42,9 +42,14 @@ def assembled(
     list[bytes | None],
     list[bytes | None],
 ]:
-    """The window's published columns, the last wave's imputed records re-sent after them as
-    stored, all ordered oldest wave first (a backlog decided in one window is published wave by
-    wave): names, columns, record ids, suppressed flags, respondents, keys."""
+    """The window's published columns and the last wave's imputed records re-sent as stored,
+    ordered oldest wave first (a backlog decided in one window is published wave by wave) and by
+    record id within a wave: names, columns, record ids, suppressed flags, respondents, keys.
+
+    The ids are keyed digests, so their order is one an outsider cannot tie to anything. Any
+    order the engine builds would tell: present records come in arrival order and imputed ones
+    in roster order after them, so an intruder reading offsets would see which record of a
+    class is imputed, and with who took part, whose it is."""
     names, cols = out.names, out.columns
     pub_rids = list(cols[0])
     flags = [i in suppressed for i in pub_idx]
@@ -57,13 +62,13 @@ def assembled(
             flags.append(False)
             respondents.append(None)
     keys = keys_of(out.keys, len(pub_rids))
-    if wave_name not in names:
-        return names, cols, pub_rids, flags, respondents, keys
-    wave_at = names.index(wave_name)
-    waves = [w or -1 for w in waves_of(cols[wave_at])]
     n = len(pub_rids)
-    order = sorted(range(n), key=waves.__getitem__)
-    if order == list(range(n)):  # one wave, or already oldest first (a stable sort)
+    if wave_name in names:
+        waves = [w or -1 for w in waves_of(cols[names.index(wave_name)])]
+        order = sorted(range(n), key=list(zip(waves, pub_rids, strict=True)).__getitem__)
+    else:
+        order = sorted(range(n), key=pub_rids.__getitem__)
+    if order == list(range(n)):
         return names, cols, pub_rids, flags, respondents, keys
     take = take_at(order)  # in C, once per column
     return (
