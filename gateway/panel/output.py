@@ -107,15 +107,16 @@ def rounded_weights(weights: list[float | None]) -> list[float | None]:
     return list(map(once.__getitem__, map(id, weights)))
 
 
-def panel_record_id(key: bytes, wave: int, repeat: int = 0) -> str:
+def panel_record_id(key: bytes, wave: int) -> str:
     """A published record's id: a digest of the respondent's keyed state key and the wave, so
-    the same for a replay and unlinkable across waves without the secret."""
+    the same for a replay and unlinkable across waves without the secret (a member has one
+    record a wave: its repeats are not published)."""
     digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
-    return f"{wave}-{digest}" if repeat == 0 else f"{wave}-{digest}-{repeat}"
+    return f"{wave}-{digest}"
 
 
 def panel_record_ids(keys: Sequence[bytes], wave: int) -> list[str]:
-    """:func:`panel_record_id` of each key in ``wave`` (first records: no repeat)."""
+    """:func:`panel_record_id` of each key in ``wave``."""
     tail, head, sha = b"\x00" + str(wave).encode(), f"{wave}-", hashlib.sha256
     return [head + sha(key + tail).hexdigest()[:24] for key in keys]
 

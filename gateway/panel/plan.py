@@ -22,7 +22,10 @@ class WindowPlan:
     weights: dict[int, float | None] = field(default_factory=dict)
     ids: dict[int, str] = field(default_factory=dict)
     suppressed: list[int] = field(default_factory=list)
-    dropped: set[int] = field(default_factory=set)  # stands for an imputed record re-emitted
+    # not published: a late record of an imputed member (its imputed record is re-emitted), or
+    # a member's repeat within a wave (its first record stands for it; counted in ``repeats``)
+    dropped: set[int] = field(default_factory=set)
+    repeats: int = 0
     # imputed members to build: (scope, wave, roster row, class tuple, weight, record id)
     imputed: list[Imputed] = field(default_factory=list)  # absent members to publish
     replayed: list[tuple[list[str], list[list[Any]], list[str]]] = field(default_factory=list)
@@ -66,5 +69,5 @@ def window_report(
         measures=dict(plan.measures),
         retention=out.retention,
         randomized=out.randomized,
-        imputed=published - n_in,
+        imputed=published - (n_in - plan.repeats),
     )

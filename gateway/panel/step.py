@@ -172,11 +172,11 @@ class PanelStep:
                     plan.ids[i] = self._id(pw, i, wave)
         return self._publish(pw, plan, rosters, waves, read_states, encode=encode)
 
-    def _id(self, pw: PanelWindow, i: int, wave: int | None, repeat: int = 0) -> str:
+    def _id(self, pw: PanelWindow, i: int, wave: int | None) -> str:
         key = pw.rkeys[i]
         if key is None or wave is None:
             return unfollowed_record_id(pw.rids[i])
-        return panel_record_id(key, wave, repeat)
+        return panel_record_id(key, wave)
 
     def forget_partition(self, partition: int) -> None:
         """Drop the rosters (and their draws) kept of a state partition gone to another
@@ -268,12 +268,12 @@ class PanelStep:
             grouped, classes = [lead[n] for n in kept], [classes[n] for n in kept]
         plan.tuples.update(zip(grouped, map(out.tuples.__getitem__, classes), strict=True))
         plan.weights.update(zip(grouped, map(out.weights.__getitem__, classes), strict=True))
-        for n, (i, f) in enumerate(followers, 1):
-            plan.ids[i] = self._id(pw, i, wave, repeat=n)
-            if f in plan.tuples:
-                plan.tuples[i], plan.weights[i] = plan.tuples[f], plan.weights[f]
-            else:
-                plan.suppressed.append(i)
+        # a member's repeated records of the wave (a resubmission, a producer's retry) are
+        # decided, not published: its first record stands for them, so the release holds each
+        # member once, under one id a consumer can keep, and a weighted total counts it once
+        plan.dropped.update(i for i, _ in followers)
+        plan.repeats += len(followers)
+        out.measures["panel_repeats"] = float(len(followers))
         imputed_ids = panel_record_ids([roster.keys[row] for row in out.imputed_rows], wave)
         for row, cls, rid in zip(out.imputed_rows, out.imputed_class, imputed_ids, strict=True):
             plan.imputed.append(Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid))
@@ -312,7 +312,7 @@ class PanelStep:
         imputed = set(outcome.imputed_members)
         classes = np.asarray(outcome.class_of)
         sizes = np.bincount(classes[classes >= 0])  # every member's class, imputed too
-        seen: dict[bytes, int] = {}
+        seen: set[bytes] = set()
         for i in idx:
             key = pw.rkeys[i]
             row = None if key is None else roster.row_of(key)
@@ -320,10 +320,13 @@ class PanelStep:
             if row is not None and row in imputed:
                 plan.dropped.add(i)  # its imputed record stands for it (re-emitted below)
                 continue
-            repeat = seen.get(key, -1) + 1 if key is not None else 0
+            if key is not None and key in seen:
+                plan.dropped.add(i)  # a repeat, as when the wave was decided
+                plan.repeats += 1
+                continue
             if key is not None:
-                seen[key] = repeat
-            plan.ids[i] = self._id(pw, i, wave, repeat)
+                seen.add(key)
+            plan.ids[i] = self._id(pw, i, wave)
             if cls < 0:
                 plan.suppressed.append(i)
             else:

@@ -34,6 +34,7 @@ LINKED_GUARANTEE = {
 # a panel wave's figures (gateway/panel): kept as the engine reports them
 _PANEL = (
     "panel_imputed",
+    "panel_repeats",
     "panel_retired",
     "panel_weight_deff",
     "panel_calibration_deff",
@@ -109,6 +110,11 @@ _GAUGES = {
         "panel_imputed_records",
         "records published for absent panel members in the last decided wave (a count only: "
         "no record says whether it was imputed)",
+    ),
+    "panel_repeats": (
+        "panel_repeated_records",
+        "records of the last decided wave that repeated a member's earlier record of it (a "
+        "resubmission or a producer's retry: decided, not published; the first stands)",
     ),
     "panel_retired": (
         "panel_retired_members",

@@ -70,6 +70,7 @@ def panels(draw: st.DrawFn) -> dict[str, Any]:
         "retire": draw(st.integers(1, 3)),
         "window": draw(st.integers(2, 60)),
         "crash": draw(st.one_of(st.none(), st.integers(1, 4))),
+        "repeat": draw(st.sampled_from([0.0, 0.0, 0.2])),  # members answering a wave twice
         "seed": draw(st.integers(0, 2**31)),
     }
 
@@ -90,11 +91,16 @@ def _waves(p: dict[str, Any]) -> list[list[ValidRecord]]:
                 v["age"] = int(np.clip(v["age"] + rng.integers(-9, 10), 18, 90))
                 v["occ"] = "abc"[int(rng.integers(3))]
         here = [i for i in range(total) if joins.get(i, 1) <= w and (rng.random() >= p["skip"])]
+        answers = rng.permutation(here).tolist()
+        for i in here:  # a repeat later in the wave, the same answers or a corrected occupation
+            if rng.random() < p.get("repeat", 0.0):
+                answers.insert(int(rng.integers(answers.index(i), len(answers))) + 1, ~i)
         records = []
-        for i in rng.permutation(here).tolist():
+        for a in answers:
+            i, values = (a, truth[a]) if a >= 0 else (~a, {**truth[~a], "occ": "abc"[a % 3]})
             at = 100.0 * w
             records.append(
-                ValidRecord(f"r{i}", {**truth[i], "wave": w}, SourceRef("in", 0, sent), at)
+                ValidRecord(f"r{i}", {**values, "wave": w}, SourceRef("in", 0, sent), at)
             )
             sent += 1
         out.append(records)
