@@ -117,6 +117,20 @@ def attack_k(given: int | None, meta: Mapping[str, Any]) -> int:
     return k
 
 
+def attack_qi(
+    given: str | None, meta: Mapping[str, Any], *, sticky: bool, averaging: bool
+) -> list[str]:
+    """``privgw attack --qi``, else the metadata's microaggregated columns. The sticky-value
+    and intersection intruders need them: without, only the averaging adversary can run."""
+    qi = [c for c in (given or "").split(",") if c] or list(meta.get("microaggregated", []))
+    if not qi and (sticky or not averaging):
+        raise InputDataError(
+            "the history names no quasi-identifier columns (no release metadata comes with a "
+            "file): give --qi COL[,COL], the published columns the intruder knows"
+        )
+    return qi
+
+
 def release_counts(text: str) -> list[int]:
     """``privgw attack --t``: numbers of releases, whole numbers ≥ 1, comma-separated."""
     try:

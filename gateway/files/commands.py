@@ -16,6 +16,7 @@ from gateway.errors import PrivgwError
 from gateway.files.analysis import (
     attack_history,
     attack_k,
+    attack_qi,
     check_history,
     read_jsonl_rows,
     reconstruct_file,
@@ -301,11 +302,10 @@ def cmd_attack(args: argparse.Namespace) -> int:
     if args.bootstrap:
         reader = _entry_point("privgw.readers", "kafka")
         meta, history = reader(args.bootstrap, args.topic)
+    elif not args.history:
+        raise PrivgwError("give the history as JSONL files, or --bootstrap B --topic T")
     else:
-        if not args.history:
-            raise PrivgwError("give the history as JSONL files, or --bootstrap B --topic T")
-        history = read_jsonl_rows(args.history)
-        meta = {}
+        meta, history = {}, read_jsonl_rows(args.history)
     sticky = [c for c in (args.sticky or "").split(",") if c]
     if args.truth is None and not sticky:
         raise PrivgwError(
@@ -313,7 +313,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
             "adversaries, or --sticky COL[,COL] for the sticky-value intruder, or both"
         )
     truth = read_jsonl_rows([args.truth]) if args.truth is not None else []
-    qi = [c for c in (args.qi or "").split(",") if c] or list(meta.get("microaggregated", []))
+    qi = attack_qi(args.qi, meta, sticky=bool(sticky), averaging=bool(truth and args.attribute))
     k = attack_k(args.k, meta)
     ts = release_counts(args.t)
     check_history(history, truth, [*qi, *sticky, *([args.attribute] if args.attribute else [])])

@@ -455,3 +455,17 @@ def test_attack_settings_and_histories_it_cannot_read_are_named(
     base = ["--truth", truth, "--attribute", "occ", "--qi", "age"]
     code, err = run(capsys, "attack", hist, *base, *args)
     assert_clear(code, err, said)
+
+
+@pytest.mark.parametrize("args", [("--sticky", "occ"), ("--truth", "TRUTH")])
+def test_attack_without_quasi_identifiers_says_so_rather_than_skipping_the_intruder(
+    capsys: pytest.CaptureFixture[str], history: tuple[Path, Path], args: tuple[str, ...]
+) -> None:
+    """A file history carries no release metadata: the sticky-value and intersection intruders
+    need --qi, and running without them would print a history's size and nothing it found."""
+    hist, truth = history
+    given = [truth if a == "TRUTH" else a for a in args]
+    code, err = run(capsys, "attack", hist, *given)
+    assert_clear(code, err, "the history names no quasi-identifier columns")
+    code, err = run(capsys, "attack", hist, *given, "--qi", "age")
+    assert code == 0, err
