@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.engine.columns import Output
-from gateway.engine.records import WindowReport, window_digest
+from gateway.engine.records import SourceRef, ValidRecord, WindowReport, window_digest
 from gateway.panel.imputed import Imputed, PanelWindow
 from gateway.panel.output import unfollowed_record_id
 
@@ -22,10 +22,9 @@ class WindowPlan:
     weights: dict[int, float | None] = field(default_factory=dict)
     ids: dict[int, str] = field(default_factory=dict)
     suppressed: list[int] = field(default_factory=list)
-    # not published: a late record of an imputed member (its imputed record is re-emitted), or
-    # a member's repeat within a wave (its first record stands for it; counted in ``repeats``)
+    # decided, not published: a late record of an imputed member (its imputed record stands for
+    # it), or a member's repeat within a wave (its first record stands for it)
     dropped: set[int] = field(default_factory=set)
-    repeats: int = 0
     # imputed members to build: (scope, wave, roster row, class tuple, weight, record id)
     imputed: list[Imputed] = field(default_factory=list)  # absent members to publish
     replayed: list[tuple[list[str], list[list[Any]], list[str]]] = field(default_factory=list)
@@ -69,5 +68,27 @@ def window_report(
         measures=dict(plan.measures),
         retention=out.retention,
         randomized=out.randomized,
-        imputed=published - (n_in - plan.repeats),
+        imputed=published - (n_in - len(plan.dropped)),
     )
+
+
+def input_through(records: Sequence[ValidRecord], idx: list[int]) -> dict[str, int] | None:
+    """The newest input offset of the records at ``idx`` by input partition; None when one has
+    no input position (then every record of the wave read again counts as read before)."""
+    through: dict[str, int] = {}
+    for i in idx:
+        s = records[i].source
+        if s is None:
+            return None
+        at = f"{s.topic}/{s.partition}"
+        if s.offset > through.get(at, -1):
+            through[at] = s.offset
+    return through
+
+
+def read_before(source: SourceRef | None, through: dict[str, int] | None) -> bool:
+    """Whether a record of a decided wave was read when the wave was decided (a restart reads it
+    again), not a late copy appended to the input since."""
+    if source is None or through is None:
+        return True
+    return source.offset <= through.get(f"{source.topic}/{source.partition}", -1)

@@ -99,6 +99,10 @@ class Outcome:
     imputed_rows: list[list[Any]] = field(default_factory=list)  # in ``imputed_names`` order
     imputed_names: list[str] = field(default_factory=list)
     imputed_members: list[int] = field(default_factory=list)
+    # the newest input offset of the wave's records by input partition ("topic/partition"):
+    # a record at or below it was read when the wave was decided, a record after it is a late
+    # copy (None: not known, a roster written before 2026-12-07 or records without a source)
+    through: dict[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -233,6 +237,7 @@ class Roster:
                 "irows": o.imputed_rows,
                 "inames": o.imputed_names,
                 "imembers": o.imputed_members,
+                **({} if o.through is None else {"through": o.through}),
             }
             for o in self.outcomes
         ]
@@ -268,6 +273,9 @@ class Roster:
                 imputed_rows=[list(r) for r in o["irows"]],
                 imputed_names=list(o["inames"]),
                 imputed_members=list(o["imembers"]),
+                through=None
+                if "through" not in o
+                else {str(t): int(n) for t, n in o["through"].items()},
             )
             for o in doc.get("outs", ())
         ]

@@ -54,7 +54,7 @@ from gateway.panel.output import (
     unfollowed_record_id,
     waves_of,
 )
-from gateway.panel.plan import WindowPlan, batches, window_report
+from gateway.panel.plan import WindowPlan, batches, input_through, read_before, window_report
 from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
 from gateway.panel.weights import sampling_weights
 from gateway.policy import Method, Policy, RepublicationMode, Role
@@ -224,6 +224,7 @@ class PanelStep:
         self._plan_wave(
             roster, scope, wave, lead=lead, followers=followers, pw=pw, out=out, plan=plan
         )
+        roster.outcomes[-1].through = input_through(pw.records, idx)
 
     def _leads(
         self, idx: list[int], pw: PanelWindow, cols: list[list[Any]], wave: int, plan: WindowPlan
@@ -272,7 +273,6 @@ class PanelStep:
         # decided, not published: its first record stands for them, so the release holds each
         # member once, under one id a consumer can keep, and a weighted total counts it once
         plan.dropped.update(i for i, _ in followers)
-        plan.repeats += len(followers)
         out.measures["panel_repeats"] = float(len(followers))
         imputed_ids = panel_record_ids([roster.keys[row] for row in out.imputed_rows], wave)
         for row, cls, rid in zip(out.imputed_rows, out.imputed_class, imputed_ids, strict=True):
@@ -305,8 +305,9 @@ class PanelStep:
     def _replay(
         self, roster: Roster, wave: int, idx: list[int], pw: PanelWindow, plan: WindowPlan
     ) -> None:
-        """The last decided wave again: each record its member's class as published; every
-        imputed record of it again, as stored (the same ids and bytes: a consumer keeps one)."""
+        """A decided wave again: each record its member's class as published; when the wave's
+        own records are read again, every imputed record of it too, as stored (the same ids and
+        bytes: a consumer keeps one)."""
         outcome = roster.outcome_of(wave)
         assert outcome is not None
         imputed = set(outcome.imputed_members)
@@ -318,11 +319,10 @@ class PanelStep:
             row = None if key is None else roster.row_of(key)
             cls = -1 if row is None or row >= len(outcome.class_of) else int(outcome.class_of[row])
             if row is not None and row in imputed:
-                plan.dropped.add(i)  # its imputed record stands for it (re-emitted below)
+                plan.dropped.add(i)  # its imputed record stands for it
                 continue
             if key is not None and key in seen:
                 plan.dropped.add(i)  # a repeat, as when the wave was decided
-                plan.repeats += 1
                 continue
             if key is not None:
                 seen.add(key)
@@ -332,7 +332,12 @@ class PanelStep:
             else:
                 plan.tuples[i], plan.weights[i] = outcome.tuples[cls], outcome.weights[cls]
                 plan.release_sizes[i] = int(sizes[cls])
-        if outcome.imputed_rids:
+        # the imputed records again only when the wave's own records are read again (a restart
+        # may have lost the outputs): re-sent for a late copy, they would single out which of
+        # the wave's records stand for absent members
+        if outcome.imputed_rids and any(
+            read_before(pw.records[i].source, outcome.through) for i in idx
+        ):
             plan.replayed.append(
                 (outcome.imputed_names, outcome.imputed_rows, outcome.imputed_rids)
             )
