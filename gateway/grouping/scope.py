@@ -106,14 +106,18 @@ class Diversifier:
         return diversify(labels, values, embedded, self.ell)
 
 
+NO_CONSISTENCY = (
+    "consistency.mode none gives every release fresh randomness, which an averaging adversary "
+    "defeats: the stream, which republishes, refuses it (a file is one release, and privgw "
+    "protect runs it); set consistency: {mode: sticky}"
+)
+
+
 def refuse_engine(policy: Policy, secret: bool, store: bool, inconsistent: bool) -> None:
     """An engine the policy and its parts cannot give: say which setting and the fix."""
     refuse_in_stream(policy)
     if policy.consistency.mode is ConsistencyMode.NONE and not inconsistent:
-        raise PolicyError(
-            "consistency.mode none gives every release fresh randomness, which an "
-            "averaging adversary defeats; it needs the explicit --allow-inconsistent flag"
-        )
+        raise PolicyError(NO_CONSISTENCY)
     if store and not secret:
         raise PolicyError("a state store needs a keyring: set PRIVGW_SECRET or PRIVGW_SECRET_FILE")
     if policy.output.pseudonym is Pseudonym.HMAC and not secret:

@@ -244,3 +244,11 @@ def test_reconstruct_counts_a_release_published_again_once(protected: Path, tmp_
     assert bad.returncode == 2 and "--wave: must be a wave number" in bad.stderr
     unwaved = clikit.privgw("reconstruct", protected, "--policy", POLICY, "--wave", "1")
     assert unwaved.returncode == 2 and "has no wave column (wave)" in unwaved.stderr
+
+
+def test_check_policy_says_the_stream_refuses_consistency_none(tmp_path: Path) -> None:
+    policy = tmp_path / "none.yaml"
+    sticky = "consistency: {mode: sticky}"
+    policy.write_text(POLICY.read_text().replace(sticky, "consistency: {mode: none}"))
+    text = privgw("check-policy", policy).stdout
+    assert "consistency: none" in text and "the stream, which republishes, refuses it" in text

@@ -336,9 +336,11 @@ def test_every_centroid_is_shared_by_k_respondents_over_history() -> None:
     assert min(len(m) for m in members.values()) >= 3
 
 
-def test_consistency_none_needs_the_explicit_override() -> None:
+def test_consistency_none_runs_as_one_release_only() -> None:
+    """A republishing engine refuses fresh randomness every release and names the setting that
+    fixes it (an earlier message named a flag no command had); a file, one release, runs it."""
     text = POLICY + "consistency: {mode: none}\n"
-    with pytest.raises(PolicyError, match="allow-inconsistent"):
+    with pytest.raises(PolicyError, match=r"set consistency: \{mode: sticky\}"):
         Engine(_policy(text), keyring=KEY)
     Engine(_policy(text), keyring=KEY, consistency_override=True)
 
