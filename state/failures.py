@@ -84,6 +84,11 @@ _FIXES = {
 }
 
 
+def fix_for(condition: StateCondition) -> str:
+    """What an operator does about ``condition``."""
+    return _FIXES[condition]
+
+
 def _errno_text(err: OSError) -> str:
     code = err.errno
     name = errno.errorcode.get(code, str(code)) if code is not None else "no errno"

@@ -22,6 +22,7 @@ from typing import Any
 
 from gateway.policy.migration import MigrationPlan, MigrationReport
 from gateway.policy.upgrade import PolicyFacets, diff
+from state.failures import StateCondition, StateDirError, fix_for
 from state.policy_record import PolicyChangedError, PolicyRecord, migrate_store
 
 META = "policy_facets"  # the partition store's meta entry (restored with it)
@@ -57,7 +58,14 @@ def migrate_partitions(
     for store in stores:
         text = store.meta(META)
         if text is not None:
-            origin = PolicyFacets.from_json(json.loads(text))
+            try:
+                origin = PolicyFacets.from_json(json.loads(text))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise StateDirError(
+                    f"{where}: a partition's policy record cannot be read "
+                    f"({err.__class__.__name__}): {fix_for(StateCondition.CORRUPT)}",
+                    StateCondition.CORRUPT,
+                ) from None
         else:
             origin = _origin(record) if store.count() else current
         if text is not None and origin.version == current.version:

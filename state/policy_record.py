@@ -48,7 +48,7 @@ from gateway.policy.migration import (
 from gateway.policy.upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, facets
 from gateway.state_store.state_keys import is_group_key, is_roster_head
 from state.errors import StateStoreError
-from state.failures import sqlite_error
+from state.failures import StateCondition, StateDirError, fix_for, sqlite_error
 from state.layout import (
     PARTITIONED_RECORD,
     PARTITIONS_DIR,
@@ -87,13 +87,22 @@ class PolicyRecord:
         )
 
     @classmethod
-    def from_text(cls, text: str) -> PolicyRecord:
-        doc = json.loads(text)
-        return cls(
-            facets=PolicyFacets.from_json(doc["facets"]),
-            events=tuple(doc.get("events", ())),
-            migrating_to=doc.get("migrating_to"),
-        )
+    def from_text(cls, text: str, where: Path | str = "the state directory") -> PolicyRecord:
+        """The record as written; a damaged one (truncated, emptied, edited) is one line that
+        names where it lies and the fix, not an internal error."""
+        try:
+            doc = json.loads(text)
+            return cls(
+                facets=PolicyFacets.from_json(doc["facets"]),
+                events=tuple(doc.get("events", ())),
+                migrating_to=doc.get("migrating_to"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise StateDirError(
+                f"{where}: the policy record cannot be read ({err.__class__.__name__}): "
+                f"{fix_for(StateCondition.CORRUPT)}",
+                StateCondition.CORRUPT,
+            ) from None
 
     def counts(self) -> dict[str, int]:
         """Upgrades applied to this state, by action (each upgrade counts once per action)."""
@@ -161,7 +170,7 @@ class _Records:
         """(the record of each part, whether the state holds anything)."""
         if self.partitioned:
             file = self.state_dir / RECORD_FILE
-            rec = PolicyRecord.from_text(file.read_text()) if file.is_file() else None
+            rec = PolicyRecord.from_text(_text_of(file), file) if file.is_file() else None
             local = self.state_dir / PARTITIONS_DIR
             data = local.is_dir() and any(local.iterdir())
             return [rec], data
@@ -169,7 +178,7 @@ class _Records:
         data = False
         for path in self.paths:  # read without the store's key scan: most starts only read
             text, rows = _peek(path)
-            records.append(None if text is None else PolicyRecord.from_text(text))
+            records.append(None if text is None else PolicyRecord.from_text(text, path))
             data = data or rows
         return records, data
 
@@ -363,3 +372,10 @@ def check_policy(
 
 def _name(f: PolicyFacets) -> str:
     return f"{f.name or 'unnamed'} version {f.version}"
+
+
+def _text_of(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return ""  # read as a damaged record (from_text names the file)

@@ -415,3 +415,43 @@ def test_state_commands_find_the_backend_in_the_directory_and_refuse_the_other(
     assert main(["state", "migrate", "--state-dir", str(empty), "--policy", str(k6)]) == 2
     assert "holds no privgw state" in capsys.readouterr().err
     assert list(empty.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["{", "", "null", "[]", '{"facets": null}', "{}"])
+def test_a_damaged_policy_record_is_named_not_an_internal_error(
+    state: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    damage: str,
+) -> None:
+    """A policy record truncated, emptied or edited (either backend): `policy diff`, `state
+    migrate` and `run` say where it lies and the fix, exit 2, and write nothing."""
+    import sqlite3  # noqa: PLC0415
+
+    from gateway.commands.cli import main  # noqa: PLC0415
+
+    monkeypatch.setenv("PRIVGW_SECRET", TEST_SECRET)
+    adult = str(tmp_path / "adult_regroup.yaml")
+    Path(adult).write_text(ADULT)
+    db = tmp_path / "sqlite"
+    shutil.copytree(state, db)
+    with sqlite3.connect(db / "state.db") as conn:
+        conn.execute("update privgw_meta set value = ? where name = 'policy'", (damage,))
+    part = _partitioned_state(tmp_path / "part")
+    (part / "policy-record.json").write_text(damage)
+
+    def files(directory: Path) -> dict[str, bytes]:  # a reader rewrites SQLite's wal index
+        return {name: data for name, data in _snapshot(directory).items() if "-shm" not in name}
+
+    for directory in (db, part):
+        before = files(directory)
+        for command in (["policy", "diff"], ["state", "migrate", "--dry-run"], ["run"]):
+            args = [*command, "--state-dir", str(directory), "--policy", adult]
+            if command == ["run"]:
+                args += ["--bootstrap", "127.0.0.1:9"]
+                args += ["--state-backend", "partitioned"] if directory == part else []
+            assert main(args) == 2, capsys.readouterr().err
+            err = capsys.readouterr().err
+            assert "the policy record cannot be read" in err and "restore the file" in err, err
+            assert files(directory) == before, "a refused command wrote"
