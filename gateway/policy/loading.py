@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +14,38 @@ from gateway.policy.model import Policy
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice (PyYAML silently keeps the last one)."""
+    """SafeLoader under YAML 1.2's core schema, rejecting a key given twice (PyYAML silently
+    keeps the last one).
+
+    PyYAML resolves plain scalars by YAML 1.1: ``k: 1:30`` reads as 90 (base 60), ``010`` as
+    8, ``0x10`` as 16 and ``1_0`` as 10, and a category ``NO`` (Norway) or ``yes`` as a
+    boolean, all silently. Under the core schema numbers are decimal and booleans are true and
+    false; the rest is text, which the strict model refuses where it wants a number (a leading
+    0, as in ``010``, is no number either)."""
+
+
+_CORE_SCALARS = (
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    ("tag:yaml.org,2002:int", r"^(?:[-+]?(?:0|[1-9][0-9]*))$", "-+0123456789"),
+    (
+        "tag:yaml.org,2002:float",
+        r"^(?:[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+.0123456789",
+    ),
+    ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", "~nN"),
+    ("tag:yaml.org,2002:merge", r"^(?:<<)$", "<"),
+)
+_UniqueKeyLoader.yaml_implicit_resolvers = {"": [("tag:yaml.org,2002:null", re.compile("^$"))]}
+for _tag, _pattern, _first in _CORE_SCALARS:
+    _UniqueKeyLoader.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # a merge (<<: *anchor) gives defaults the keys written here override
         key = loader.construct_object(key_node)
         if key in seen:
             raise PolicyError(
@@ -27,6 +53,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
                 "name each attribute and setting once"
             )
         seen.add(key)
+    loader.flatten_mapping(node)
     return loader.construct_mapping(node)
 
 
@@ -44,9 +71,9 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
 
 
 _STRICT_TYPES = {
-    "int_type": "must be a whole number, written without quotes (e.g. 5)",
-    "float_type": "must be a number, written without quotes (e.g. 0.2; YAML reads 1e3 as "
-    "text: write 1.0e3)",
+    "int_type": "must be a whole number, written without quotes in decimal digits (e.g. 5; "
+    "1:30, 010, 0x10 and 1_0 are text)",
+    "float_type": "must be a number, written without quotes in decimal digits (e.g. 0.2 or 1e3)",
     "bool_type": "must be true or false, written without quotes",
     "finite_number": "must be a finite number (.inf and .nan are not settings); give a value",
 }

@@ -203,7 +203,13 @@ MATRIX = BASE.replace(
             "window: {max_records: 1000000000000000000000000000000}\n" + BASE,
             "window.max_records: a 31-digit number is too large",
         ),
-        ("window: {max_seconds: 1e3}\n" + BASE, "YAML reads 1e3 as text: write 1.0e3"),
+        # YAML 1.1's numbers are text under the core schema: base 60, octal, hex, underscores
+        *(
+            (BASE.replace("k: 3", f"k: {k}"), "(e.g. 5; 1:30, 010, 0x10 and 1_0 are text)")
+            for k in ("1:30", "010", "0x10", "1_0", "0o10")
+        ),
+        ("window: {max_hold_seconds: 1:00}\n" + BASE, "window.max_hold_seconds: must be a number"),
+        ("window: {max_seconds: 1e3.5}\n" + BASE, "window.max_seconds: must be a number"),
     ],
 )
 def test_unsafe_or_loosely_typed_policies_are_refused(text: str, expected: str) -> None:
@@ -219,6 +225,21 @@ def test_yaml_numbers_keep_working_and_an_int_may_stand_for_a_float() -> None:
     p = policy_from_yaml("risk: {max_dld: 1, interval_pct: 5}\n" + MATRIX)
     assert p.risk.max_dld == 1.0 and isinstance(p.risk.max_dld, float)
     assert p.microaggregation.k == 3 and policy_from_yaml(BASE.replace("k: 3", "k: 1000000"))
+    assert policy_from_yaml("window: {max_seconds: 1e3}\n" + BASE).window.max_seconds == 1000.0
+
+
+def test_yaml_reads_categories_as_written_and_lets_a_merge_override() -> None:
+    """Under YAML 1.1 the categories NO (Norway) and yes were booleans; under the core schema
+    they are the text written. A mapping merged in (<<: *anchor) gives defaults that keys
+    written beside it override: not a key given twice."""
+    p = policy_from_yaml(BASE.replace("categories: [a, b, c]", "categories: [NO, SE, yes]"))
+    assert p.attributes["occ"].categories == ["NO", "SE", "yes"]
+    anchored = BASE.replace("  age: {", "  age: &num {")
+    p = policy_from_yaml(
+        anchored + "  hours: {<<: *num, method: microaggregation, range: [0, 99]}\n"
+    )
+    assert p.attributes["hours"].method is p.attributes["age"].method
+    assert p.attributes["hours"].range == (0.0, 99.0)
 
 
 # -- the k claim covers every quasi-identifier, or says which it leaves out -------------------
