@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import PrivgwError
+from gateway.panel.roster import roster_members
 from gateway.policy import Policy
 
 
@@ -151,6 +152,9 @@ class _Stores:
 
     def count(self) -> int:
         return sum(s.count() for s in self.stores)
+
+    def panel_members(self) -> int:
+        return sum(roster_members(s.get_many, [None]) for s in self.stores)
 
     def key_fingerprints(self) -> list[str | None]:
         return [f for s in self.stores for f in s.key_fingerprints()]

@@ -50,6 +50,15 @@ def roster_key(scope: int | None) -> bytes:
     return group_key(roster_group_id(scope))
 
 
+def roster_members(
+    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], scopes: Sequence[int | None]
+) -> int:
+    """Respondents the rosters of ``scopes`` hold (their rows, retired members included), read
+    from their entries' plain counts: nothing sealed is opened."""
+    entries = get_many([roster_key(scope) for scope in scopes])
+    return sum(int(_decode(raw)["size"]) for raw in entries.values())
+
+
 class Sealer:
     """AES-256-GCM over the carried values; ``key``: 32 bytes derived from the secret.
 

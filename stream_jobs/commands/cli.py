@@ -462,10 +462,13 @@ def cmd_state_check(args: argparse.Namespace) -> int:
 
 
 def _check_store(store: Any, path: Path, *, repair: bool) -> int:
+    from gateway.panel.roster import roster_members  # noqa: PLC0415
     from gateway.state_store.live_counts import audit_live_counts  # noqa: PLC0415
 
     audit = audit_live_counts(store.items())
     print(f"{audit.respondents} respondents, {audit.groups} groups in {path}")
+    if members := roster_members(store.get_many, [None]):
+        print(f"{members} panel members in its roster (a panel keeps no live counts to audit)")
     if audit.consistent:
         print("live counts: consistent")
         return 0

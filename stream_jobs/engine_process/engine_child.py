@@ -29,6 +29,7 @@ from typing import Any
 from gateway.engine.engine import Engine
 from gateway.engine.records import NO_MARKS
 from gateway.errors import PrivgwError
+from gateway.panel.roster import roster_members
 from stream_jobs.engine_process.engine_process import EngineSpec
 from stream_jobs.engine_process.engine_wire import (
     HeldInChild,
@@ -128,6 +129,8 @@ def _answer(
         return ("ok", columns, report, store.count())
     if op == "count":
         return ("ok", store.count())
+    if op == "panel_members":
+        return ("ok", roster_members(store.get_many, [None]))
     if op == "ping":  # the heartbeat (stream_jobs.engine_process.engine_heartbeat)
         return ("ok",)
     if op == "draws_bound":  # gateway.keyed.draw_derivation.settle, at the worker's start

@@ -131,6 +131,7 @@ class EngineProcess:
         self._closed = False
         self._count = 0
         self._prefixed: dict[bytes, int] = {}
+        self._members = 0
         # the records the child handed back held last (the worker's objects): a window that
         # starts with them sends only how many (engine_wire.HeldInChild)
         self._held: Sequence[ValidRecord] = []
@@ -243,6 +244,18 @@ class EngineProcess:
             self._send(("count_prefix", prefix))
             self._prefixed[prefix] = int(self._reply("count_prefix")[1])
             return self._prefixed[prefix]
+        finally:
+            self._lock.release()
+
+    def panel_members(self) -> int:
+        """Members of the child's panel rosters (for the metrics exporter); while a window is
+        in the child, the count read before it."""
+        if not self._lock.acquire(blocking=False):
+            return self._members
+        try:
+            self._send(("panel_members",))
+            self._members = int(self._reply("panel_members")[1])
+            return self._members
         finally:
             self._lock.release()
 
@@ -452,6 +465,9 @@ class EngineShards(ShardDraws):
 
     def count(self) -> int:
         return sum(s.count() for s in self.shards)
+
+    def panel_members(self) -> int:
+        return sum(s.panel_members() for s in self.shards)
 
     def key_fingerprints(self) -> list[str | None]:
         """One per shard's file: all are checked before any is written."""

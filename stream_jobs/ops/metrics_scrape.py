@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from gateway.commands.cli import package_version
 from gateway.engine.records import ValidRecord
+from gateway.panel.roster import roster_members
 from gateway.policy import Policy, RepublicationMode
 from gateway.state_store.state_api import StateStore
 from gateway.state_store.state_keys import GROUP_KEY_PREFIX
@@ -466,11 +467,23 @@ class WorkerCollector(Collector):
 
 def count_respondents(store: Any) -> int:
     """Respondents in ``store``: its entries less the engine's group registry rows (keys
-    ``group:…``; respondent keys are 32-byte digests). A store that cannot count by prefix
-    (the partitioned backend) gives all its entries."""
+    ``group:…``; respondent keys are 32-byte digests), plus the members of its panel rosters
+    (one entry, or a head and parts, per scope: a partition of partitioned state, else one).
+    A store that cannot count by prefix gives all its entries."""
     count_prefix = getattr(store, "count_prefix", None)
     groups = count_prefix(GROUP_KEY_PREFIX) if count_prefix is not None else 0
-    return int(store.count()) - int(groups)
+    return int(store.count()) - int(groups) + panel_members(store)
+
+
+def panel_members(store: Any) -> int:
+    """The members of ``store``'s panel rosters: a store in this process reads its rosters' heads
+    (a partition's each, with partitioned state), stores in engine processes ask theirs."""
+    members = getattr(store, "panel_members", None)
+    if members is not None:
+        return int(members())
+    partitions = getattr(store, "partitions", None)
+    scopes: list[int | None] = [None] if partitions is None else list(partitions)
+    return roster_members(store.get_many, scopes)
 
 
 def latest_release(policy: Policy) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import numpy as np
 import orjson
 import pytest
 import yaml
+from clikit import privgw
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 from streamkit import (
@@ -45,7 +47,7 @@ from stream_jobs.commands.broker import EmbeddedBroker
 from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 from stream_jobs.intake.wave_control import HEADER, WAVE_CLOSE
 from stream_jobs.kafka import partitions_for_keys
-from stream_jobs.ops.metrics import GatewayMetrics
+from stream_jobs.ops.metrics import GatewayMetrics, count_respondents
 
 pytestmark = pytest.mark.broker
 
@@ -103,6 +105,7 @@ def _run(
     *,
     backlog: bool,
     shards: int | None = None,
+    respondents: list[int] | None = None,
 ) -> tuple[list[Message], Any]:
     policy = _policy(grace=1.0, max_wave=6.0)
     settings = settings_for(broker.bootstrap, name, tmp_path, engine_shards=shards)
@@ -113,6 +116,9 @@ def _run(
     if backlog:  # every wave in the topic before the worker starts: read at once
         sent.extend(produce(broker.bootstrap, topics.input, [r for w in waves for r in w]))
     worker = make_worker(policy, settings, secret)
+    if respondents is not None:  # the exporter's count, after each window
+        counted = lambda *_: respondents.append(count_respondents(worker.state_store))  # noqa: E731
+        worker.observers.append(counted)
 
     def feed() -> None:
         if not backlog:
@@ -133,9 +139,11 @@ def test_every_member_is_published_every_wave_and_imputed_records_look_the_same(
 ) -> None:
     """With engine shards too: each shard keeps the cohorts of its respondents."""
     waves = _waves(160, 3, skip=0.3, seed=43)
+    counts: list[int] = []
     out, worker = _run(
-        broker, unique_name, tmp_path, secret_env, waves, backlog=False, shards=shards
-    )
+        broker, unique_name, tmp_path, secret_env, waves, backlog=False, shards=shards,
+        respondents=counts,
+    )  # fmt: skip
     keyring = Keyring(secret_env.encode())
     by_id: dict[str, Message] = {}
     for m in out:
@@ -152,6 +160,12 @@ def test_every_member_is_published_every_wave_and_imputed_records_look_the_same(
         present_ids |= {_record_id(keyring, r, wave) for r in here}
         imputed_ids |= {_record_id(keyring, r, wave) for r in seen - here}
     assert imputed_ids, "no respondent skipped a wave: the test would check nothing"
+    # the state's respondents, as privgw_state_respondents shows them: the rosters' members;
+    # and as state-check counts them in the state files, the worker stopped
+    assert counts[-1] == len(seen), (counts[-1], len(seen))
+    checked = privgw("state-check", "--state-dir", tmp_path, check=True).stdout
+    members = re.findall(r"(\d+) panel members in its roster", checked)
+    assert sum(map(int, members)) == len(seen), checked
     # every active member, present or absent, is in every wave's release, once
     assert set(by_id) == present_ids | imputed_ids
     # and counted so: an absent member's record was produced but in no counter
