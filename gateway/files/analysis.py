@@ -79,7 +79,7 @@ def reconstruct_file(
                     f"{mp} is missing and '{name}' uses fine-grain weights from the data: the "
                     "matrix is only in that file"
                 )
-            mechanisms[name] = from_spec(attr)
+            mechanisms[name] = from_spec(attr, name=name)
     rep = policy.republication
     weight = rep.weight_name if rep.mode is RepublicationMode.PANEL else None
     result = reconstruct_rows(

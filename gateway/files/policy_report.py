@@ -45,7 +45,7 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
             "method": attr.method.value,
         }
         if attr.method is Method.RANDOMIZED_RESPONSE:
-            mech = from_spec(attr, freqs.get(name))
+            mech = from_spec(attr, freqs.get(name), name=name)
             entry.update(_mechanism_report(mech))
             assert attr.rr is not None
             if attr.rr.mode in (RRMode.FINE_GRAIN, RRMode.INVARIANT) and attr.rr.weights is None:

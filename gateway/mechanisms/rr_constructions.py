@@ -199,12 +199,28 @@ def invariant(base: RRMechanism, reference: Mapping[str, float] | None = None) -
     return RRMechanism(categories=base.categories, matrix=r, mode=RRMode.INVARIANT)
 
 
-def from_spec(attr: Attribute, frequencies: Mapping[str, float] | None = None) -> RRMechanism:
+def from_spec(
+    attr: Attribute, frequencies: Mapping[str, float] | None = None, *, name: str | None = None
+) -> RRMechanism:
     """Build the mechanism an attribute's ``rr`` settings describe, over ``attr.domain``.
 
     For fine_grain the weights are ``rr.weights`` if given, else ``frequencies`` if given
-    (values absent from either get weight 0), else equal weights.
+    (values absent from either get weight 0), else equal weights. ``name``: the attribute's,
+    which an error then names (a policy's several randomized attributes each have an ``rr``).
     """
+    try:
+        return _from_spec(attr, frequencies)
+    except MechanismError as err:
+        if name is None:
+            raise
+        text = str(err)
+        where = f"attributes.{name}"
+        raise MechanismError(
+            f"{where}.{text}" if text.startswith("rr.") else f"{where}: {text}"
+        ) from None
+
+
+def _from_spec(attr: Attribute, frequencies: Mapping[str, float] | None) -> RRMechanism:
     rr = attr.rr
     if rr is None:
         raise MechanismError(

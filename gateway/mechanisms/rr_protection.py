@@ -117,4 +117,4 @@ def kept_share(
 def build(name: str, attr: Attribute, frequencies: Mapping[str, float] | None) -> Protection:
     """From the attribute's ``rr`` settings over its domain (fine-grain: weighted by the
     given frequencies, unless the policy gives weights)."""
-    return RandomizedResponse(name, from_spec(attr, frequencies))
+    return RandomizedResponse(name, from_spec(attr, frequencies, name=name))

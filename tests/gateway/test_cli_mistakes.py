@@ -469,3 +469,23 @@ def test_attack_without_quasi_identifiers_says_so_rather_than_skipping_the_intru
     assert_clear(code, err, "the history names no quasi-identifier columns")
     code, err = run(capsys, "attack", hist, *given, "--qi", "age")
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("retention: 1.0", "attributes.income.rr.retention must be in [1/m, 1)"),
+        ("epsilon: 1000", "attributes.income.rr.epsilon must be ≤ 700"),
+    ],
+)
+def test_a_randomized_attributes_impossible_mechanism_names_the_attribute(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, setting: str, said: str
+) -> None:
+    """The Adult policy randomizes two attributes: an error in one's rr says which."""
+    text = POLICY.read_text()
+    income = "rr: {mode: uniform, retention: 0.75}"
+    assert text.count(income) == 1, "the Adult policy changed: update this test"
+    policy = tmp_path / "p.yaml"
+    policy.write_text(text.replace(income, "rr: {mode: uniform, " + setting + "}"))
+    code, err = run(capsys, "check-policy", policy)
+    assert_clear(code, err, said)
