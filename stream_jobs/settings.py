@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.engine.shards import MAX_SHARDS
 from gateway.errors import PrivgwError
-from gateway.policy import Policy, topic_clash
+from gateway.policy import Policy, TopicName, topic_clash
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -48,18 +48,18 @@ class WorkerSettings(BaseSettings):
     bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers host:port[,…]")
     group_id: str = Field("privgw", description="consumer group of the workers")
     client_id: str = Field("privgw", description="client id the broker sees (logs, quotas)")
-    input_topic: str | None = Field(
+    input_topic: TopicName | None = Field(
         None,
         description="overrides the policy's input.topic; it must exist (never created: a "
         "typo would leave the worker idle)",
     )
-    output_topic: str | None = Field(None, description="overrides the policy's output.topic")
-    dlq_topic: str | None = Field(
+    output_topic: TopicName | None = Field(None, description="overrides the policy's output.topic")
+    dlq_topic: TopicName | None = Field(
         None,
         description="dead-letter topic (raw input bytes: same access control as the input); "
         "default the policy's dlq_topic, else <input>.dlq",
     )
-    meta_topic: str | None = Field(
+    meta_topic: TopicName | None = Field(
         None, description="metadata topic; default the policy's meta_topic, else <output>.meta"
     )
     partitions: int = Field(

@@ -35,7 +35,7 @@ def unique_name(request: pytest.FixtureRequest) -> str:
     # a random suffix: the name is cut to 60 characters (a parametrized case's id can fall
     # beyond) and ``id(request)`` repeats once the previous request is freed, so two cases
     # shared topics and a consumer group
-    return "t-" + "".join(c if c.isalnum() else "-" for c in raw)[:60] + f"-{uuid.uuid4().hex[:10]}"
+    return "t-" + "".join(c if c.isascii() and c.isalnum() else "-" for c in raw)[:60] + f"-{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture

@@ -53,6 +53,8 @@ from gateway.policy.specs import (
     HierarchySpec,
     NoiseSpec,
     RRSpec,
+    TopicName,
+    topic_name_problem,
 )
 
 __all__ = [
@@ -89,6 +91,7 @@ __all__ = [
     "Role",
     "SmallStrata",
     "TimeUnit",
+    "TopicName",
     "WindowSpec",
     "duration_text",
     "load_policy",
@@ -96,4 +99,5 @@ __all__ = [
     "policy_from_yaml",
     "published_categories",
     "topic_clash",
+    "topic_name_problem",
 ]

@@ -17,11 +17,19 @@ from gateway.policy.enums import (
     RepublicationMode,
     SmallStrata,
 )
-from gateway.policy.specs import MAX_K, SBool, SFloat, SInt, StrictModel, check_probability
+from gateway.policy.specs import (
+    MAX_K,
+    SBool,
+    SFloat,
+    SInt,
+    StrictModel,
+    TopicName,
+    check_probability,
+)
 
 
 class InputSpec(StrictModel):
-    topic: str = "survey.responses"
+    topic: TopicName = "survey.responses"
     respondent_id: str | None = None
     key_field: str | None = None  # re-key through a repartition topic when input has no key
     extra_fields: ExtraFields = ExtraFields.ERROR
@@ -29,9 +37,9 @@ class InputSpec(StrictModel):
 
 
 class OutputSpec(StrictModel):
-    topic: str = "survey.protected"
-    dlq_topic: str | None = None
-    meta_topic: str | None = None
+    topic: TopicName = "survey.protected"
+    dlq_topic: TopicName | None = None
+    meta_topic: TopicName | None = None
     pseudonym: Pseudonym = Pseudonym.DROP
 
 

@@ -4,6 +4,7 @@ generalization hierarchy, coarsening; and the strict base every policy model sha
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
@@ -23,6 +24,31 @@ def _fits(v: int) -> int:
 SInt = Annotated[int, Strict(), AfterValidator(_fits)]
 SFloat = Annotated[float, Strict()]
 SBool = Annotated[bool, Strict()]
+
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Why Kafka would refuse ``name`` as a topic name (None: it would not). A broker refuses
+    it at creation, or a development broker takes it, and the worker then waits on a topic
+    nobody writes; checked when the setting is read instead."""
+    if not _TOPIC_CHARS.fullmatch(name) or name in (".", ".."):
+        shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}… ({len(name)} characters)"
+        return (
+            f"must be 1 to 249 of the characters a-z A-Z 0-9 . _ - (a Kafka topic name), got "
+            f"{shown}"
+        )
+    return None
+
+
+def _topic(name: str) -> str:
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
+    return name
+
+
+TopicName = Annotated[str, AfterValidator(_topic)]
 
 #: Largest microaggregation k: a group is held until k records arrive, so k beyond any
 #: window size only holds records forever.

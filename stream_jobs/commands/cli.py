@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.commands.command_kit import add_command
 from gateway.errors import PrivgwError
-from gateway.policy import load_policy
+from gateway.policy import load_policy, topic_name_problem
 from stream_jobs.shutdown import EXIT_BROKER_AWAY
 from stream_jobs.worker_build import (
     build_worker,
@@ -371,6 +371,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise PrivgwError(
             f"--rate must be a number of records per second like 500/s, got {args.rate}"
         ) from None
+    if (problem := topic_name_problem(args.topic)) is not None:
+        raise PrivgwError(f"--topic {problem}")
     settings = worker_settings(bootstrap=args.bootstrap)
     rows = load_rows(args.data)
     try:

@@ -210,6 +210,17 @@ MATRIX = BASE.replace(
         ),
         ("window: {max_hold_seconds: 1:00}\n" + BASE, "window.max_hold_seconds: must be a number"),
         ("window: {max_seconds: 1e3.5}\n" + BASE, "window.max_seconds: must be a number"),
+        # a topic name Kafka refuses (or a development broker takes, and nobody writes to)
+        *(
+            (f"{section}: {{{key}: {name}}}\n" + BASE, f"{section}.{key}: must be 1 to 249")
+            for section, key, name in (
+                ("input", "topic", "'a b/c'"),
+                ("input", "topic", "''"),
+                ("output", "topic", "'..'"),
+                ("output", "dlq_topic", "x" * 250),
+                ("output", "meta_topic", "'caf\u00e9'"),
+            )
+        ),
     ],
 )
 def test_unsafe_or_loosely_typed_policies_are_refused(text: str, expected: str) -> None:

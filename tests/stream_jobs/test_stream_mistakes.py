@@ -316,3 +316,15 @@ def _adult_with(directory: Path, age: str) -> Path:
     lines = (ROOT.parent / "shared" / "data" / "adult.csv").read_text().splitlines()[:4]
     lines[2] = age + lines[2][lines[2].index(",") :]
     return _write(directory / "adult.csv", "\n".join(lines) + "\n")
+
+
+def test_a_topic_name_kafka_refuses_is_named_before_any_broker_is_asked(
+    tmp_path: Path, secret_env: str
+) -> None:
+    """A development broker creates 'a b' where Kafka refuses it; either way the worker would
+    wait on a topic nobody writes. Refused as the setting is read (the port has no broker)."""
+    port = free_port()
+    code, err, _ = privgw(*run_args(tmp_path, f"127.0.0.1:{port}", "--input-topic", "a b"))
+    assert_one_line(code, err, "PRIVGW_INPUT_TOPIC (--input-topic): must be 1 to 249")
+    code, err, _ = privgw("simulate", "--bootstrap", f"127.0.0.1:{port}", "--topic", "a/b")
+    assert_one_line(code, err, "--topic must be 1 to 249", "'a/b'")
