@@ -235,6 +235,12 @@ class Policy(StrictModel):
                     f"microaggregation.l_diversity.attribute {ldiv.attribute!r} must be a "
                     "published sensitive attribute of the policy"
                 )
+            if attr.type is AttrType.CATEGORICAL and ldiv.l > len(attr.domain):
+                raise ValueError(
+                    f"microaggregation.l_diversity.l is {ldiv.l}, but {ldiv.attribute!r} has "
+                    f"{len(attr.domain)} categories: no group can hold {ldiv.l} distinct "
+                    "values of it; lower l, or name an attribute with more categories"
+                )
         if recode and (spec.strata or ldiv is not None):
             raise ValueError(
                 "recode_suppress takes neither strata nor l_diversity; use algorithm mdav"

@@ -210,6 +210,10 @@ MATRIX = BASE.replace(
         ),
         ("window: {max_hold_seconds: 1:00}\n" + BASE, "window.max_hold_seconds: must be a number"),
         ("window: {max_seconds: 1e3.5}\n" + BASE, "window.max_seconds: must be a number"),
+        (
+            BASE.replace("k: 3", "k: 3, l_diversity: {attribute: occ, l: 4}"),
+            "l_diversity.l is 4, but 'occ' has 3 categories: no group can hold 4 distinct",
+        ),
         # a topic name Kafka refuses (or a development broker takes, and nobody writes to)
         *(
             (f"{section}: {{{key}: {name}}}\n" + BASE, f"{section}.{key}: must be 1 to 249")
