@@ -35,7 +35,8 @@ def unique_name(request: pytest.FixtureRequest) -> str:
     # a random suffix: the name is cut to 60 characters (a parametrized case's id can fall
     # beyond) and ``id(request)`` repeats once the previous request is freed, so two cases
     # shared topics and a consumer group
-    return "t-" + "".join(c if c.isascii() and c.isalnum() else "-" for c in raw)[:60] + f"-{uuid.uuid4().hex[:10]}"
+    kept = "".join(c if c.isascii() and c.isalnum() else "-" for c in raw)  # Kafka's characters
+    return f"t-{kept[:60]}-{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
