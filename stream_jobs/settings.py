@@ -398,6 +398,8 @@ def check_environment(environ: Mapping[str, str]) -> None:
 
 
 def _type_name(annotation: object) -> str:
+    if typing.get_origin(annotation) is typing.Annotated:  # a checked type: the type it checks
+        return _type_name(typing.get_args(annotation)[0])
     args = typing.get_args(annotation)
     if typing.get_origin(annotation) is Literal:
         return " \\| ".join(str(a) for a in args)
