@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.engine.columns import Output
@@ -42,14 +42,9 @@ def assembled(
     list[bytes | None],
     list[bytes | None],
 ]:
-    """The window's published columns and the last wave's imputed records re-sent as stored,
-    ordered oldest wave first (a backlog decided in one window is published wave by wave) and by
-    record id within a wave: names, columns, record ids, suppressed flags, respondents, keys.
-
-    The ids are keyed digests, so their order is one an outsider cannot tie to anything. Any
-    order the engine builds would tell: present records come in arrival order and imputed ones
-    in roster order after them, so an intruder reading offsets would see which record of a
-    class is imputed, and with who took part, whose it is."""
+    """The window's published columns (in :func:`release_order`) and the last wave's imputed
+    records re-sent as stored, all in that order: names, columns, record ids, suppressed flags,
+    respondents, keys."""
     names, cols = out.names, out.columns
     pub_rids = list(cols[0])
     flags = [i in suppressed for i in pub_idx]
@@ -63,8 +58,10 @@ def assembled(
             respondents.append(None)
     keys = keys_of(out.keys, len(pub_rids))
     n = len(pub_rids)
+    if not replayed:  # the window's own records are in release order already
+        return names, cols, pub_rids, flags, respondents, keys
     if wave_name in names:
-        waves = [w or -1 for w in waves_of(cols[names.index(wave_name)])]
+        waves = [-1 if w is None else w for w in waves_of(cols[names.index(wave_name)])]
         order = sorted(range(n), key=list(zip(waves, pub_rids, strict=True)).__getitem__)
     else:
         order = sorted(range(n), key=pub_rids.__getitem__)
@@ -79,6 +76,31 @@ def assembled(
         list(take(respondents)),
         list(take(keys)),
     )
+
+
+def in_release_order(
+    out: Output, positions: list[int], ids: Mapping[int, str], waves: Sequence[int | None]
+) -> list[int]:
+    """Put the window's published records (``out``, built at the increasing ``positions``) in
+    release order, oldest wave first (a backlog decided in one window is published wave by wave;
+    no wave first) and by record id within a wave; returns the positions in that order.
+
+    The ids are keyed digests, so their order is one an outsider cannot tie to anything. Any
+    order the engine builds would tell: present records come in arrival order and imputed ones
+    in roster order after them, so an intruder reading offsets would see which record of a
+    class is imputed, and with who took part, whose it is."""
+    by_wave: dict[int, list[int]] = {}
+    for at, i in enumerate(positions):
+        wave = waves[i]
+        by_wave.setdefault(-1 if wave is None else wave, []).append(at)
+    order: list[int] = []
+    rid_at = [ids[i] for i in positions]
+    for wave in sorted(by_wave):
+        order.extend(sorted(by_wave[wave], key=rid_at.__getitem__))
+    take = take_at(order)  # in C, once per column
+    out.columns = [list(take(col)) for col in out.columns]
+    out.keys = list(take(out.keys))
+    return list(take(positions))
 
 
 def pseudonyms(out: Output, records: Sequence[ValidRecord], pub_idx: list[int], n_in: int) -> None:

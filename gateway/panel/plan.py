@@ -75,15 +75,14 @@ def window_report(
 def input_through(records: Sequence[ValidRecord], idx: list[int]) -> dict[str, int] | None:
     """The newest input offset of the records at ``idx`` by input partition; None when one has
     no input position (then every record of the wave read again counts as read before)."""
-    through: dict[str, int] = {}
-    for i in idx:
-        s = records[i].source
-        if s is None:
-            return None
-        at = f"{s.topic}/{s.partition}"
-        if s.offset > through.get(at, -1):
-            through[at] = s.offset
-    return through
+    sources = [s for i in idx if (s := records[i].source) is not None]
+    if len(sources) < len(idx):
+        return None
+    newest: dict[tuple[str, int], int] = {}
+    for topic, partition, offset, _ in sources:
+        if offset > newest.get((topic, partition), -1):
+            newest[topic, partition] = offset
+    return {f"{topic}/{partition}": offset for (topic, partition), offset in newest.items()}
 
 
 def read_before(source: SourceRef | None, through: dict[str, int] | None) -> bool:

@@ -47,6 +47,7 @@ from gateway.panel.measures import PanelMeasureSpec, combine_measure, panel_meas
 from gateway.panel.output import (
     PSEUDONYM,
     assembled,
+    in_release_order,
     panel_record_id,
     panel_record_ids,
     pseudonyms,
@@ -382,6 +383,7 @@ class PanelStep:
         weights = {**plan.weights, **{n_in + j: e[4] for j, e in enumerate(plan.imputed)}}
         out.add(self.weight_field, rounded_weights(list(map(weights.get, pub_idx))))
         pseudonyms(out, records, pub_idx, n_in)
+        pub_idx = in_release_order(out, pub_idx, ids, [*waves, *(e[1] for e in plan.imputed)])
         keep_imputed(
             plan.imputed, rosters, names=out.names, cols=out.columns, pub_idx=pub_idx, n_in=n_in
         )
