@@ -42,7 +42,7 @@ def assembled(
     list[bytes | None],
     list[bytes | None],
 ]:
-    """The window's published columns (in :func:`release_order`) and the last wave's imputed
+    """The window's published columns (in :func:`in_release_order`) and the last wave's imputed
     records re-sent as stored, all in that order: names, columns, record ids, suppressed flags,
     respondents, keys."""
     names, cols = out.names, out.columns
