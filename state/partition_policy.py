@@ -22,8 +22,13 @@ from typing import Any
 
 from gateway.policy.migration import MigrationPlan, MigrationReport
 from gateway.policy.upgrade import PolicyFacets, diff
-from state.failures import StateCondition, StateDirError, fix_for
-from state.policy_record import PolicyChangedError, PolicyRecord, migrate_store
+from state.policy_record import (
+    UNREADABLE,
+    PolicyChangedError,
+    PolicyRecord,
+    migrate_store,
+    unreadable,
+)
 
 META = "policy_facets"  # the partition store's meta entry (restored with it)
 
@@ -60,12 +65,8 @@ def migrate_partitions(
         if text is not None:
             try:
                 origin = PolicyFacets.from_json(json.loads(text))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise StateDirError(
-                    f"{where}: a partition's policy record cannot be read "
-                    f"({err.__class__.__name__}): {fix_for(StateCondition.CORRUPT)}",
-                    StateCondition.CORRUPT,
-                ) from None
+            except UNREADABLE as err:
+                raise unreadable(where, "a partition's policy record", err) from None
         else:
             origin = _origin(record) if store.count() else current
         if text is not None and origin.version == current.version:

@@ -70,6 +70,19 @@ class PolicyChangedError(PrivgwError):
     """The policy differs from the one the state was written under (one line: the changes)."""
 
 
+# what parsing a damaged record (truncated, emptied, edited JSON) raises
+UNREADABLE = (ValueError, KeyError, TypeError, AttributeError)
+
+
+def unreadable(where: Path | str, what: str, err: Exception) -> StateDirError:
+    """One line for a damaged policy record: where it lies, and the fix."""
+    return StateDirError(
+        f"{where}: {what} cannot be read ({err.__class__.__name__}): "
+        f"{fix_for(StateCondition.CORRUPT)}",
+        StateCondition.CORRUPT,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyRecord:
     facets: PolicyFacets
@@ -97,12 +110,8 @@ class PolicyRecord:
                 events=tuple(doc.get("events", ())),
                 migrating_to=doc.get("migrating_to"),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise StateDirError(
-                f"{where}: the policy record cannot be read ({err.__class__.__name__}): "
-                f"{fix_for(StateCondition.CORRUPT)}",
-                StateCondition.CORRUPT,
-            ) from None
+        except UNREADABLE as err:
+            raise unreadable(where, "the policy record", err) from None
 
     def counts(self) -> dict[str, int]:
         """Upgrades applied to this state, by action (each upgrade counts once per action)."""
