@@ -238,36 +238,35 @@ class EngineProcess:
     def count_prefix(self, prefix: bytes) -> int:
         """Keys of the child's store that start with ``prefix``; 0 while a window is in the
         child (a scrape does not wait for the engine)."""
-        if not self._lock.acquire(blocking=False):
-            return self._prefixed.get(prefix, 0)
-        try:
-            self._send(("count_prefix", prefix))
-            self._prefixed[prefix] = int(self._reply("count_prefix")[1])
-            return self._prefixed[prefix]
-        finally:
-            self._lock.release()
+        count = self._scraped(("count_prefix", prefix))
+        if count is not None:
+            self._prefixed[prefix] = count
+        return self._prefixed.get(prefix, 0)
 
     def panel_members(self) -> int:
         """Members of the child's panel rosters (for the metrics exporter); while a window is
         in the child, the count read before it."""
-        if not self._lock.acquire(blocking=False):
-            return self._members
-        try:
-            self._send(("panel_members",))
-            self._members = int(self._reply("panel_members")[1])
-            return self._members
-        finally:
-            self._lock.release()
+        members = self._scraped(("panel_members",))
+        if members is not None:
+            self._members = members
+        return self._members
 
     def count(self) -> int:
         """Entries in the child's state store (for the metrics exporter). While a window is in
         the child, the count after the last one: a scrape does not wait for the engine."""
+        count = self._scraped(("count",))
+        if count is not None:
+            self._count = count
+        return self._count
+
+    def _scraped(self, request: tuple[Any, ...]) -> int | None:
+        """The child's answer to a scrape's ``request``; None while a window is in the child
+        (a scrape does not wait for the engine)."""
         if not self._lock.acquire(blocking=False):
-            return self._count
+            return None
         try:
-            self._send(("count",))
-            self._count = int(self._reply("count")[1])
-            return self._count
+            self._send(request)
+            return int(self._reply(request[0])[1])
         finally:
             self._lock.release()
 
