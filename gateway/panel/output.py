@@ -133,8 +133,7 @@ def panel_record_id(key: bytes, wave: int) -> str:
     """A published record's id: a digest of the respondent's keyed state key and the wave, so
     the same for a replay and unlinkable across waves without the secret (a member has one
     record a wave: its repeats are not published)."""
-    digest = hashlib.sha256(key + b"\x00" + str(wave).encode()).hexdigest()[:24]
-    return f"{wave}-{digest}"
+    return panel_record_ids([key], wave)[0]
 
 
 def panel_record_ids(keys: Sequence[bytes], wave: int) -> list[str]:

@@ -82,7 +82,7 @@ def input_through(records: Sequence[ValidRecord], idx: list[int]) -> dict[str, i
     for topic, partition, offset, _ in sources:
         if offset > newest.get((topic, partition), -1):
             newest[topic, partition] = offset
-    return {f"{topic}/{partition}": offset for (topic, partition), offset in newest.items()}
+    return {_partition_name(*tp): offset for tp, offset in newest.items()}
 
 
 def read_before(source: SourceRef | None, through: dict[str, int] | None) -> bool:
@@ -90,4 +90,9 @@ def read_before(source: SourceRef | None, through: dict[str, int] | None) -> boo
     again), not a late copy appended to the input since."""
     if source is None or through is None:
         return True
-    return source.offset <= through.get(f"{source.topic}/{source.partition}", -1)
+    return source.offset <= through.get(_partition_name(source.topic, source.partition), -1)
+
+
+def _partition_name(topic: str, partition: int) -> str:
+    """An input partition as an outcome's offsets name it (a msgpack map key: text)."""
+    return f"{topic}/{partition}"

@@ -199,7 +199,7 @@ class PanelStep:
         cols: list[list[Any]],
         plan: WindowPlan,
     ) -> None:
-        lead, followers = self._leads(idx, pw, cols, wave, plan)
+        lead, repeats = self._leads(idx, pw, cols, wave, plan)
         take = take_at(lead)
         present = Present(
             keys=[pw.rkeys[i] for i in lead],  # type: ignore[misc]
@@ -222,32 +222,30 @@ class PanelStep:
             centroids=self._claim.centroids,
             uniforms=uniforms,
         )
-        self._plan_wave(
-            roster, scope, wave, lead=lead, followers=followers, pw=pw, out=out, plan=plan
-        )
+        self._plan_wave(roster, scope, wave, lead=lead, repeats=repeats, pw=pw, out=out, plan=plan)
         roster.outcomes[-1].through = input_through(pw.records, idx)
 
     def _leads(
         self, idx: list[int], pw: PanelWindow, cols: list[list[Any]], wave: int, plan: WindowPlan
-    ) -> tuple[list[int], list[tuple[int, int]]]:
-        """Each respondent's first record of the wave (its lead), and the records that follow a
-        lead (position, the lead's); a record without a respondent or with an incomplete claim
-        row is suppressed, as it cannot be followed or grouped."""
+    ) -> tuple[list[int], list[int]]:
+        """Each respondent's first record of the wave (its lead), and the records that repeat a
+        lead; a record without a respondent or with an incomplete claim row is suppressed, as it
+        cannot be followed or grouped."""
         keys = [pw.rkeys[i] for i in idx]
         incomplete = {i for col in cols if None in col for i, v in enumerate(col) if v is None}
         if None not in keys and incomplete.isdisjoint(idx) and len(set(keys)) == len(keys):
             return list(idx), []  # one record a respondent: every record leads
         first: dict[bytes, int] = {}
-        followers: list[tuple[int, int]] = []
+        repeats: list[int] = []
         for i, key in zip(idx, keys, strict=True):
             if key is None or i in incomplete:
                 plan.suppressed.append(i)
                 plan.ids[i] = self._id(pw, i, wave)
             elif key in first:
-                followers.append((i, first[key]))
+                repeats.append(i)
             else:
                 first[key] = i
-        return list(first.values()), followers
+        return list(first.values()), repeats
 
     def _plan_wave(
         self,
@@ -256,7 +254,7 @@ class PanelStep:
         wave: int,
         *,
         lead: list[int],
-        followers: list[tuple[int, int]],
+        repeats: list[int],
         pw: PanelWindow,
         out: WaveOutcome,
         plan: WindowPlan,
@@ -273,8 +271,8 @@ class PanelStep:
         # a member's repeated records of the wave (a resubmission, a producer's retry) are
         # decided, not published: its first record stands for them, so the release holds each
         # member once, under one id a consumer can keep, and a weighted total counts it once
-        plan.dropped.update(i for i, _ in followers)
-        out.measures["panel_repeats"] = float(len(followers))
+        plan.dropped.update(repeats)
+        out.measures["panel_repeats"] = float(len(repeats))
         imputed_ids = panel_record_ids([roster.keys[row] for row in out.imputed_rows], wave)
         for row, cls, rid in zip(out.imputed_rows, out.imputed_class, imputed_ids, strict=True):
             plan.imputed.append(Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid))
