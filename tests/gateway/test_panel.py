@@ -254,9 +254,11 @@ def _check(out: list[PublishedRecord], waves: list[list[ValidRecord]], k: int) -
     del answers
 
 
-def test_an_absent_member_is_published_and_not_told_apart() -> None:
-    """Wave 2 without one member: it is published all the same, with its sticky answer, and its
-    record has the fields, the id shape and the weight of a present one."""
+def _nine_over_two_waves(
+    absent: set[int],
+) -> tuple[Engine, list[ValidRecord], list[PublishedRecord]]:
+    """Nine members p0..p8 in wave 1, those but ``absent`` in wave 2, both waves decided (the
+    last at the flush): the engine, wave 2's records and everything published."""
     engine = Engine(_policy(3), keyring=KEY, store=MemoryStore())
     people = [
         {"age": 20 + 5 * i, "sex": "FM"[i % 2], "rel": "other", "occ": "abc"[i % 3]}
@@ -269,14 +271,21 @@ def test_an_absent_member_is_published_and_not_told_apart() -> None:
     w2 = [
         ValidRecord(f"p{i}", {**v, "wave": 2}, SourceRef("in", 0, 9 + i), 200.0)
         for i, v in enumerate(people)
-        if i != 4
+        if i not in absent
     ]
-    out = []
+    out: list[PublishedRecord] = []
     held: list[ValidRecord] = []
     for batch, now in ((w1, 100.0), (w2, 200.0), ([], 200.0 + GRACE), ([], 1e9)):
         res = engine.protect_window(held + batch, now=now, flush_all=now == 1e9)
         held = list(res.held)
         out.extend(res.published)
+    return engine, w2, out
+
+
+def test_an_absent_member_is_published_and_not_told_apart() -> None:
+    """Wave 2 without one member: it is published all the same, with its sticky answer, and its
+    record has the fields, the id shape and the weight of a present one."""
+    _, _, out = _nine_over_two_waves({4})
     rows = [(r, orjson.loads(r.value)) for r in out]
     wave2 = [(r, row) for r, row in rows if row["wave"] == 2]
     assert len(wave2) == 9  # the absent member too
@@ -651,26 +660,8 @@ def test_a_late_copy_republishes_its_member_alone_and_a_record_read_again_the_im
     """A decided wave's imputed records are sent again only with a record the wave was decided
     with (a restart may have lost the outputs): sent with a late copy appended to the input,
     they would single out, among the wave's records, those that stand for absent members."""
-    engine = Engine(_policy(3), keyring=KEY, store=MemoryStore())
-    people = [
-        {"age": 20 + 5 * i, "sex": "FM"[i % 2], "rel": "other", "occ": "abc"[i % 3]}
-        for i in range(9)
-    ]
-    w1 = [
-        ValidRecord(f"p{i}", {**v, "wave": 1}, SourceRef("in", 0, i), 100.0)
-        for i, v in enumerate(people)
-    ]
-    w2 = [
-        ValidRecord(f"p{i}", {**v, "wave": 2}, SourceRef("in", 0, 9 + i), 200.0)
-        for i, v in enumerate(people)
-        if i not in (4, 7)
-    ]
-    first: dict[str, bytes] = {}
-    held: list[ValidRecord] = []
-    for batch, now in ((w1, 100.0), (w2, 200.0), ([], 1e9)):
-        res = engine.protect_window(held + batch, now=now, flush_all=now == 1e9)
-        held = list(res.held)
-        first.update((r.record_id, r.value) for r in res.published)
+    engine, w2, out = _nine_over_two_waves({4, 7})
+    first = {r.record_id: r.value for r in out}
     wave2 = {rid for rid, value in first.items() if orjson.loads(value)["wave"] == 2}
     assert len(wave2) == 9  # 7 present, 2 imputed
     again = w2[0]
