@@ -124,7 +124,8 @@ class SQLiteStore:
             if version in (1, 2):
                 for statement in _MIGRATE:
                     con.execute(statement)
-            con.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            if version != _SCHEMA_VERSION:  # an unconditional write would change a backup read
+                con.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")

@@ -27,6 +27,19 @@ def test_reopened_store_updates_in_place_and_keeps_counting(tmp_path: Path) -> N
     assert rows.fetchone() == (150, 150)  # updated in place, never a second row per key
 
 
+def test_opening_and_reading_leaves_the_file_unchanged(tmp_path: Path) -> None:
+    # state-check and policy diff read a state (often a backup copy): reading writes nothing
+    path = tmp_path / "s.db"
+    with SQLiteStore(path) as s:
+        s.put_many({_key(i): b"v" for i in range(10)})
+    before = path.read_bytes()
+    with SQLiteStore(path) as s:
+        assert s.count() == 10
+        assert s.get_many([_key(3)]) == {_key(3): b"v"}
+        assert s.meta("key_fingerprint") is None
+    assert path.read_bytes() == before
+
+
 def test_a_version_2_file_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     con = sqlite3.connect(path)
