@@ -65,8 +65,9 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif not item.startswith("function-"):
-            parts.append(("." if parts else "") + item)
+        elif not item.startswith("function-") and item != "[key]":  # (a mapping's key)
+            shown = item if item and item.isprintable() else repr(item)  # as written: may not be
+            parts.append(("." if parts else "") + shown)
     return "".join(parts) or "policy"
 
 

@@ -31,7 +31,7 @@ from gateway.policy.sections import (
     RiskSpec,
     WindowSpec,
 )
-from gateway.policy.specs import StrictModel
+from gateway.policy.specs import Name, StrictModel
 
 #: Largest wave number: the state stores waves as 32-bit integers (a larger one failed every
 #: window that held it, on every worker that read it again).
@@ -71,7 +71,7 @@ class LongestWait:
 
 
 class Policy(StrictModel):
-    name: str = "privgw"
+    name: Name = "privgw"
     input: InputSpec = Field(default_factory=InputSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
     window: WindowSpec = Field(default_factory=WindowSpec)
@@ -79,7 +79,7 @@ class Policy(StrictModel):
     consistency: ConsistencySpec = Field(default_factory=ConsistencySpec)
     republication: RepublicationSpec = Field(default_factory=RepublicationSpec)
     risk: RiskSpec = Field(default_factory=RiskSpec)
-    attributes: Annotated[dict[str, Attribute], Field(min_length=1)]
+    attributes: Annotated[dict[Name, Attribute], Field(min_length=1)]
 
     @model_validator(mode="after")
     def _validate(self) -> Self:

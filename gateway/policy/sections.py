@@ -19,6 +19,7 @@ from gateway.policy.enums import (
 )
 from gateway.policy.specs import (
     MAX_K,
+    Name,
     SBool,
     SFloat,
     SInt,
@@ -30,8 +31,8 @@ from gateway.policy.specs import (
 
 class InputSpec(StrictModel):
     topic: TopicName = "survey.responses"
-    respondent_id: str | None = None
-    key_field: str | None = None  # re-key through a repartition topic when input has no key
+    respondent_id: Name | None = None
+    key_field: Name | None = None  # re-key through a repartition topic when input has no key
     extra_fields: ExtraFields = ExtraFields.ERROR
     missing_tokens: list[str] = Field(default_factory=lambda: ["?", ""])
 

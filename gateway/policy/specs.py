@@ -50,6 +50,21 @@ def _topic(name: str) -> str:
 
 TopicName = Annotated[str, AfterValidator(_topic)]
 
+
+def _printable(name: str) -> str:
+    # names reach terminals, logs, metric labels and CSV headers: an escape sequence in one
+    # would rewrite what an operator reads
+    if not name or not name.isprintable():
+        raise ValueError(
+            "must be a non-empty name without control characters (newline, tab, escape…), "
+            f"got {name!r}"
+        )
+    return name
+
+
+#: An attribute's, a field's or the policy's name.
+Name = Annotated[str, AfterValidator(_printable)]
+
 #: Largest microaggregation k: a group is held until k records arrive, so k beyond any
 #: window size only holds records forever.
 MAX_K = 1_000_000

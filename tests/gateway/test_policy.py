@@ -225,6 +225,14 @@ MATRIX = BASE.replace(
                 ("output", "meta_topic", "'caf\u00e9'"),
             )
         ),
+        # names reach terminals and logs: a control character in one is refused, shown escaped
+        (
+            BASE.replace("  age:", '  "a\\x1b[2Jge":'),
+            "attributes.'a\\x1b[2Jge': must be a non-empty name without control characters",
+        ),
+        (BASE.replace("  age:", '  "":'), "attributes.'': must be a non-empty name"),
+        ('input: {respondent_id: "r\\nid"}\n' + BASE, "input.respondent_id: must be"),
+        ('name: "a\\tb"\n' + BASE, "name: must be a non-empty name"),
     ],
 )
 def test_unsafe_or_loosely_typed_policies_are_refused(text: str, expected: str) -> None:
