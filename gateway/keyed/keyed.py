@@ -313,6 +313,13 @@ def generate_secret_file(path: str | os.PathLike[str]) -> None:
 
     Refuses to overwrite: replacing the secret changes every key, digest and draw.
     """
+    if not str(path):  # Path("") is "."
+        raise SecretError("the secret's file name is empty: give one, e.g. /run/secrets/privgw")
+    if Path(path).is_dir():
+        raise SecretError(
+            f"{path} is a directory: give the new secret's file in it, e.g. "
+            f"{Path(path) / 'privgw.secret'}"
+        )
     target = Path(path)
     parent = target.parent
     if not parent.is_dir():  # no directory is created: a mistyped path would hide the secret

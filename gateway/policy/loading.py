@@ -134,6 +134,11 @@ def load_policy(path: str | Path) -> Policy:
         text = raw.decode("utf-8")
     except FileNotFoundError:
         raise PolicyError(f"policy file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:  # the byte's offset, never the text around it
+        raise PolicyError(
+            f"policy file {p} is not UTF-8 text (byte {err.start + 1} cannot be read): save it "
+            "as UTF-8"
+        ) from None
+    except OSError as err:
         raise PolicyError(f"cannot read policy file {p}: {err.__class__.__name__}") from None
     return policy_from_yaml(text)

@@ -292,6 +292,15 @@ def test_a_policy_read_from_dev_zero_is_refused_naming_the_cap(
     assert_clear(code, err, "policy file /dev/zero is larger than the 1024 KiB")
 
 
+def test_a_policy_not_in_utf8_is_refused_naming_the_byte(
+    capsys: pytest.CaptureFixture[str], adult: Path, tmp_path: Path
+) -> None:
+    policy = tmp_path / "latin1.yaml"
+    policy.write_bytes(POLICY.read_bytes().replace(b"adult-survey", b"caf\xe9-survey", 1))
+    code, err = run(capsys, "protect", adult, "--policy", policy, "-o", "out.csv")
+    assert_clear(code, err, f"policy file {policy} is not UTF-8 text (byte ", "save it as UTF-8")
+
+
 # -- values no squared distance survives, and a file whose every key is suppressed -------------
 
 

@@ -59,3 +59,13 @@ def test_secret_create_makes_no_directory(tmp_path: Path) -> None:
     proc = privgw("secret", "create", tmp_path / "file" / "x.key")
     assert proc.returncode == 2 and "is not a directory" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_secret_create_names_an_empty_path_or_a_directory(tmp_path: Path) -> None:
+    # '' was taken for "." and refused as ". already exists"
+    proc = privgw("secret", "create", "")
+    assert proc.returncode == 2 and "file name is empty" in proc.stderr, proc.stderr
+    proc = privgw("secret", "create", tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{tmp_path} is a directory" in proc.stderr and "already exists" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
