@@ -26,7 +26,6 @@ from gateway.commands.sigterm import (
 )
 from gateway.errors import PrivgwError
 from gateway.files.policy_report import policy_report
-from gateway.grouping.scope import NO_CONSISTENCY
 from gateway.policy import duration_text, load_policy
 
 log = logging.getLogger("privgw")
@@ -86,8 +85,8 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
     if claim:
         _print_beside_claim(report)
     print(f"consistency: {report['consistency']}")
-    if report["consistency"] == "none":
-        print(f"  note: {NO_CONSISTENCY}")
+    if report["stream_refusal"] is not None:
+        print(f"  note: `privgw run` refuses this policy: {report['stream_refusal']}")
     if claim:
         print(f"republication: {report['republication']['statement']}")
     wait = report["longest_wait"]

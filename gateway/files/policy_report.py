@@ -16,6 +16,7 @@ from gateway.grouping.guarantees import republication_statement
 from gateway.grouping.mixed_microaggregation import (
     claim_columns,
 )
+from gateway.grouping.scope import stream_refusal
 from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import (
@@ -90,6 +91,7 @@ def policy_report(policy: Policy, data: str | Path | None = None) -> dict[str, A
         # the sampling weight, when published: beside the claim too, and often unique
         "published_weight": published_weight(policy),
         "consistency": policy.consistency.mode.value,
+        "stream_refusal": stream_refusal(policy),  # why `privgw run` refuses it; None: it runs
         "republication": republication_statement(policy),
         # the stream keeps a record read but uncommitted up to this long: the input topic must
         # keep records longer (a restart reads them again from it)

@@ -56,6 +56,13 @@ def refuse_in_stream(policy: Policy) -> None:
             "small_strata: suppress for the stream engine: a stratum's records wait for k like "
             "any pool, up to window.max_hold_seconds, then follow window.on_hold_timeout"
         )
+    if policy.republication.mode is RepublicationMode.PANEL and (
+        spec.strata or spec.l_diversity is not None
+    ):
+        raise PolicyError(
+            "republication.mode panel does not form cohorts within strata or l-diverse yet: "
+            "remove microaggregation.strata and l_diversity, or choose the cohort mode"
+        )
     if spec.algorithm is MicroaggAlgorithm.RECODE_SUPPRESS:
         refuse_recoding(policy)
 
@@ -111,6 +118,16 @@ NO_CONSISTENCY = (
     "defeats: the stream, which republishes, refuses it (a file is one release, and privgw "
     "protect runs it); set consistency: {mode: sticky}"
 )
+
+
+def stream_refusal(policy: Policy) -> str | None:
+    """Why ``privgw run`` refuses ``policy`` (None: it runs it), for check-policy to say
+    before a worker starts; a file command may still run it (one release, no state)."""
+    try:
+        refuse_in_stream(policy)
+    except PolicyError as err:
+        return str(err)
+    return NO_CONSISTENCY if policy.consistency.mode is ConsistencyMode.NONE else None
 
 
 def refuse_engine(policy: Policy, secret: bool, store: bool, inconsistent: bool) -> None:

@@ -33,7 +33,6 @@ from gateway.engine.records import (
     published_records,
     take_at,
 )
-from gateway.errors import PolicyError
 from gateway.grouping.claim_partition import ClaimPartition
 from gateway.grouping.decision import QIDecision
 from gateway.grouping.live_view import StateView
@@ -77,12 +76,6 @@ def panel_step(
     secret (without a store, a file is one release and the engine groups it as a whole)."""
     if policy.republication.mode is not RepublicationMode.PANEL or store is None:
         return None
-    spec = policy.microaggregation
-    if spec.strata or spec.l_diversity is not None:
-        raise PolicyError(
-            "republication.mode panel does not form cohorts within strata or l-diverse yet: "
-            "remove microaggregation.strata and l_diversity, or choose the cohort mode"
-        )
     if keyring is None or inputs is None or claim is None:
         return None
     carry = keyring.hkdf(CARRY_SALT, b"aes-256-gcm")

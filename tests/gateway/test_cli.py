@@ -12,7 +12,11 @@ import orjson
 import pandas as pd
 import pytest
 
-from gateway.policy import load_policy
+from gateway.engine.engine import Engine
+from gateway.errors import PolicyError
+from gateway.keyed.keyed import Keyring
+from gateway.policy import load_policy, policy_from_yaml
+from state.memory_store import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data"
@@ -246,9 +250,47 @@ def test_reconstruct_counts_a_release_published_again_once(protected: Path, tmp_
     assert unwaved.returncode == 2 and "has no wave column (wave)" in unwaved.stderr
 
 
-def test_check_policy_says_the_stream_refuses_consistency_none(tmp_path: Path) -> None:
-    policy = tmp_path / "none.yaml"
-    sticky = "consistency: {mode: sticky}"
-    policy.write_text(POLICY.read_text().replace(sticky, "consistency: {mode: none}"))
-    text = privgw("check-policy", policy).stdout
-    assert "consistency: none" in text and "the stream, which republishes, refuses it" in text
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (
+            "consistency: {mode: sticky}",
+            "consistency: {mode: none}",
+            "the stream, which republishes, refuses it",
+        ),
+        # the engine refused these only when a worker started (check-policy passed them)
+        (
+            "  algorithm: mdav\n",
+            "  algorithm: mdav\n  strata: [race]\n  small_strata: suppress\n",
+            "republication.mode panel does not form cohorts within strata",
+        ),
+        (
+            "mode: panel,",
+            "mode: regroup, slack: 1,",
+            None,
+        ),
+        (
+            "  algorithm: mdav\n",
+            "  algorithm: mdav\n  strata: [race]\n  small_strata: merge\n",
+            "microaggregation.small_strata merge pools the strata",
+        ),
+    ],
+)
+def test_check_policy_says_what_the_stream_refuses(
+    tmp_path: Path, old: str, new: str, said: str | None
+) -> None:
+    policy = tmp_path / "p.yaml"
+    text = POLICY.read_text()
+    assert old in text
+    policy.write_text(text.replace(old, new))
+    out = privgw("check-policy", policy).stdout
+    report = orjson.loads(privgw("check-policy", policy, "--json").stdout)
+    refused = [line for line in out.splitlines() if "`privgw run` refuses this policy" in line]
+    if said is None:
+        assert refused == [] and report["stream_refusal"] is None, out
+        return
+    assert len(refused) == 1 and said in refused[0], out
+    assert said in report["stream_refusal"]
+    parsed = policy_from_yaml(policy.read_text())
+    with pytest.raises(PolicyError, match=r"refuses it|does not form|merge pools"):
+        Engine(parsed, keyring=Keyring(b"k" * 32), store=MemoryStore())  # what run builds
