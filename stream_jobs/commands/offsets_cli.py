@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ def _open(args: argparse.Namespace) -> tuple[Any, Any]:
     settings = worker_settings(
         state_dir=args.state_dir, group_id=args.group_id, bootstrap=args.bootstrap
     )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO lines broke the table
     state_dir = Path(settings.state_dir)
     check_existing_state_dir(state_dir)
     ledger = PartitionLedger(state_dir)

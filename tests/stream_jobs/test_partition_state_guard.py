@@ -260,6 +260,7 @@ def test_a_restore_from_backup_is_named_and_privgw_offsets_takes_the_group_back(
     shown = _privgw("offsets", "show", "--state-dir", str(state), *group)
     assert shown.returncode == 0, shown.stderr
     assert f"{in_topic}/0" in shown.stdout
+    assert "aiokafka" not in shown.stderr, shown.stderr  # a table, not the client's chatter
     dry = _privgw("offsets", "reset", "--state-dir", str(state), *group, "--dry-run")
     assert dry.returncode == 0 and f"{len(second)} records protected again" in dry.stdout, dry
     reset = _privgw("offsets", "reset", "--state-dir", str(state), *group)
