@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import sys
 import time
 from collections import defaultdict
@@ -464,6 +465,8 @@ def marginal_fit(rows: list[tuple[str, dict[str, Any]]], truth: dict[str, dict[s
                 gap, worst = g, f"{c[:10]}={str(cat)[:10]}"
     hp = np.array([float(row["hours_per_week"]) for _, row in shown])
     ht = np.array([float(v["hours_per_week"]) for v in people])
+    if not shown:  # every record of the wave suppressed: no published marginal to compare
+        return Fit(math.nan, "all suppressed", math.nan, math.nan, weighted)
     hours = abs(float(np.average(hp, weights=wp)) - float(np.average(ht, weights=wt)))
     deff = float(len(wp) * np.square(wp).sum() / wp.sum() ** 2) if len(wp) else 1.0
     return Fit(gap, worst, hours, deff, weighted)
