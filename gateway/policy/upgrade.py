@@ -234,12 +234,38 @@ def diff(old: PolicyFacets, new: PolicyFacets) -> Upgrade:
                 UpgradeAction.SAFE,
             )
         )
-    for name in sorted(set(new.published) - set(old.published)):
-        if name not in new.randomized and name not in new.noised and name not in new.k_claim:
-            changes.append(Change(name, f"{name} published from now on", UpgradeAction.SAFE))
-    for name in sorted(set(old.published) - set(new.published)):
-        changes.append(Change(name, f"{name} no longer published", UpgradeAction.SAFE))
+    changes += _publication_changes(old, new)
     return Upgrade(old=old, new=new, changes=tuple(changes))
+
+
+def _how(f: PolicyFacets, name: str) -> str:
+    if name in f.k_claim:
+        return "in the k claim"
+    if name in f.randomized:
+        return "by randomized response"
+    return "noised" if name in f.noised else "as it is"
+
+
+def _publication_changes(old: PolicyFacets, new: PolicyFacets) -> list[Change]:
+    """Attributes published from now on, no longer, or another way (a quasi-identifier now
+    randomized, say: its group's value so far, its own randomized value from now on)."""
+    out = [
+        Change(name, f"{name} published from now on, {_how(new, name)}", UpgradeAction.SAFE)
+        for name in sorted(set(new.published) - set(old.published))
+        if name not in new.k_claim  # named with the k claim's quasi-identifiers
+    ]
+    out += [
+        Change(name, f"{name} no longer published", UpgradeAction.SAFE)
+        for name in sorted(set(old.published) - set(new.published))
+    ]
+    # into or out of the k claim is named with its quasi-identifiers, and between randomized
+    # response and noise as "method changed": what is left is perturbed one side only
+    perturbed = {"by randomized response", "noised"}
+    for name in sorted(set(old.published) & set(new.published)):
+        before, after = _how(old, name), _how(new, name)
+        if before != after and len({before, after} & perturbed) == 1:
+            out.append(Change(name, f"{name} published {before} -> {after}", UpgradeAction.SAFE))
+    return out
 
 
 def _quasi_identifier_changes(old: PolicyFacets, new: PolicyFacets) -> list[Change]:

@@ -310,6 +310,32 @@ def test_classification_table() -> None:
         assert got == expected, name
     noise = variant(("noise: {ratio: 0.1, sd: 500}", "noise: {ratio: 0.2, sd: 500}"))
     assert diff(base, policy_facets(noise)).fresh_draws == ["capital_gain"]
+    # a quasi-identifier randomized from now on, and an attribute first published randomized:
+    # both were silent (the move read as a removed quasi-identifier, the new one as nothing)
+    race = (
+        "  race:\n    role: quasi_identifier\n    type: categorical\n    method: microaggregation\n"
+    )
+    randomized = race.replace("quasi_identifier", "sensitive").replace(
+        "microaggregation", "randomized_response\n    rr: {mode: uniform, retention: 0.8}"
+    )
+    moved = diff(base, policy_facets(variant((race, randomized)))).changes
+    assert [c.detail for c in moved if c.facet == "race"] == [
+        "race published in the k claim -> by randomized response"
+    ]
+    education = "education: {role: other, type: categorical, method: drop}"
+    added = variant(
+        (
+            education,
+            "education: {role: sensitive, type: categorical, method: randomized_response,\n"
+            "              categories: [HS-grad, Bachelors, Other], rr: {mode: uniform, "
+            "retention: 0.8}}",
+        )
+    )
+    upgrade = diff(base, policy_facets(added))
+    assert [(c.detail, c.action) for c in upgrade.changes] == [
+        ("education published from now on, by randomized response", UpgradeAction.SAFE)
+    ]
+    assert not upgrade.same and not upgrade.fresh_draws  # first draws: nothing drawn again
     shipped = load_policy(SHIPPED)  # BASE is the shipped policy but for its republication mode
     assert (shipped.attributes, shipped.microaggregation) == (
         BASE.attributes,
