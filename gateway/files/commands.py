@@ -24,8 +24,10 @@ from gateway.files.analysis import (
 )
 from gateway.files.evaluate import evaluate_files
 from gateway.files.fileio import PICTURE_SUFFIXES, check_output
+from gateway.files.panel_file import check_waved, protect_waves
 from gateway.files.protect import meta_path, microaggregate_file
 from gateway.files.protect_blocks import DEFAULT_BUDGET_MIB, Budget, protect_within
+from gateway.files.protect_output import print_frequency_risk, print_waves, print_whole_key
 from gateway.files.ru_map import plot_ru_map, ru_map
 from gateway.policy import load_policy
 
@@ -43,9 +45,16 @@ def cmd_protect(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.seed is not None and args.seed < 0:
         raise PrivgwError(f"--seed must be a whole number ≥ 0, got {args.seed}")
+    if args.state_dir is not None:
+        check_waved(policy, args.seed)  # before the output is checked: the settings first
     # OUT.meta.json too: a symlink there, or an input of that name, would be overwritten
     meta = meta_path(args.output)
     check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
+    if args.state_dir is not None:
+        opener = _entry_point("privgw.stores", "sqlite")
+        state_dir = Path(args.state_dir)
+        print_waves(protect_waves(args.input, policy, args.output, state_dir, opener), args.output)
+        return 0
     budget = Budget(memory_mib=args.memory_budget, block_rows=args.block_rows)
     summary = protect_within(args.input, policy, args.output, seed=args.seed, budget=budget)
     cells = summary["whole_key"].get("suppressed_cells", 0)
@@ -74,72 +83,10 @@ def cmd_protect(args: argparse.Namespace) -> int:
         print(f"  {label}: {fmt(value)}")
     for name, value in summary["retention"].items():
         print(f"  retention {name}: {fmt(value)}")
-    _print_whole_key(summary["whole_key"])
-    _print_frequency_risk(summary.get("frequency_risk"))
+    print_whole_key(summary["whole_key"])
+    print_frequency_risk(summary.get("frequency_risk"))
     print(f"  metadata for analysts: {summary['meta']}")
     return 0
-
-
-def _print_frequency_risk(freq: dict[str, Any] | None) -> None:
-    for label in ("original", "published") if freq else ():
-        assert freq is not None
-        f = freq[label]
-        print(
-            f"  frequency risk {label} ({len(freq['keys'])} keys, missing matches any): "
-            f"expected re-identifications {f['expected_reidentifications']:.2f} "
-            f"({f['global_risk_pct']:.3f} %), violating k: "
-            + ", ".join(f"{k}: {v}" for k, v in f["k_anonymity_violations"].items())
-            + f"; SUDA2 records with an MSU {f['suda2']['records_with_msu']}"
-        )
-
-
-def _print_whole_key(key: dict[str, Any]) -> None:
-    """The k claim's figures of a protect run: recoding and suppression, or the whole key's
-    classes and linkage before and after."""
-    if key.get("method") == "recode_suppress":
-        print(
-            f"  recoding + local suppression on ({', '.join(key['keys'])}): "
-            f"{key['suppressed_cells']} cells suppressed in {key['suppressed_records']} records; "
-            f"every record matches ≥ {key['min_matches']} records (a missing value matching "
-            f"any); records whose exact tuple is shared by < k: {key['strict_records_below_k']}"
-        )
-        for name, cells in key["suppressed_per_key"].items():
-            print(f"  suppressed {name}: {cells}")
-    elif key:
-        before, after, link = key["whole_key_original"], key["whole_key"], key["whole_key_linkage"]
-        print(
-            f"  whole key ({len(key['k_claim'])} quasi-identifiers): smallest class "
-            f"{before['smallest_class']} -> {after['smallest_class']}, records in classes < k "
-            f"{before['share_below_k']:.4f} -> {after['share_below_k']:.4f}, sample uniques "
-            f"{before['sample_uniques']} -> {after['sample_uniques']}"
-        )
-        if link["share_linked"] is None:  # no record kept its key: nothing to link
-            print("  whole-key record linkage: none published")
-        else:
-            print(
-                f"  whole-key record linkage: {link['share_linked']:.4f} ± "
-                f"{link['standard_error']:.4f} (exact categorical key, then nearest numeric: "
-                f"{fmt(link['exact_key_linkage'])})"
-            )
-        grouping = key.get("grouping", {})
-        if "strata" in grouping:
-            st = grouping["strata"]
-            print(
-                f"  strata: {st['strata']}, {st['small_strata']} below k "
-                f"({st['records_in_small_strata']} records, {st['small_strata_handling']})"
-            )
-        if "l_diversity" in grouping:
-            ld = grouping["l_diversity"]
-            print(
-                f"  l-diversity of {ld['attribute']} (l = {ld['l']}): "
-                f"{ld['groups_below_l_before']} groups below l merged in {ld['merges']} merges"
-            )
-        for name, share in key["changed_categories"].items():
-            print(f"  changed categories {name}: {fmt(share)}")
-        if key["unprotected_quasi_identifiers"]:
-            print(
-                "  NOT covered by the k claim: " + ", ".join(key["unprotected_quasi_identifiers"])
-            )
 
 
 def cmd_microaggregate(args: argparse.Namespace) -> int:
@@ -383,6 +330,13 @@ def _add_protect(sub: Any) -> None:
         type=int,
         default=None,
         help="rows a block holds at most (overrides --memory-budget's)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="publish the file's waves (republication.wave_attribute) as successive releases "
+        "on this state, as the stream does, for a later file to continue; the secret comes "
+        "from PRIVGW_SECRET_FILE",
     )
     p.set_defaults(func=cmd_protect)
 

@@ -55,10 +55,33 @@ def warn_of_waves(records: Sequence[ValidRecord], policy: Policy) -> None:
         log.warning(
             "the file holds %d waves (%s) and is protected as one release: k holds over the "
             "file, not within each wave, and the published %s column splits the classes; "
-            "protect each wave's rows on its own for k within each wave",
+            "protect a panel's waves with --state-dir for k within each wave",
             waves,
             wave,
             wave,
+        )
+
+
+def refuse_repeated_respondents(
+    records: Sequence[ValidRecord], policy: Policy, src: str | Path
+) -> None:
+    """A file is one release: its k counts rows and its draws are made row by row, so a
+    respondent in several rows (a panel's waves) would fill its own class and have each answer
+    drawn afresh, which averaging undoes. Such a file is protected wave by wave on a state."""
+    seen: set[str] = set()
+    again = []
+    for i, r in enumerate(records):
+        if r.respondent_id is not None:
+            if r.respondent_id in seen:
+                again.append(i)
+            seen.add(r.respondent_id)
+    if again:
+        raise InputDataError(
+            f"{src}: {len(again)} row(s) repeat a respondent ('{policy.input.respondent_id}'), "
+            f"first at data row {again[0] + 1}: a file is one release, whose k counts rows and "
+            "whose randomized answers are drawn row by row. Protect a panel's waves with "
+            "--state-dir DIR (each wave a release, as the stream publishes them; the secret "
+            "from PRIVGW_SECRET_FILE)"
         )
 
 
@@ -136,6 +159,7 @@ def protect_file(
     records = records_from_frame(df, policy, src)
     if not records:
         raise InputDataError(f"{src}: no data rows")
+    refuse_repeated_respondents(records, policy, src)
     warn_of_waves(records, policy)
     k = policy.microaggregation.k
     if policy.k_claim and len(records) < k:  # before anything is written

@@ -408,6 +408,17 @@ def _parts_body(
     return body
 
 
+def roster_last_wave(
+    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], scope: int | None
+) -> int | None:
+    """The newest wave the roster of ``scope`` decided (None: none); nothing sealed opened."""
+    key = roster_key(scope)
+    raw = get_many([key]).get(key)
+    doc = _decode(raw) if raw is not None else {}
+    outs = _decode(_parts_body(get_many, key, doc))["outs"] if "parts" in doc else doc.get("outs")
+    return int(outs[-1]["wave"]) if outs else None
+
+
 def drop_roster_draws(
     get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]],
     key: bytes,

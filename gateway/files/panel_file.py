@@ -1,0 +1,124 @@
+"""`privgw protect --state-dir`: a panel file's waves published as successive releases, on a
+state a later file continues: the stream's engine, one wave at a time.
+
+Without a state a file is one release (:mod:`gateway.files.protect`): protecting each wave's
+rows on its own would draw every randomized answer afresh per wave, which an intruder holding
+the releases averages away. Here each wave is decided as the stream decides it when the wave
+closes — under the ``panel`` mode fixed cohorts, every member published in every wave (an
+absent one imputed), analysis weights raked — and the keyed draws stay in the state with the
+cohorts, so next month's file of wave 4 continues the panel. The secret comes from
+PRIVGW_SECRET_FILE or PRIVGW_SECRET; a wave the state decided already is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+
+from gateway.engine.engine import Engine
+from gateway.engine.records import InputMarks, PublishedRecord, ValidRecord
+from gateway.errors import InputDataError, PrivgwError
+from gateway.files.fileio import read_table, records_from_frame, write_table
+from gateway.files.protect import meta_path
+from gateway.grouping.scope import stream_refusal
+from gateway.keyed.keyed import Keyring, load_secret
+from gateway.panel.roster import roster_last_wave
+from gateway.policy import Method, Policy
+from gateway.state_store.state_api import check_key_fingerprint
+
+OpenState = Callable[[Path, Policy], Any]  # state.file_state.open_file_state
+
+
+def check_waved(policy: Policy, seed: int | None) -> str:
+    """The wave attribute of a policy a file's waves can be protected under (else why not)."""
+    wave = policy.republication.wave_attribute
+    if wave is None or policy.attributes[wave].method is Method.DROP:
+        raise PrivgwError(
+            "--state-dir protects a file's waves as successive releases: set "
+            "republication.wave_attribute to the column numbering them (and publish it)"
+        )
+    if policy.input.respondent_id is None:
+        raise PrivgwError(
+            "--state-dir follows respondents from wave to wave: set input.respondent_id"
+        )
+    refusal = stream_refusal(policy)
+    if refusal is not None:
+        raise PrivgwError(f"--state-dir protects as the stream does, which refuses: {refusal}")
+    if seed is not None:
+        raise PrivgwError(
+            "--seed and --state-dir exclude each other: with a state every draw is keyed by "
+            "the secret (PRIVGW_SECRET_FILE), so a run is reproduced by the secret and the state"
+        )
+    return wave
+
+
+def protect_waves(
+    src: str | Path, policy: Policy, out: str | Path, state_dir: Path, open_state: OpenState
+) -> dict[str, Any]:
+    """Protect ``src``'s waves in order on the state in ``state_dir``; writes OUT (every wave's
+    release, in wave order) and OUT.meta.json. Everything is checked before the state is
+    written: the file's rows, the secret, the policy the state records, its waves."""
+    wave = check_waved(policy, None)
+    df = read_table(src, as_text=True)
+    records = records_from_frame(df, policy, src)
+    waves = _waves(records, wave, src)
+    keyring = Keyring(load_secret(os.environ))
+    store = open_state(state_dir, policy)  # a StateStore and a KeyFingerprintStore
+    try:
+        last = roster_last_wave(store.get_many, None)
+        if last is not None and waves[0] <= last:
+            raise InputDataError(
+                f"{src}: wave {waves[0]} was decided in {state_dir} already (its newest wave "
+                f"is {last}): protect the waves after {last}, or give a new --state-dir"
+            )
+        check_key_fingerprint(store, keyring.fingerprint(), rotate=False, where=str(state_dir))
+        engine = Engine(policy, keyring=keyring, store=store)
+        published: list[PublishedRecord] = []
+        per_wave = {}
+        for w in waves:
+            window = [r for r in records if r.values.get(wave) == w]
+            result = engine.protect_window(
+                window, now=float(w), flush_all=True, marks=InputMarks(closed_through=w)
+            )
+            assert not result.held, "a closed wave holds no record"
+            published.extend(result.published)
+            report = result.report
+            per_wave[w] = {
+                "answered": len(window),
+                "published": len(result.published),
+                "imputed": report.imputed,
+                "suppressed": report.suppressed,
+            }
+        meta = engine.metadata(policy)
+    finally:
+        store.close()
+    write_table(_frame(published, policy), out)
+    meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    return {"records": len(records), "waves": per_wave, "meta": str(meta_path(out))}
+
+
+def _waves(records: Sequence[ValidRecord], wave: str, src: str | Path) -> list[int]:
+    if not records:
+        raise InputDataError(f"{src}: no data rows")
+    values = [r.values.get(wave) for r in records]
+    missing = [i for i, v in enumerate(values) if v is None]
+    if missing:
+        raise InputDataError(
+            f"{src}: {len(missing)} row(s) without a wave ('{wave}'), first at data row "
+            f"{missing[0] + 1}: every row of a panel file belongs to a wave"
+        )
+    return sorted({int(v) for v in values})  # type: ignore[call-overload]
+
+
+def _frame(published: Sequence[PublishedRecord], policy: Policy) -> pd.DataFrame:
+    """The releases as a table: the policy's published attributes in its order, then what
+    the engine adds (the analysis weight)."""
+    rows = [orjson.loads(p.value) for p in published]
+    columns = [n for n, a in policy.attributes.items() if a.method is not Method.DROP]
+    extra = [c for c in dict.fromkeys(c for row in rows for c in row) if c not in columns]
+    return pd.DataFrame(rows, columns=[*columns, *extra])
