@@ -53,6 +53,7 @@ from stream_jobs.ops.metrics_scrape import (
     KEY_MEASURES,
     LDIV_PREFIX,
     MEASURES,
+    MIN_MEASURED_RECORDS,
     SUPPRESSED_PREFIX,
     WindowFigures,
     WorkerCollector,
@@ -155,10 +156,15 @@ class GatewayMetrics(WindowFigures):
                         report.min_group_size,
                         self._k,
                     )
+            # figures of true against published values speak for a few respondents in a
+            # small window (a late record alone): not exported from it
+            measured = report.published >= max(self._k, MIN_MEASURED_RECORDS)
+            if measured:
+                self.retention_last.update(report.retention)
             if report.measures:
                 self.sampled_windows += 1
                 for key, value in report.measures.items():
-                    if key not in MEASURES or not np.isfinite(value):
+                    if key not in MEASURES or not np.isfinite(value) or not measured:
                         continue
                     ratio = value * MEASURES[key][2]
                     self.last[key] = ratio

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EWMA_ALPHA = 0.2  # weight of the newest sampled window in the moving averages
+# A window's figures that compare true and published values (retention, SSE/SST, IL1s, DLD,
+# interval disclosure) are exported only from this many published records up (k, if larger):
+# one late record's retention is 1 or 0 exactly as its published answer is or is not its own
+MIN_MEASURED_RECORDS = 30
 
 # measure key in WindowReport.measures -> (metric stem, help, scale to a 0-1 ratio)
 MEASURES = {
@@ -114,6 +118,7 @@ class WindowFigures:
         self.suppressed_cells: dict[str, float] = {}  # recode_suppress, per key, summed
         self.republication = RepublicationFigures(k=0, guarantee=False)
         self.sensitive_unique_last: float | None = None  # of the last sampled window
+        self.retention_last: dict[str, float] = {}  # of the last window measured (any window)
 
 
 class WorkerCollector(Collector):
@@ -221,7 +226,7 @@ class WorkerCollector(Collector):
     def _privacy(self) -> Iterator[Any]:
         """The policy's k and ε, and what the last windows showed of them."""
         m, w = self._m, self._worker
-        p, st, policy = m.prefix, w.stats, w.policy
+        p, policy = m.prefix, w.policy
         if any(covered for _, covered in self._claim):  # no k claim without an attribute
             yield GaugeMetricFamily(f"{p}_k", "k in force", value=policy.microaggregation.k)
         if m.min_group_last is not None:
@@ -248,10 +253,13 @@ class WorkerCollector(Collector):
         yield expected
         observed = GaugeMetricFamily(
             f"{p}_rr_retention_observed_ratio",
-            "share of values published unchanged in the last window",
+            "share of values published unchanged in the last window of "
+            f"{MIN_MEASURED_RECORDS} records or more",
             labels=["attribute"],
         )
-        for name, value in sorted(st.retention.items()):
+        with m.lock:
+            retention = sorted(m.retention_last.items())
+        for name, value in retention:
             observed.add_metric([name], value)
         yield observed
 
