@@ -38,6 +38,9 @@ class Imputed(NamedTuple):
     tuple_: list[Any]
     weight: float
     rid: str
+    # its carried values as the wave found them: a backlog decides several waves in a window,
+    # and a later wave's answers, carried once it is decided, are not this wave's
+    carried: dict[str, Any]
 
 
 def extended(
@@ -61,8 +64,8 @@ def extended(
     synth: list[ValidRecord] = []
     skeys: list[bytes] = []
     by_wave: dict[int, list[int]] = {}
-    for j, (_, wave, _, _, _, _) in enumerate(imputed):
-        by_wave.setdefault(wave, []).append(j)
+    for j, entry in enumerate(imputed):
+        by_wave.setdefault(entry.wave, []).append(j)
     picks: dict[int, int | None] = {}
     for wave, js in by_wave.items():
         pool = donors.get(wave, [])
@@ -70,9 +73,8 @@ def extended(
         draws = rand.uniform(f"panel/donor/{wave}", len(keys), keys).tolist() if keys else []
         for j, u in zip(js, draws, strict=True):
             picks[j] = pool[min(int(u * len(pool)), len(pool) - 1)] if pool else None
-    for j, (scope, wave, row, _, _, _) in enumerate(imputed):
-        roster = rosters[scope]
-        carried = roster.carried.values_of(row)
+    for j, entry in enumerate(imputed):
+        carried, wave = dict(entry.carried), entry.wave
         donor = picks[j]
         for name in others:
             col = pw.columns.get(name)
@@ -80,7 +82,7 @@ def extended(
                 carried[name] = None if donor is None else col[donor]
         carried[wave_name] = wave
         synth.append(ValidRecord(None, carried, None, 0.0))
-        skeys.append(roster.keys[row])
+        skeys.append(rosters[entry.scope].keys[entry.row])
     records = [*pw.records, *synth]
     rkeys: list[bytes | None] = [*pw.rkeys, *skeys]
     dkeys: list[bytes | None] = [*pw.dkeys, *(key[-32:] for key in skeys)]

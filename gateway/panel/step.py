@@ -268,7 +268,10 @@ class PanelStep:
         out.measures["panel_repeats"] = float(len(repeats))
         imputed_ids = panel_record_ids([roster.keys[row] for row in out.imputed_rows], wave)
         for row, cls, rid in zip(out.imputed_rows, out.imputed_class, imputed_ids, strict=True):
-            plan.imputed.append(Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid))
+            carried = roster.carried.values_of(row)  # before a later wave of the window
+            plan.imputed.append(
+                Imputed(scope, wave, row, out.tuples[cls], out.weights[cls], rid, carried)
+            )
         roster.decided(Outcome(wave, out.class_of_row, out.tuples, out.weights))
         plan.classes.extend(out.sizes)
         for name, value in out.measures.items():
