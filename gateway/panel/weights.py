@@ -1,6 +1,7 @@
 """Analysis weights for a panel release: raking (iterative proportional fitting) of one weight
 per published tuple, so that every category's weighted share equals its share among the
-release's current and imputed values.
+release's current and imputed values (a category no class publishes cannot be: its share goes
+to the attribute's published categories in proportion, and the weights keep the total).
 
 A published record's weight is a function of its published tuple alone, so it is shared by the
 whole class (>= k records) and never singles a record out. Targets are rounded to multiples of
@@ -90,25 +91,31 @@ def rake(
     factors = np.ones(n_classes)
     if n_classes == 0 or total <= 0:
         return Raked(mass * 0, factors, True, 0.0)
-    goals = []
+    goals, met = [], []  # the targets, and those of the categories some class publishes
     for codes, target in zip(margins, targets, strict=True):
+        if len(codes) != n_classes:
+            raise ValueError("every margin needs one category code per class")
         t = np.asarray(target, dtype=np.float64)
         t = t * (total / t.sum()) if t.sum() > 0 else np.zeros_like(t)
         mean_weight = total / float(sizes.sum())
         goals.append(rounded_targets(t, spec.round_to * mean_weight))
-        if len(codes) != n_classes:
-            raise ValueError("every margin needs one category code per class")
+        # a category no class publishes cannot be met: its share goes to the others in
+        # proportion, so that every margin keeps the base total (else the last margin raked
+        # set the total to what its reachable categories hold, and the margins disagreed)
+        reachable = np.bincount(codes, minlength=len(t))[: len(t)] > 0
+        r = np.where(reachable, t, 0.0)
+        r = r * (total / r.sum()) if r.sum() > 0 else r
+        met.append(rounded_targets(r, spec.round_to * mean_weight))
     converged = False
     for _ in range(spec.max_iterations):
         before = factors
-        for codes, goal in zip(margins, goals, strict=True):
+        for codes, goal in zip(margins, met, strict=True):
             have = np.bincount(codes, weights=mass * factors, minlength=len(goal))
             ratio = np.ones_like(goal)
             nonzero = have > 0
             ratio[nonzero] = goal[nonzero] / have[nonzero]
             factors = np.clip(factors * ratio[codes], spec.lower, spec.upper)
-        # a fixed point: the margins met, or as near as the bounds and the published
-        # categories allow (a category no class publishes cannot be met)
+        # a fixed point: the margins met, or as near as the bounds allow
         if float(np.abs(factors - before).max(initial=0.0)) <= spec.tolerance:
             converged = True
             break

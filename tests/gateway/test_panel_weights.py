@@ -60,6 +60,22 @@ def test_feasible_margins_are_met() -> None:
     assert raked.max_gap < 1e-6
 
 
+def test_a_category_no_class_publishes_leaves_the_total_and_the_other_shares() -> None:
+    """The last margin's third category is published by no class: its share goes to the
+    published ones in proportion. Before, its target was kept: the margins disagreed on the
+    total, and the last one raked left the weights without the unmet category's mass."""
+    sizes, base = np.full(4, 10.0), np.ones(4)
+    margins = [np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])]
+    targets = [np.array([13.0, 11.0]), np.array([12.0, 8.0, 4.0])]
+    raked = rake(sizes, base, margins, targets, RakingSpec(round_to=0))
+    assert raked.converged
+    mass = sizes * raked.weights
+    assert mass.sum() == pytest.approx(40.0)  # the base total, kept
+    np.testing.assert_allclose(np.bincount(margins[0], weights=mass) / 40.0, [13 / 24, 11 / 24])
+    np.testing.assert_allclose(np.bincount(margins[1], weights=mass) / 40.0, [0.6, 0.4])
+    assert raked.max_gap == pytest.approx(4 / 24)  # the gap to the truth, unmet share included
+
+
 def test_targets_move_in_steps_of_round_to() -> None:
     counts = np.array([3.0, 7.0, 12.0, 978.0])
     rounded = rounded_targets(counts, 5.0)
