@@ -15,3 +15,7 @@ class InputDataError(PrivgwError):
 
 class MechanismError(PrivgwError):
     """A privacy mechanism was configured with impossible parameters."""
+
+
+class StateDamagedError(PrivgwError):
+    """Stored state cannot be read as it was written (cut short or altered): restore it."""

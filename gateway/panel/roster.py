@@ -31,6 +31,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway.errors import StateDamagedError
 from gateway.panel.carried import Carried, CarryBlock
 from gateway.panel.draws import DrawTable, drop_draws
 from gateway.state_store.kept_states import KeptByKey
@@ -400,7 +401,7 @@ def _parts_body(
         or len(body) != doc["bytes"]
         or hashlib.sha256(body).digest() != doc["sha256"]
     ):
-        raise ValueError(
+        raise StateDamagedError(
             f"the panel roster's parts do not match its head ({len(parts)} of {len(keys)} "
             "parts found): its state was cut short or altered, so no wave can be decided. "
             "Restore the state directory from a backup"

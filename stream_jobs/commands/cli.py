@@ -464,12 +464,17 @@ def cmd_state_check(args: argparse.Namespace) -> int:
 
 
 def _check_store(store: Any, path: Path, *, repair: bool) -> int:
-    from gateway.panel.roster import roster_members  # noqa: PLC0415
+    from gateway.errors import StateDamagedError  # noqa: PLC0415
+    from gateway.panel.roster import roster_last_wave, roster_members  # noqa: PLC0415
     from gateway.state_store.live_counts import audit_live_counts  # noqa: PLC0415
 
     audit = audit_live_counts(store.items())
     print(f"{audit.respondents} respondents, {audit.groups} groups in {path}")
     if members := roster_members(store.get_many, [None]):
+        try:  # its parts read back and checked against its head, as the worker reads them
+            roster_last_wave(store.get_many, None)
+        except StateDamagedError as err:
+            raise StateDamagedError(f"{path}: {err}") from None
         print(f"{members} panel members in its roster (a panel keeps no live counts to audit)")
     if audit.consistent:
         print("live counts: consistent")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,8 @@ from gateway.engine.engine import Engine
 from gateway.engine.records import SourceRef, ValidRecord
 from gateway.engine.shards import ShardedEngine
 from gateway.keyed.keyed import Keyring
+from gateway.panel.carried import CarryBlock
+from gateway.panel.roster import Roster, Sealer, roster_entries, roster_key
 from gateway.policy import policy_from_yaml
 from gateway.state_store.live_counts import audit_live_counts
 from gateway.state_store.state_codec import decode_state
@@ -109,3 +112,36 @@ def test_every_shard_of_a_sharded_state_is_checked(
     assert "rewrote the live counts of 1 group" in capsys.readouterr().out
     assert main(["state-check", "--state-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("live counts: consistent") == 2
+
+
+def test_a_panel_roster_whose_parts_do_not_match_its_head_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed "consistent", and the worker then stopped at its next wave with a message
+    withheld: the roster's parts are read back as the worker reads them."""
+    roster = Roster()
+    members = 60
+    roster.add_many(
+        [i.to_bytes(32, "big") for i in range(members)],
+        [i // 3 for i in range(members)],
+        wave=1,
+        claim=[[float(i) for i in range(members)]],
+        carry=CarryBlock(roster.carried.names_id(["occ"]), [["x" * 20] * members]),
+        sampling=[1.0] * members,
+    )
+    key = roster_key(None)
+    entries = roster_entries(roster, Sealer(b"k" * 32), key, part_bytes=256)
+    assert len(entries) > 2  # a head and its parts
+    with SQLiteStore(tmp_path / "state.db") as store:
+        store.put_many(entries)
+    assert main(["state-check", "--state-dir", str(tmp_path)]) == 0
+    assert f"{members} panel members" in capsys.readouterr().out
+    part = next(k for k in entries if k != key)
+    con = sqlite3.connect(tmp_path / "state.db")
+    with con:
+        con.execute("DELETE FROM state WHERE key = ?", (part,))
+    con.close()
+    assert main(["state-check", "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "state.db: the panel roster's parts do not match its head" in err, err
+    assert "Restore the state directory from a backup" in err
