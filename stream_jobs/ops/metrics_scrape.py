@@ -41,9 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EWMA_ALPHA = 0.2  # weight of the newest sampled window in the moving averages
-# A window's figures that compare true and published values (retention, SSE/SST, IL1s, DLD,
-# interval disclosure) are exported only from this many published records up (k, if larger):
-# one late record's retention is 1 or 0 exactly as its published answer is or is not its own
+# figures of true against published values come from windows of this many records (k if
+# more) only: a late record's retention is 1 or 0 as its published answer is its own or not
 MIN_MEASURED_RECORDS = 30
 
 # measure key in WindowReport.measures -> (metric stem, help, scale to a 0-1 ratio)
@@ -253,14 +252,12 @@ class WorkerCollector(Collector):
         yield expected
         observed = GaugeMetricFamily(
             f"{p}_rr_retention_observed_ratio",
-            "share of values published unchanged in the last window of "
-            f"{MIN_MEASURED_RECORDS} records or more",
+            f"share of values published unchanged, last window of {MIN_MEASURED_RECORDS}+ records",
             labels=["attribute"],
         )
         with m.lock:
-            retention = sorted(m.retention_last.items())
-        for name, value in retention:
-            observed.add_metric([name], value)
+            for name, value in sorted(m.retention_last.items()):
+                observed.add_metric([name], value)
         yield observed
 
     def _utility_and_risk(self) -> Iterator[Any]:
