@@ -178,6 +178,35 @@ def check_history(
         )
 
 
+def last_copies(
+    history: Sequence[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]], int]:
+    """One row for each record_id, its last copy (a consumer of the protected topic keeps
+    the last copy of each record id: docs/operating.md; a replayed copy is byte-identical),
+    in the order of the rows kept; a row without a record_id is kept. And how many rows were
+    dropped."""
+    last: dict[str, int] = {}
+    for i, row in enumerate(history):
+        if row.get("record_id") is not None:
+            last[str(row["record_id"])] = i
+    kept = [
+        row
+        for i, row in enumerate(history)
+        if row.get("record_id") is None or last[str(row["record_id"])] == i
+    ]
+    return kept, len(history) - len(kept)
+
+
+def published_tuple(row: Mapping[str, Any], qi: Sequence[str]) -> tuple[Any, ...] | None:
+    """The quasi-identifier tuple an intruder reads in ``row``, None when the record was
+    suppressed: the engine publishes a suppressed record with every quasi-identifier null.
+    A null among values is a published value: a missing value published as a category of its
+    own (``missing: category``) or one cell suppressed by ``recode_suppress``, which the exact
+    tuple invariant counts as a value (docs/policy.md)."""
+    tup = tuple(row.get(c) for c in qi)
+    return None if all(v is None for v in tup) else tup
+
+
 def attack_history(
     history: Sequence[Mapping[str, Any]],
     truth: Sequence[Mapping[str, Any]],
@@ -195,13 +224,20 @@ def attack_history(
     intersection adversaries need it). ``sticky``: published sensitive columns the
     participation-aware intruder follows respondents by (:func:`sticky_chain_linkage`, no
     ground truth needed).
+
+    A record published again under its record_id is one record (:func:`last_copies`;
+    ``duplicates_dropped``); a null in a quasi-identifier tuple is a published value, and only
+    a suppressed record is in no class (:func:`published_tuple`).
     """
+    history, dropped = last_copies(history)
     respondent_of = {str(t["record_id"]): str(t["respondent_id"]) for t in truth}
     waves: dict[Any, list[Mapping[str, Any]]] = {}
     for row in history:
         waves.setdefault(row.get("wave"), []).append(row)
     order = sorted(waves, key=lambda w: (w is None, w))
     result: dict[str, Any] = {"releases": len(order), "records": len(history)}
+    if dropped:
+        result["duplicates_dropped"] = dropped
     if attribute is not None and truth:
         true_value: dict[str, Any] = {}
         for t in truth:
@@ -235,25 +271,28 @@ def attack_history(
             "smallest_candidate_sets": chains.smallest,
         }
     if qi_columns and truth:
-        qi_releases = []
-        for w in order:
-            rel: dict[str, Any] = {}
-            for r in waves[w]:
-                rid = respondent_of.get(str(r["record_id"]))
-                if rid is None:
-                    continue
-                tup = tuple(r.get(c) for c in qi_columns)
-                rel[rid] = None if any(v is None for v in tup) else tup
-            qi_releases.append(rel)
-        inter = intersection_attack(qi_releases, k)
-        dist = inter.distribution(k)
-        result["intersection"] = {
-            "k": k,
-            "respondents": inter.respondents,
-            "below_k": inter.below_k,
-            "share_below_k": dist["share_below_k"],
-            "singled_out": int(dist["singled_out"]),
-            "median": dist["median"],
-            "smallest_candidate_sets": inter.smallest,
-        }
+        qi_releases = [
+            {
+                respondent_of[str(r["record_id"])]: published_tuple(r, qi_columns)
+                for r in waves[w]
+                if str(r["record_id"]) in respondent_of
+            }
+            for w in order
+        ]
+        result["intersection"] = _intersection(qi_releases, k)
     return result
+
+
+def _intersection(releases: Sequence[Mapping[str, Any]], k: int) -> dict[str, Any]:
+    """The intersection adversary's figures (:func:`intersection_attack`)."""
+    inter = intersection_attack(releases, k)
+    dist = inter.distribution(k)
+    return {
+        "k": k,
+        "respondents": inter.respondents,
+        "below_k": inter.below_k,
+        "share_below_k": dist["share_below_k"],
+        "singled_out": int(dist["singled_out"]),
+        "median": dist["median"],
+        "smallest_candidate_sets": inter.smallest,
+    }

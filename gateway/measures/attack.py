@@ -278,7 +278,8 @@ def sticky_chain_linkage(
     ``releases[t]`` holds the published rows of release t. A *chain* is a combination of
     ``sticky`` values that occurs once in every release it occurs in. Its candidate set is the
     intersection, over the releases it occurs in, of the chains sharing its quasi-identifier
-    tuple there (the whole ``qi`` tuple; a suppressed tuple is no class): a chain whose class
+    tuple there (the whole ``qi`` tuple, a null a value; a suppressed record, every quasi-
+    identifier null, is in no class): a chain whose class
     mates skip a release, or that moves to another class, loses candidates. Rows of
     combinations that repeat within a release are not followed (the intruder cannot tell
     them apart), nor counted."""
@@ -294,7 +295,7 @@ def sticky_chain_linkage(
         for row in rows:
             key = tuple(row.get(a) for a in sticky)
             tup = tuple(row.get(c) for c in qi)
-            if any(v is None for v in tup):
+            if all(v is None for v in tup):  # suppressed; one null is a published value
                 continue
             by_class[tup][key] += 1
             followed[key].append((t, tup))

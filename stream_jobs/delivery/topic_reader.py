@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from gateway.errors import PrivgwError
 from gateway.measures.versioned_counts import VersionedCounts
 from stream_jobs.delivery.meta import is_announcement, parse_meta
 from stream_jobs.kafka import check_bootstrap, security_kwargs
+from stream_jobs.partitions.partition_state import SUPERSEDES
 from stream_jobs.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -159,18 +160,36 @@ async def read_protected_async(
     meta_records = [m for m in meta_records if not is_announcement(m.key)] or meta_records
     latest = max(meta_records, key=lambda m: (m.timestamp, m.offset))
     meta = parse_meta(latest.value)
-    rows = [
-        orjson.loads(m.value)
-        for m in await read_topic(bootstrap, topic, timeout=timeout, quiet=quiet)
-        if m.value is not None
-    ]
-    return meta, rows
+    messages = await read_topic(bootstrap, topic, timeout=timeout, quiet=quiet)
+    return meta, [orjson.loads(m.value) for m in last_copies(messages) if m.value is not None]
+
+
+def last_copies(messages: Sequence[Any]) -> list[Any]:
+    """One message for each record id (its ``record_id`` header), as a consumer keeps them
+    (docs/operating.md): a copy marked ``supersedes: true`` (protected again after a restore)
+    wins over an unmarked one, else the last copy read wins; a copy replayed after a crash is
+    byte-identical. A message without the header is kept. In the order read."""
+    chosen: dict[bytes, tuple[int, bool]] = {}  # record id -> (position, marked)
+    keep: set[int] = set()
+    for i, m in enumerate(messages):
+        headers = dict(m.headers or ())
+        rid = headers.get("record_id")
+        if rid is None:
+            keep.add(i)
+            continue
+        marked = headers.get(SUPERSEDES[0]) == SUPERSEDES[1]
+        prev = chosen.get(bytes(rid))
+        if prev is None or marked or not prev[1]:
+            chosen[bytes(rid)] = (i, marked)
+    keep.update(i for i, _ in chosen.values())
+    return [m for i, m in enumerate(messages) if i in keep]
 
 
 def read_protected(
     bootstrap: str, topic: str, timeout: float = 10.0
 ) -> tuple[dict[str, object], list[dict[str, object]]]:
-    """(latest metadata of ``<topic>.meta``, all decoded records of ``topic``)."""
+    """(latest metadata of ``<topic>.meta``, the decoded records of ``topic``, one copy of
+    each record id: :func:`last_copies`)."""
     return asyncio.run(read_protected_async(bootstrap, topic, timeout))
 
 

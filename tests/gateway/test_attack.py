@@ -11,6 +11,7 @@ import pytest
 
 from gateway.engine.engine import Engine
 from gateway.engine.records import SourceRef, ValidRecord
+from gateway.files.analysis import attack_history
 from gateway.keyed.keyed import Keyring
 from gateway.measures.attack import averaging_attack, intersection_attack
 from gateway.policy import policy_from_yaml
@@ -180,3 +181,57 @@ def test_regroup_movers_are_measured_as_the_intruder_sees_them() -> None:
     assert report.measures["linked_records"] == len(last)
     assert report.measures["linked_below_k"] == below
     assert report.measures["linked_smallest"] == min(sizes[rid] for rid in last)
+
+
+def _panel_rows() -> list[dict[str, Any]]:
+    """Two releases of 11 respondents (k = 5): r0-r4 publish a null country (a missing value
+    published as a category of its own), r5-r10 the United States; r10 is suppressed (every
+    quasi-identifier null) in the second release. ``occ``: a sticky value of each respondent."""
+    rows: list[dict[str, Any]] = []
+    for wave in (1, 2):
+        for i in range(11):
+            age, country = (30, None) if i < 5 else (30, "US")
+            if i == 10 and wave == 2:
+                age, country = None, None
+            rows.append(
+                {"record_id": f"{wave}-{i}", "wave": wave, "age": age, "country": country}
+                | {"occ": f"o{i}"}
+            )
+    return rows
+
+
+def test_a_published_null_is_a_value_and_only_a_suppressed_record_is_left_out() -> None:
+    """probe intruder §6a: a tuple holding a null was taken for a suppressed one, so the
+    respondents of a ``missing: category`` value were neither linked nor followed."""
+    rows = _panel_rows()
+    truth = [{"record_id": r["record_id"], "respondent_id": f"r{r['occ'][1:]}"} for r in rows]
+    result = attack_history(
+        rows, truth, attribute=None, qi_columns=["age", "country"], k=5, ts=[1], sticky=["occ"]
+    )
+    inter = result["intersection"]
+    assert inter["respondents"] == 11  # was 6: r0-r4 left out
+    # r10's suppressed release is no class of one: it keeps its first release's six
+    assert inter["below_k"] == 0 and inter["smallest_candidate_sets"] == [5] * 10
+    chains = result["sticky_linkage"]
+    assert chains["chains"] == 11  # was 6
+    assert chains["below_k"] == 0 and chains["smallest_candidate_sets"] == [5] * 10
+
+
+def test_a_record_published_twice_is_one_record() -> None:
+    """probe intruder §6b: a replayed copy (same record_id, same bytes) made its sticky value
+    repeat within the release, so the respondent was no longer followed."""
+    rows = _panel_rows()
+    once = attack_history(rows, [], attribute=None, qi_columns=["age"], k=5, ts=[1], sticky=["occ"])
+    twice = attack_history(
+        [*rows, dict(rows[3]), dict(rows[14])],
+        [],
+        attribute=None,
+        qi_columns=["age"],
+        k=5,
+        ts=[1],
+        sticky=["occ"],
+    )
+    assert twice["duplicates_dropped"] == 2 and "duplicates_dropped" not in once
+    assert twice["records"] == once["records"] == 22
+    assert twice["sticky_linkage"] == once["sticky_linkage"]
+    assert once["sticky_linkage"]["chains"] == 11
