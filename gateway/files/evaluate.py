@@ -14,6 +14,7 @@ import pandas as pd
 from gateway.errors import InputDataError
 from gateway.files.fileio import (
     is_number_column,
+    numbers_of,
     numeric_matrix,
     read_table,
 )
@@ -168,6 +169,7 @@ def evaluate_files(
             f"the files have {len(orig)} and {len(prot)} rows; evaluation needs the rows of "
             "both files in the same order"
         )
+    published = prot  # before the stand-ins: which cells it left empty
     if policy is not None and policy.microaggregation.algorithm is RECODE:
         prot = recoded_standins(orig, prot, policy, original)  # intervals: their means
     cols = _numeric_columns_for(policy, orig, prot)
@@ -187,14 +189,19 @@ def evaluate_files(
     if empty:
         result["columns_without_values"] = empty
     if cols:
-        excluded, rep = _numeric_quality(orig, prot, cols, (original, protected), pct)
-        result["excluded_incomplete_rows"] = excluded
+        tokens = set(policy.input.missing_tokens) if policy is not None else set()
+        suppressed = suppressed_cells(orig, published, cols, tokens)
+        rep = _numeric_quality(orig, prot, cols, (original, protected), pct)
+        # the same count as the report's n_excluded: rows without a value in the original
+        result["excluded_incomplete_rows"] = rep.n_excluded
+        if suppressed:
+            result["suppressed_cells"] = suppressed
         result.update(rep.to_dict())
     if policy is not None and policy.numeric_claim:
         # what `protect` and the stream's metrics report under "numeric quasi-identifiers"
         qi = [n for n in policy.numeric_claim if n in orig.columns and n in prot.columns]
         if qi:
-            _, rep = _numeric_quality(orig, prot, qi, (original, protected), pct)
+            rep = _numeric_quality(orig, prot, qi, (original, protected), pct)
             full = rep.to_dict()
             result["numeric_quasi_identifiers"] = {
                 "columns": qi,
@@ -237,19 +244,39 @@ def recoded_standins(
     return out
 
 
+def suppressed_cells(
+    orig: pd.DataFrame, published: pd.DataFrame, cols: Sequence[str], tokens: set[str]
+) -> dict[str, int]:
+    """Per column of ``cols``, the cells with a number in the original that the published
+    file leaves empty (suppressed: ``kanon``'s cells, a record whose quasi-identifiers were
+    suppressed, a recoding's suppressed key); columns without one are left out."""
+    out: dict[str, int] = {}
+    for c in cols:
+        had = numbers_of(orig[c]).notna().to_numpy()
+        gone = np.array([is_missing(v, tokens) for v in published[c].tolist()], dtype=bool)
+        if n := int((had & gone).sum()):
+            out[c] = n
+    return out
+
+
 def _numeric_quality(
     orig: pd.DataFrame,
     prot: pd.DataFrame,
     cols: Sequence[str],
     paths: tuple[str | Path, str | Path],
     pct: float,
-) -> tuple[int, quality.QualityReport]:
-    """The numeric measures of ``cols`` over the rows complete in both files, and how many
-    rows were left out."""
+) -> quality.QualityReport:
+    """The numeric measures of ``cols``. A cell the protected file leaves empty where the
+    original has a number was suppressed: it stands for the original column's mean, as a
+    recoding's suppressed number does (docs/policy.md), so the loss it causes is counted, not
+    dropped with its row. A row with a missing value in the original has nothing to compare
+    with and is left out (the report's ``n_excluded``)."""
     x = numeric_matrix(orig, list(cols), paths[0])
     xm = numeric_matrix(prot, list(cols), paths[1])
-    complete = np.isfinite(x).all(axis=1) & np.isfinite(xm).all(axis=1)
-    return int((~complete).sum()), quality.evaluate_numeric(x[complete], xm[complete], p_pct=pct)
+    suppressed = np.isnan(xm) & ~np.isnan(x)
+    for j in np.flatnonzero(suppressed.any(axis=0)):  # such a column has an original value
+        xm[suppressed[:, j], j] = np.nanmean(x[:, j])
+    return quality.evaluate_numeric(x, xm, p_pct=pct)
 
 
 def _weighted_and_frequency(

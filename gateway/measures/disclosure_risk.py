@@ -169,8 +169,9 @@ def interval_disclosure(
 
     [DT01] reports ID averaged over p = 1, 2, …, 10 %: see :func:`interval_disclosure_averaged`.
     sdcMicro's ``dRisk`` is a different measure (SDID: an interval of k·sd of the masked
-    column around each masked value, a record counting as at risk when at most one attribute
-    falls outside; R/dRisk.R).
+    column around each masked value, k = 0.05 by default; a record counts as at risk only when
+    none of its original values falls outside its interval, ``rowSums(x < mi | x > ma) == 0``
+    in R/dRisk.R since sdcMicro 5.6.0, which fixed the earlier "at most one outside").
     """
     check_p_pct(p_pct)
     prep = prepare(x, xm)

@@ -81,6 +81,10 @@ def test_blocks_refine_their_groups_and_the_metadata_says_so(runs: dict[str, Pat
     assert "refine" not in meta["whole"]  # the policy leaves it unset: plain MDAV
     # unset means refined blocks: the same policy, so analysts reconstruct with it
     assert meta["blocks"]["policy_version"] == meta["whole"]["policy_version"]
+    # docs/files.md: a block's release metadata, whose matrices are the file's; the blocks
+    # are in the summary only
+    assert "blocks" not in meta["blocks"]
+    assert meta["blocks"]["randomized_response"] == meta["whole"]["randomized_response"]
     out = privgw("reconstruct", runs["blocks"], "--policy", POLICY).stdout
     assert "occupation" in out
 
