@@ -31,7 +31,7 @@ from aiokafka import TopicPartition
 
 from gateway.engine.routing import StatePartitions
 from gateway.errors import PrivgwError
-from gateway.policy import GroupingPool, Policy
+from gateway.policy import GroupingPool, Policy, RepublicationMode
 from gateway.state_store.state_api import (
     KeyFingerprintCheck,
     KeyFingerprintResult,
@@ -42,6 +42,7 @@ from stream_jobs.delivery.meta import meta_message
 from stream_jobs.engine_process.memory import Collector, tune_memory
 from stream_jobs.intake.intake import Intake
 from stream_jobs.intake.undecodable import UNDECODABLE, read_around
+from stream_jobs.intake.wave_control import DecidedWaves, decided_wave
 from stream_jobs.kafka import check_input_topic, ensure_topics, make_consumer, make_producer
 from stream_jobs.ops.worker_stats import WorkerStats
 from stream_jobs.partitions.changelog import KafkaChangelog
@@ -108,7 +109,7 @@ class GatewayWorker:
         self.policy_record: Any = None
         self._clock = clock
         self._version = engine.version
-        self._buffer = WindowBuffer(policy.window)
+        self._buffer = WindowBuffer.for_policy(policy)
         # a due window goes on buffering while the engine is busy only where a window's size
         # does not shape the groups: with pool: release a wave is grouped whole when it closes
         self._buffer_ahead = (
@@ -119,6 +120,11 @@ class GatewayWorker:
         self.intake = Intake(
             policy, settings, self.topics, engine.version, self._buffer, self.stats
         )
+        if policy.republication.mode is RepublicationMode.PANEL:  # a restart's decided waves
+            self.intake.wave_closes.decided = DecidedWaves(
+                lambda scope: decided_wave(self.state_store, scope),
+                scoped=lambda: is_partitioned(self.state_store),
+            )
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()

@@ -32,7 +32,6 @@ class WorkerStats:
     flush_seconds: float = 0.0
     last_report: WindowReport | None = None
     measures: dict[str, float] = field(default_factory=dict)
-    retention: dict[str, float] = field(default_factory=dict)
     # (topic, partition) -> records behind the partition's high watermark after the last fetch
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     restore_remaining: int = 0  # changelog records still to replay (partitioned state)

@@ -282,7 +282,7 @@ class WindowLifecycle:
         ahead, self._ahead = self._ahead, None
         if ahead is not None and (ahead.of is not self._buffer.new or ahead.count != len(ahead.of)):
             ahead = None  # they no longer cover the new records exactly
-        flush = self._buffer.take(reason)
+        flush = self._buffer.take(reason, self._clock())
         dead, forward = self._intake.take()
         future: asyncio.Future[WindowResult] | None = None
         if flush.records:
@@ -378,7 +378,6 @@ class WindowLifecycle:
                 else min(st.min_group_size, report.min_group_size)
             )
         st.measures.update(report.measures)
-        st.retention.update(report.retention)
         st.last_report = report
         log.debug(
             "window %s (%s): %d in, %d out, %d held, %d suppressed, %.3f s",

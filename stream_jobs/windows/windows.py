@@ -9,8 +9,11 @@ Pure bookkeeping (no Kafka, no asyncio), driven by the worker:
   window open for ``max_seconds``, new records and an input drained (``quiet``: the last fetch
   found nothing) and quiet for ``max_idle_seconds``, or a held record reaching
   ``max_hold_seconds`` (only when the policy suppresses on timeout: with ``hold`` it would be
-  held again). ``deadline(now)`` is when ``due`` turns true without new input — the worker's
-  timer;
+  held again). A panel's held records are its open waves, which the hold timeout never decides
+  (``PanelWaves``): they are due again at the oldest one's wave maximum, or once the input has
+  been quiet for the close grace (``wave``). A held deadline the engine has already seen pass
+  with the records it handed back held is not due again. ``deadline(now)`` is when ``due``
+  turns true without new input — the worker's timer;
 - ``take()`` hands out the held + new records and snapshots the consumed positions;
   ``complete(flush, held)`` records what the engine still holds and returns the offsets that
   may now be committed (after the outputs are acknowledged): per partition, the smallest
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gateway.engine.records import ValidRecord
-from gateway.policy import HoldTimeout, WindowSpec
+from gateway.policy import HoldTimeout, Policy, RepublicationMode, WindowSpec
 
 TP = tuple[str, int]  # (topic, partition)
 
@@ -36,6 +39,7 @@ class FlushReason(StrEnum):
     TIME = "time"
     IDLE = "idle"
     HOLD_TIMEOUT = "hold_timeout"
+    WAVE = "wave"  # a panel's held wave may be due: its maximum, or its close grace passed
     REVOKE = "revoke"
     SHUTDOWN = "shutdown"
 
@@ -48,11 +52,31 @@ class Flush:
     new: int
     positions: dict[TP, int]  # next offset per partition when the window was taken
     reason: FlushReason
+    taken_at: float | None = None  # the worker's clock when taken (None: not said)
+
+
+@dataclass(frozen=True, slots=True)
+class PanelWaves:
+    """A panel policy's held records: its open waves, set aside by the engine until one
+    closes, by its close grace (the next wave arriving for ``grace`` seconds) or its maximum
+    (``max_wave`` seconds after its first record), never by ``window.max_hold_seconds``
+    (docs/consistency.md)."""
+
+    max_wave: float
+    grace: float
+
+    @classmethod
+    def of(cls, policy: Policy) -> PanelWaves | None:
+        rep = policy.republication
+        if rep.mode is not RepublicationMode.PANEL or rep.wave_attribute is None:
+            return None
+        return cls(rep.max_wave, rep.close_grace)
 
 
 @dataclass(slots=True)
 class WindowBuffer:
     spec: WindowSpec
+    panel: PanelWaves | None = None  # a panel policy: held records are open waves
     new: list[ValidRecord] = field(default_factory=list)
     held: list[ValidRecord] = field(default_factory=list)
     opened_at: float | None = None  # first record consumed since the last flush
@@ -61,6 +85,14 @@ class WindowBuffer:
     _committed: dict[TP, int] = field(default_factory=dict)
     _first: dict[TP, int] = field(default_factory=dict)  # first offset consumed (this run)
     _decided: dict[TP, int] = field(default_factory=dict)  # next offset after a window's last
+    # the earliest arrival among the held records, and when the engine last saw them (the
+    # time its window was taken): a held deadline it saw pass is not due again
+    _oldest_held: float | None = None
+    _held_seen: float | None = None
+
+    @classmethod
+    def for_policy(cls, policy: Policy) -> WindowBuffer:
+        return cls(policy.window, panel=PanelWaves.of(policy))
 
     # -- input --------------------------------------------------------------------------
     def consumed(self, topic: str, partition: int, offset: int, now: float) -> None:
@@ -92,16 +124,33 @@ class WindowBuffer:
             self.opened_at = records[0].arrived_at
 
     # -- when ---------------------------------------------------------------------------
-    @property
-    def _hold_expires(self) -> bool:
-        return self.spec.on_hold_timeout is HoldTimeout.SUPPRESS
-
     def _idle_at(self) -> float | None:
         """When new records close the window if no more come (``max_idle_seconds``)."""
         idle = self.spec.max_idle_seconds
         if idle is None or not self.new or self.last_input is None:
             return None
         return self.last_input + idle
+
+    def _held_at(self) -> tuple[float, FlushReason] | None:
+        """When the held records are due again without new records, and why (None: never).
+        A panel's open waves: at the oldest one's maximum, or once the input has been quiet
+        for the close grace (a later wave's grace and every partition's quiet have passed
+        then); anything else at the oldest one's hold time, when the policy suppresses then.
+        A time the engine already saw pass with these records held is no deadline."""
+        oldest = self._oldest_held
+        if oldest is None:
+            return None
+        panel, seen = self.panel, self._held_seen
+        times: list[tuple[float, FlushReason]] = []
+        if panel is not None:
+            times.append((oldest + panel.max_wave, FlushReason.WAVE))
+            if self.last_input is not None:
+                quiet = max(panel.grace, self.spec.max_seconds)
+                times.append((self.last_input + quiet, FlushReason.WAVE))
+        elif self.spec.on_hold_timeout is HoldTimeout.SUPPRESS:
+            times.append((oldest + self.spec.max_hold_seconds, FlushReason.HOLD_TIMEOUT))
+        times = [t for t in times if seen is None or t[0] > seen]
+        return min(times, key=lambda t: t[0]) if times else None
 
     def deadline(self) -> float | None:
         """Monotonic time at which a flush becomes due without new records (None: never)."""
@@ -111,8 +160,9 @@ class WindowBuffer:
         idle_at = self._idle_at()
         if idle_at is not None:
             times.append(idle_at)
-        if self.held and self._hold_expires:
-            times.append(min(r.arrived_at for r in self.held) + self.spec.max_hold_seconds)
+        held_at = self._held_at()
+        if held_at is not None:
+            times.append(held_at[0])
         return min(times) if times else None
 
     def due(self, now: float, *, quiet: bool = False) -> FlushReason | None:
@@ -124,28 +174,31 @@ class WindowBuffer:
         idle_at = self._idle_at()
         if quiet and idle_at is not None and now >= idle_at:
             return FlushReason.IDLE
-        if self.held and self._hold_expires:
-            oldest = min(r.arrived_at for r in self.held)
-            if now >= oldest + self.spec.max_hold_seconds:
-                return FlushReason.HOLD_TIMEOUT
+        held_at = self._held_at()
+        if held_at is not None and now >= held_at[0]:
+            return held_at[1]
         return None
 
     # -- flush ----------------------------------------------------------------------------
-    def take(self, reason: FlushReason) -> Flush:
+    def take(self, reason: FlushReason, now: float | None = None) -> Flush:
+        """The window: held records first, then the new ones. ``now``: the worker's clock (the
+        engine is asked at it or just after)."""
         flush = Flush(
             records=self.held + self.new,
             new=len(self.new),
             positions=dict(self._positions),
             reason=reason,
+            taken_at=now,
         )
-        self.held = []
+        self._held_kept([], None)
         self.new = []
         self.opened_at = None
         return flush
 
     def complete(self, flush: Flush, held: Sequence[ValidRecord]) -> dict[TP, int]:
         """Keep what the engine still holds; the offsets now committable (only increases)."""
-        self.held = list(held) + self.held  # held ones first: they arrived earlier
+        # held ones first: they arrived earlier
+        self._held_kept(list(held) + self.held, flush.taken_at)
         lowest: dict[TP, int] = {}
         for r in self.held:
             src = r.source
@@ -162,6 +215,11 @@ class WindowBuffer:
             if offset > self._committed.get(tp, -1):
                 commits[tp] = offset
         return commits
+
+    def _held_kept(self, held: list[ValidRecord], seen: float | None) -> None:
+        self.held = held
+        self._oldest_held = min((r.arrived_at for r in held), default=None)
+        self._held_seen = seen if held else None
 
     def committed(self, commits: dict[TP, int]) -> None:
         """The broker accepted these commits."""
@@ -204,7 +262,7 @@ class WindowBuffer:
             return r.source is None or r.source.topic_partition not in gone
 
         before = len(self.held) + len(self.new)
-        self.held = [r for r in self.held if keep(r)]
+        self._held_kept([r for r in self.held if keep(r)], self._held_seen)
         self.new = [r for r in self.new if keep(r)]
         for tp in gone:
             self._positions.pop(tp, None)

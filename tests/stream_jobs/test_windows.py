@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.engine.records import SourceRef, ValidRecord
-from gateway.policy import HoldTimeout, WindowSpec
+from gateway.policy import HoldTimeout, Policy, WindowSpec, load_policy
 from stream_jobs.windows.windows import FlushReason, WindowBuffer
+
+ADULT = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "adult.yaml"
 
 SPEC = WindowSpec(
     max_records=3, max_seconds=5.0, max_hold_seconds=20.0, on_hold_timeout=HoldTimeout.SUPPRESS
@@ -94,6 +99,109 @@ def test_hold_policy_never_expires_held_records() -> None:
     buf.complete(flush, held=list(flush.records))
     assert buf.deadline() is None
     assert buf.due(1e9) is None
+
+
+# what the engine hands back held of a window's records at a time
+Holds = Callable[[Sequence[ValidRecord], float], list[ValidRecord]]
+
+
+def _run(
+    buf: WindowBuffer, holds: Holds, until: float, arrivals: dict[float, int] | None = None
+) -> list[tuple[float, FlushReason]]:
+    """The worker's loop over simulated time, every 10 ms from 0 to ``until``, the input
+    drained between ``arrivals`` (time -> new records then): each window due is taken and
+    handed to the engine at once (``holds``). Returns each engine call's time and reason."""
+    calls: list[tuple[float, FlushReason]] = []
+    offset = 100
+    for step in range(int(until * 100) + 1):
+        now = step / 100
+        for _ in range((arrivals or {}).get(now, 0)):
+            buf.add(rec(offset, now))
+            offset += 1
+        reason = buf.due(now, quiet=True)
+        if reason is not None:
+            flush = buf.take(reason, now)
+            calls.append((now, reason))
+            buf.complete(flush, holds(flush.records, now))
+    return calls
+
+
+def _open_wave(records: Sequence[ValidRecord], now: float) -> list[ValidRecord]:
+    return list(records)  # a panel's open wave: every record set aside, undecided
+
+
+def test_an_open_panel_wave_past_the_hold_time_is_not_handed_over_again_and_again() -> None:
+    """The shipped panel policy (max_hold_seconds 30, on_hold_timeout: suppress): the engine
+    hands an open wave back held whatever its age (the hold timeout never decides a panel
+    wave), so the hold time is no reason to hand it over again — that made a busy loop of ~70
+    windows a second for as long as the wave stayed open. It goes to the engine again when
+    new records come, and once the input has been quiet for the close grace."""
+    policy: Policy = load_policy(ADULT)
+    assert policy.window.max_hold_seconds == 30 and policy.window.max_idle_seconds == 0.25
+    assert policy.republication.close_grace == 10
+    buf = WindowBuffer.for_policy(policy)
+    for i in range(5):
+        buf.add(rec(i, 0.0))
+    calls = _run(buf, _open_wave, 300.0, arrivals={100.0: 3})
+    # the records' idle window, the input quiet for the close grace; the same after 100 s
+    assert calls == [
+        (0.25, FlushReason.IDLE),
+        (10.0, FlushReason.WAVE),
+        (100.25, FlushReason.IDLE),
+        (110.0, FlushReason.WAVE),
+    ]
+    assert len(buf.held) == 8 and buf.due(300.0, quiet=True) is None
+    assert buf.deadline() == 604800.0  # the oldest record's wave maximum
+    assert buf.due(604800.0, quiet=True) is FlushReason.WAVE
+
+
+def test_a_panel_wave_is_handed_over_at_its_maximum_once() -> None:
+    """A panel wave closes at republication.max_wave_seconds after its first record, also
+    with on_hold_timeout: hold; an engine that still holds it then is not asked again."""
+    policy = load_policy(ADULT)
+    rep = policy.republication.model_copy(update={"max_wave_seconds": 60.0})
+    window = policy.window.model_copy(update={"on_hold_timeout": HoldTimeout.HOLD})
+    held_on_timeout = policy.model_copy(update={"republication": rep, "window": window})
+    buf = WindowBuffer.for_policy(held_on_timeout)
+    buf.add(rec(0, 1.0))
+
+    def until_its_maximum(records: Sequence[ValidRecord], now: float) -> list[ValidRecord]:
+        return [r for r in records if now - r.arrived_at < 60.0]
+
+    assert _run(buf, until_its_maximum, 200.0) == [
+        (1.25, FlushReason.IDLE),
+        (11.0, FlushReason.WAVE),
+        (61.0, FlushReason.WAVE),
+    ]
+    assert buf.held == []
+    stuck = WindowBuffer.for_policy(policy.model_copy(update={"republication": rep}))
+    stuck.add(rec(0, 1.0))
+    assert [at for at, _ in _run(stuck, _open_wave, 200.0)] == [1.25, 11.0, 61.0]
+
+
+def test_the_hold_timeout_still_decides_held_records_outside_a_panel() -> None:
+    """regroup and the other modes: a held record is handed over at its hold time, and the
+    engine decides it then (suppressed); one it hands back held anyway is not asked again."""
+    spec = SPEC.model_copy(update={"max_idle_seconds": 0.25})
+
+    def until_their_hold(records: Sequence[ValidRecord], now: float) -> list[ValidRecord]:
+        return [r for r in records if now - r.arrived_at < spec.max_hold_seconds]
+
+    buf = WindowBuffer(spec)
+    buf.add(rec(0, 0.0))
+    buf.add(rec(1, 0.0))
+    assert _run(buf, until_their_hold, 100.0, arrivals={5.0: 1}) == [
+        (0.25, FlushReason.IDLE),
+        (5.25, FlushReason.IDLE),
+        (20.0, FlushReason.HOLD_TIMEOUT),
+        (25.0, FlushReason.HOLD_TIMEOUT),
+    ]
+    stuck = WindowBuffer(spec)
+    stuck.add(rec(0, 0.0))
+    assert _run(stuck, _open_wave, 100.0) == [
+        (0.25, FlushReason.IDLE),
+        (20.0, FlushReason.HOLD_TIMEOUT),
+    ]
 
 
 def test_decided_runs_past_the_held_records_that_keep_the_commit_back() -> None:
