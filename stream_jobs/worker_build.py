@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import PrivgwError
-from gateway.panel.roster import roster_members
+from gateway.panel.roster import roster_last_wave, roster_members
 from gateway.policy import Policy
 
 
@@ -155,6 +155,10 @@ class _Stores:
 
     def panel_members(self) -> int:
         return sum(roster_members(s.get_many, [None]) for s in self.stores)
+
+    def panel_last_wave(self) -> int | None:  # of the shards that decided one
+        waves = (roster_last_wave(s.get_many, None) for s in self.stores)
+        return min((w for w in waves if w is not None), default=None)
 
     def key_fingerprints(self) -> list[str | None]:
         return [f for s in self.stores for f in s.key_fingerprints()]

@@ -29,7 +29,7 @@ from typing import Any
 from gateway.engine.engine import Engine
 from gateway.engine.records import NO_MARKS
 from gateway.errors import PrivgwError
-from gateway.panel.roster import roster_members
+from gateway.panel.roster import roster_last_wave, roster_members
 from stream_jobs.engine_process.engine_process import EngineSpec
 from stream_jobs.engine_process.engine_wire import (
     HeldInChild,
@@ -131,6 +131,8 @@ def _answer(
         return ("ok", store.count())
     if op == "panel_members":
         return ("ok", roster_members(store.get_many, [None]))
+    if op == "panel_last_wave":  # a restart's decided waves (stream_jobs.intake.wave_control)
+        return ("ok", roster_last_wave(store.get_many, None))
     if op == "ping":  # the heartbeat (stream_jobs.engine_process.engine_heartbeat)
         return ("ok",)
     if op == "draws_bound":  # gateway.keyed.draw_derivation.settle, at the worker's start

@@ -251,6 +251,13 @@ class EngineProcess:
             self._members = members
         return self._members
 
+    def panel_last_wave(self) -> int | None:
+        """The newest wave the child's panel roster decided (None: none)."""
+        with self._lock:
+            self._send(("panel_last_wave",))
+            wave: int | None = self._reply("panel_last_wave")[1]
+            return wave
+
     def count(self) -> int:
         """Entries in the child's state store (for the metrics exporter). While a window is in
         the child, the count after the last one: a scrape does not wait for the engine."""
@@ -467,6 +474,10 @@ class EngineShards(ShardDraws):
 
     def panel_members(self) -> int:
         return sum(s.panel_members() for s in self.shards)
+
+    def panel_last_wave(self) -> int | None:  # of the shards that decided one
+        waves = (s.panel_last_wave() for s in self.shards)
+        return min((w for w in waves if w is not None), default=None)
 
     def key_fingerprints(self) -> list[str | None]:
         """One per shard's file: all are checked before any is written."""

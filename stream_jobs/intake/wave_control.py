@@ -11,19 +11,27 @@ its absentees imputed. Records of the wave read after that are late, as after an
 
 Nothing in the record identifies a respondent; a control record that cannot be read (a value
 other than a wave number) goes to the dead-letter topic like any malformed record.
+
+A restart forgets the engine's release clock and reads nothing of the waves decided and
+committed before it (neither their records nor the closes): a late record of such a wave (a
+respondent's first answer to it, after its close) was then held as if its wave were open, until
+the next wave closed. So the newest wave the state's panel roster decided counts as closed too
+(``DecidedWaves``), read from the state once per scope: the engine publishes such a record at
+once, as a late record, as it does without a restart.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
 
 from gateway.commands.command_kit import add_command, wave_number
 from gateway.errors import PrivgwError
+from gateway.panel.roster import roster_last_wave
 from gateway.policy import MAX_WAVE
 
 HEADER = "privgw-control"
@@ -55,12 +63,14 @@ def control_wave(headers: Sequence[tuple[str, bytes]] | None, value: bytes | Non
 
 
 class WaveCloses:
-    """The closes the worker has read, per input partition."""
+    """The closes the worker has read, per input partition; ``decided``: the waves its state
+    had decided (a restart)."""
 
-    __slots__ = ("marks",)
+    __slots__ = ("decided", "marks")
 
     def __init__(self) -> None:
         self.marks: dict[tuple[str, int], int] = {}
+        self.decided: DecidedWaves | None = None
 
     def mark(self, topic: str, partition: int, wave: int) -> None:
         at = (topic, partition)
@@ -68,12 +78,10 @@ class WaveCloses:
             self.marks[at] = wave
 
     def closed_through(self, owned: Iterable[tuple[str, int]]) -> int | None:
-        """The newest wave closed on every owned partition of a topic that carried a close
-        (None: none yet)."""
-        if not self.marks:
-            return None
+        """The newest wave closed on every owned partition of a topic that carried a close,
+        or decided in the state of every owned scope that decided one (None: none yet)."""
         owned = list(owned)
-        best: int | None = None
+        best = None if self.decided is None else self.decided.through(owned)
         for topic in {t for t, _ in self.marks}:
             mine = [tp for tp in owned if tp[0] == topic]
             if not mine or any(tp not in self.marks for tp in mine):
@@ -81,6 +89,49 @@ class WaveCloses:
             through = min(self.marks[tp] for tp in mine)
             best = through if best is None else max(best, through)
         return best
+
+
+class DecidedWaves:
+    """The newest panel wave the state had decided, per state scope (``scoped``: the state
+    follows the input partitions, else its one scope is None), read once per scope the worker
+    owns: ``read`` gives a scope's roster's last decided wave. Later decisions are the engine's
+    own clock's. Scopes that decided no wave yet do not count (nothing of theirs was decided)."""
+
+    __slots__ = ("_known", "_read", "_scoped")
+
+    def __init__(
+        self, read: Callable[[int | None], int | None], *, scoped: Callable[[], bool]
+    ) -> None:
+        self._read, self._scoped = read, scoped
+        self._known: dict[int | None, int | None] = {}
+
+    def through(self, owned: Iterable[tuple[str, int]]) -> int | None:
+        """The newest wave decided in every scope of ``owned`` (its partitions) that decided
+        one; a scope owned again is read again."""
+        scopes: list[int | None] = sorted({p for _, p in owned}) if self._scoped() else [None]
+        known = self._known
+        for gone in set(known).difference(scopes):
+            del known[gone]
+        waves = []
+        for scope in scopes:
+            if scope not in known:
+                known[scope] = self._read(scope)
+            wave = known[scope]
+            if wave is not None:
+                waves.append(wave)
+        return min(waves) if waves else None
+
+
+def decided_wave(store: Any, scope: int | None) -> int | None:
+    """The newest wave the panel roster of ``scope`` in ``store`` decided (None: none): a
+    store of another process, or several, says it (``panel_last_wave``); nothing sealed is
+    opened."""
+    if store is None:
+        return None
+    last = getattr(store, "panel_last_wave", None)
+    if last is not None:
+        return last()  # type: ignore[no-any-return]
+    return roster_last_wave(store.get_many, scope)
 
 
 def register(sub: Any) -> None:
