@@ -144,6 +144,10 @@ def test_stream_engine_runs_strata_and_l_diversity_but_refuses_merging_small_str
     with pytest.raises(PolicyError, match=r"small_strata merge .* set small_strata: suppress"):
         Engine(parse_policy(base))
     base["microaggregation"]["small_strata"] = "suppress"
+    # the panel mode forms no cohorts within strata yet: refused, whether or not a store is given
+    with pytest.raises(PolicyError, match=r"panel does not form cohorts within strata"):
+        Engine(parse_policy(base))
+    base["republication"]["mode"] = "regroup"
     Engine(parse_policy(base))  # tests/gateway/test_stream_grouping.py runs them
     base["microaggregation"].update(algorithm="recode_suppress", strata=None, l_diversity=None)
     for name in ("age", "education_num", "hours_per_week"):
