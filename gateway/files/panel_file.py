@@ -7,7 +7,9 @@ the releases averages away. Here each wave is decided as the stream decides it w
 closes — under the ``panel`` mode fixed cohorts, every member published in every wave (an
 absent one imputed), analysis weights raked — and the keyed draws stay in the state with the
 cohorts, so next month's file of wave 4 continues the panel. The secret comes from
-PRIVGW_SECRET_FILE or PRIVGW_SECRET; a wave the state decided already is refused.
+PRIVGW_SECRET_FILE or PRIVGW_SECRET. A wave the state decided already is published again as
+it was (the same rows give the same bytes: an output lost after the state was written is
+recovered), as long as the state keeps its outcome (the newest four); an older one is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from gateway.files.fileio import read_table, records_from_frame, write_table
 from gateway.files.protect import meta_path
 from gateway.grouping.scope import stream_refusal
 from gateway.keyed.keyed import Keyring, load_secret
-from gateway.panel.roster import roster_last_wave
+from gateway.panel.roster import OUTCOMES_KEPT, roster_last_wave
 from gateway.policy import Method, Policy
 from gateway.state_store.state_api import check_key_fingerprint
 
@@ -71,10 +73,12 @@ def protect_waves(
     store = open_state(state_dir, policy)  # a StateStore and a KeyFingerprintStore
     try:
         last = roster_last_wave(store.get_many, None)
-        if last is not None and waves[0] <= last:
+        if last is not None and waves[0] <= last - OUTCOMES_KEPT:
             raise InputDataError(
-                f"{src}: wave {waves[0]} was decided in {state_dir} already (its newest wave "
-                f"is {last}): protect the waves after {last}, or give a new --state-dir"
+                f"{src}: wave {waves[0]} was decided in {state_dir} too long ago to be "
+                f"published again (its newest wave is {last}, and a state keeps the "
+                f"outcomes of its newest {OUTCOMES_KEPT}): protect the waves after {last}, "
+                "or give a new --state-dir"
             )
         check_key_fingerprint(store, keyring.fingerprint(), rotate=False, where=str(state_dir))
         engine = Engine(policy, keyring=keyring, store=store)
@@ -89,6 +93,7 @@ def protect_waves(
             published.extend(result.published)
             report = result.report
             per_wave[w] = {
+                "again": last is not None and w <= last,  # decided before: its release again
                 "answered": len(window),
                 "published": len(result.published),
                 "imputed": report.imputed,

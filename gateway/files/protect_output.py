@@ -76,8 +76,9 @@ def print_waves(summary: dict[str, Any], output: str) -> None:
     n = len(waves)
     print(f"protected {summary['records']} records, {n} wave{'s' * (n != 1)} -> {output}")
     for wave, w in waves.items():
+        again = " (decided before: published again as it was)" if w["again"] else ""
         print(
-            f"  wave {wave}: {w['answered']} answered, {w['published']} published "
+            f"  wave {wave}{again}: {w['answered']} answered, {w['published']} published "
             f"({w['imputed']} absent members imputed, {w['suppressed']} suppressed)"
         )
     print(f"  metadata for analysts: {summary['meta']}")

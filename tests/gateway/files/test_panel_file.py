@@ -2,7 +2,7 @@
 state a later file continues, as the stream publishes them. Checked on the command's own
 output files against the panel's promise: every member in every wave, k within each wave and
 over the history for every member's linked set, the same published randomized answer for an
-unchanged true one, and a wave never decided twice."""
+unchanged true one, and a decided wave published again as it was, never decided twice."""
 
 from __future__ import annotations
 
@@ -97,15 +97,39 @@ def test_an_unchanged_answer_publishes_the_same_randomized_value(panel: dict[str
     assert all(x == y for x, y in pairs)  # 25 % of them would differ with fresh draws
 
 
-def test_a_decided_wave_is_refused_and_the_state_left_as_it_was(panel: dict[str, Any]) -> None:
+def test_a_decided_wave_is_published_again_as_it_was(panel: dict[str, Any]) -> None:
+    """Output lost after the state was written (a full disk) is recovered by running the same
+    file again: the waves are republished from the state, byte for byte, and nothing else in
+    the state changes."""
     d = panel["dir"]
-    before = (d / "state" / "state.db").read_bytes()
-    proc = clikit.privgw("protect", d / "w3.csv", "--policy", POLICY, "-o", d / "again.csv",
-                         "--state-dir", d / "state", env=panel["env"])  # fmt: skip
+    for name in ("w12", "w3"):
+        again = d / f"{name}.again.csv"
+        proc = clikit.privgw("protect", d / f"{name}.csv", "--policy", POLICY, "-o", again,
+                             "--state-dir", d / "state", env=panel["env"])  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "decided before: published again as it was" in proc.stdout
+        assert again.read_bytes() == (d / f"{name}.out.csv").read_bytes()
+
+
+def test_a_wave_older_than_the_outcomes_kept_is_refused(tmp_path: Path) -> None:
+    env = {"PRIVGW_SECRET_FILE": str(tmp_path / "secret.key")}
+    assert clikit.privgw("secret", "create", tmp_path / "secret.key").returncode == 0
+    survey = PanelSurvey(respondents=60, waves=6, seed=2, rows=load_rows())
+    df = pd.DataFrame(list(survey.records()))
+    df.to_csv(tmp_path / "all.csv", index=False)
+    df[df.wave == 1].to_csv(tmp_path / "w1.csv", index=False)
+    run = ("--policy", POLICY, "--state-dir", tmp_path / "state")
+    proc = clikit.privgw("protect", tmp_path / "all.csv", "-o", tmp_path / "all.out.csv", *run,
+                         env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    before = (tmp_path / "state" / "state.db").read_bytes()
+    proc = clikit.privgw("protect", tmp_path / "w1.csv", "-o", tmp_path / "w1.out.csv", *run,
+                         env=env)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert "wave 3 was decided in" in proc.stderr and "protect the waves after 3" in proc.stderr
-    assert (d / "state" / "state.db").read_bytes() == before
-    assert not (d / "again.csv").exists()
+    assert "wave 1 was decided in" in proc.stderr and "too long ago" in proc.stderr
+    assert "protect the waves after 6" in proc.stderr
+    assert (tmp_path / "state" / "state.db").read_bytes() == before
+    assert not (tmp_path / "w1.out.csv").exists()
 
 
 @pytest.mark.parametrize(
