@@ -239,9 +239,13 @@ def attack_history(
     if dropped:
         result["duplicates_dropped"] = dropped
     if attribute is not None and truth:
-        true_value: dict[str, Any] = {}
+        # the adversary averages toward one true value: a respondent whose answer changed has
+        # none (its published value changes with it), so it is left out and counted
+        answers: dict[str, set[Any]] = {}
         for t in truth:
-            true_value[str(t["respondent_id"])] = t.get(attribute)
+            answers.setdefault(str(t["respondent_id"]), set()).add(t.get(attribute))
+        true_value = {r: next(iter(v)) for r, v in answers.items() if len(v) == 1}
+        result["averaging_changed_excluded"] = len(answers) - len(true_value)
         releases = [
             {
                 respondent_of[str(r["record_id"])]: r.get(attribute)

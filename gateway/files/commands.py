@@ -271,6 +271,8 @@ def cmd_attack(args: argparse.Namespace) -> int:
         print_json(result)
         return 0
     print(f"{result['releases']} releases, {result['records']} records")
+    if changed := result.get("averaging_changed_excluded"):
+        print(f"averaging: {changed} respondents whose answer changed left out (no one truth)")
     for p in result.get("averaging", []):
         lo, hi = p["ci95"]
         print(

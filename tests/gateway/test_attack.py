@@ -235,3 +235,21 @@ def test_a_record_published_twice_is_one_record() -> None:
     assert twice["records"] == once["records"] == 22
     assert twice["sticky_linkage"] == once["sticky_linkage"]
     assert once["sticky_linkage"]["chains"] == 11
+
+
+def test_the_averaging_adversary_targets_only_an_answer_that_never_changed() -> None:
+    """probe analyst note: every release was scored against the respondent's last answer, so
+    one who changed its answer counted as a miss of the earlier releases' (sticky) value."""
+    truth, rows = [], []
+    for wave in (1, 2):
+        for i in range(4):
+            answer = "b" if (i == 3 and wave == 2) else "a"  # r3 changes its answer in wave 2
+            rid = f"{wave}-{i}"
+            truth.append({"record_id": rid, "respondent_id": f"r{i}", "occ": answer})
+            rows.append({"record_id": rid, "wave": wave, "occ": "a"})  # published as drawn once
+    result = attack_history(rows, truth, attribute="occ", qi_columns=[], k=2, ts=[1, 2])
+    assert [(p["T"], p["respondents"], p["accuracy"]) for p in result["averaging"]] == [
+        (1, 3, 1.0),
+        (2, 3, 1.0),
+    ]
+    assert result["averaging_changed_excluded"] == 1
