@@ -40,6 +40,7 @@ from gateway.state_store.state_keys import group_key, roster_group_id, roster_pa
 NONCE_BYTES = 12
 OUTCOMES_KEPT = 4  # decided waves a replay can republish (a backlog decides several at once)
 PART_BYTES = 512 * 1024  # a roster's largest entry: half of Kafka's default record limit
+GetMany = Callable[[Sequence[bytes]], Mapping[bytes, bytes]]  # a state store's get_many
 _encode = msgspec.msgpack.Encoder(order="sorted").encode
 _decode = msgspec.msgpack.Decoder().decode
 
@@ -51,9 +52,7 @@ def roster_key(scope: int | None) -> bytes:
     return group_key(roster_group_id(scope))
 
 
-def roster_members(
-    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], scopes: Sequence[int | None]
-) -> int:
+def roster_members(get_many: GetMany, scopes: Sequence[int | None]) -> int:
     """Respondents the rosters of ``scopes`` hold (their rows, retired members included), read
     from their entries' plain counts: nothing sealed is opened."""
     entries = get_many([roster_key(scope) for scope in scopes])
@@ -386,9 +385,7 @@ def _body_entries(
     return entries, generation
 
 
-def _parts_body(
-    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], key: bytes, doc: Any
-) -> bytes:
+def _parts_body(get_many: GetMany, key: bytes, doc: Any) -> bytes:
     """The encoded bytes of a roster written in parts, ``doc`` its decoded head (the parts
     checked against it)."""
     keys = [roster_part_key(key, int(doc["slot"]), i) for i in range(int(doc["parts"]))]
@@ -409,19 +406,21 @@ def _parts_body(
     return body
 
 
-def roster_last_wave(
-    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]], scope: int | None
-) -> int | None:
+def _whole_doc(get_many: GetMany, key: bytes, head: Any) -> Any:
+    """The decoded roster whose entry at ``key`` decodes to ``head``: itself, or its parts'."""
+    return _decode(_parts_body(get_many, key, head)) if "parts" in head else head
+
+
+def roster_last_wave(get_many: GetMany, scope: int | None) -> int | None:
     """The newest wave the roster of ``scope`` decided (None: none); nothing sealed opened."""
     key = roster_key(scope)
     raw = get_many([key]).get(key)
-    doc = _decode(raw) if raw is not None else {}
-    outs = _decode(_parts_body(get_many, key, doc))["outs"] if "parts" in doc else doc.get("outs")
+    outs = None if raw is None else _whole_doc(get_many, key, _decode(raw)).get("outs")
     return int(outs[-1]["wave"]) if outs else None
 
 
 def drop_roster_draws(
-    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]],
+    get_many: GetMany,
     key: bytes,
     names: Sequence[str],
     *,
@@ -435,8 +434,7 @@ def drop_roster_draws(
         return {}, {}
     doc = _decode(raw)
     generation = int(doc.get("gen", 0))
-    if "parts" in doc:
-        doc = _decode(_parts_body(get_many, key, doc))
+    doc = _whole_doc(get_many, key, doc)
     gone = drop_draws(doc, names)
     if not gone:
         return {}, {}
@@ -451,7 +449,7 @@ def drop_roster_draws(
 
 
 def read_roster(
-    get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]],
+    get_many: GetMany,
     key: bytes,
     sealer: Sealer,
     *,
@@ -467,11 +465,9 @@ def read_roster(
         return Roster()
     if kept is not None and kept[0] == raw:
         return kept[1]
-    doc = _decode(raw)
-    if "parts" not in doc:
-        return Roster.from_doc(doc, sealer, key)
-    roster = Roster.decode(_parts_body(get_many, key, doc), sealer, key)
-    roster.generation = int(doc["gen"])
+    head = _decode(raw)
+    roster = Roster.from_doc(_whole_doc(get_many, key, head), sealer, key)
+    roster.generation = int(head.get("gen", 0))  # 0: stored whole
     return roster
 
 
@@ -486,7 +482,7 @@ class KeptRosters(KeptByKey[Roster]):
 
     def load(
         self,
-        get_many: Callable[[Sequence[bytes]], Mapping[bytes, bytes]],
+        get_many: GetMany,
         key: bytes,
         sealer: Sealer,
     ) -> Roster:
