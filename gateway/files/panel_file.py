@@ -68,14 +68,15 @@ def protect_waves(
     wave = check_waved(policy, None)
     df = read_table(src, as_text=True)
     records = records_from_frame(df, policy, src)
-    waves = _waves(records, wave, src)
+    waves = _by_wave(records, wave, src)
     keyring = Keyring(load_secret(os.environ))
     store = open_state(state_dir, policy)  # a StateStore and a KeyFingerprintStore
     try:
         last = roster_last_wave(store.get_many, None)
-        if last is not None and waves[0] <= last - OUTCOMES_KEPT:
+        first = next(iter(waves))
+        if last is not None and first <= last - OUTCOMES_KEPT:
             raise InputDataError(
-                f"{src}: wave {waves[0]} was decided in {state_dir} too long ago to be "
+                f"{src}: wave {first} was decided in {state_dir} too long ago to be "
                 f"published again (its newest wave is {last}, and a state keeps the "
                 f"outcomes of its newest {OUTCOMES_KEPT}): protect the waves after {last}, "
                 "or give a new --state-dir"
@@ -84,8 +85,7 @@ def protect_waves(
         engine = Engine(policy, keyring=keyring, store=store)
         published: list[PublishedRecord] = []
         per_wave = {}
-        for w in waves:
-            window = [r for r in records if r.values.get(wave) == w]
+        for w, window in waves.items():
             result = engine.protect_window(
                 window, now=float(w), flush_all=True, marks=InputMarks(closed_through=w)
             )
@@ -107,7 +107,10 @@ def protect_waves(
     return {"records": len(records), "waves": per_wave, "meta": str(meta_path(out))}
 
 
-def _waves(records: Sequence[ValidRecord], wave: str, src: str | Path) -> list[int]:
+def _by_wave(
+    records: Sequence[ValidRecord], wave: str, src: str | Path
+) -> dict[int, list[ValidRecord]]:
+    """The records of each wave, in wave order (every record has one)."""
     if not records:
         raise InputDataError(f"{src}: no data rows")
     values = [r.values.get(wave) for r in records]
@@ -117,7 +120,10 @@ def _waves(records: Sequence[ValidRecord], wave: str, src: str | Path) -> list[i
             f"{src}: {len(missing)} row(s) without a wave ('{wave}'), first at data row "
             f"{missing[0] + 1}: every row of a panel file belongs to a wave"
         )
-    return sorted({int(v) for v in values})  # type: ignore[call-overload]
+    out: dict[int, list[ValidRecord]] = {}
+    for value, record in zip(values, records, strict=True):
+        out.setdefault(int(value), []).append(record)  # type: ignore[call-overload]
+    return dict(sorted(out.items()))
 
 
 def _frame(published: Sequence[PublishedRecord], policy: Policy) -> pd.DataFrame:

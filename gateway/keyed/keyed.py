@@ -315,12 +315,12 @@ def generate_secret_file(path: str | os.PathLike[str]) -> None:
     """
     if not str(path):  # Path("") is "."
         raise SecretError("the secret's file name is empty: give one, e.g. /run/secrets/privgw")
-    if Path(path).is_dir():
-        raise SecretError(
-            f"{path} is a directory: give the new secret's file in it, e.g. "
-            f"{Path(path) / 'privgw.secret'}"
-        )
     target = Path(path)
+    if target.is_dir():
+        raise SecretError(
+            f"{target} is a directory: give the new secret's file in it, e.g. "
+            f"{target / 'privgw.secret'}"
+        )
     parent = target.parent
     if not parent.is_dir():  # no directory is created: a mistyped path would hide the secret
         what = "is not a directory" if parent.exists() else "does not exist"
