@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from gateway.engine.records import take_at
 from gateway.panel.ageing import Transitions
-from gateway.panel.carried import CarryBlock, objects
+from gateway.panel.carried import Carried, CarryBlock, objects
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
 from gateway.policy import MISSING_LABEL
@@ -48,6 +48,10 @@ class PanelRules:
     retire_after: int
     numeric: tuple[bool, ...]
     raking: RakingSpec = field(default_factory=RakingSpec)
+    # carried categorical attributes outside the claim (randomized answers), each aged by its
+    # own wave-to-wave transitions: carried forward, an absent member's answer would pull the
+    # wave's estimate toward the previous wave by (absent share) x (change rate)
+    aged: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.k < 2:
@@ -113,8 +117,10 @@ def decide_wave(
     numeric = rules.numeric
     rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
-    returned, absent = _returning(roster, wave, present, rows_of, transitions, numeric)
+    answers = {name: Transitions() for name in rules.aged}
+    returned, absent = _returning(roster, wave, present, rows_of, (transitions, answers), numeric)
     _age(roster, absent, transitions=transitions, numeric=numeric, uniforms=uniforms, wave=wave)
+    _age_answers(roster, absent, answers, uniforms=uniforms, wave=wave)
     members = roster.members()
     retired = _retire(roster, absent, rules, members)
     if retired:
@@ -167,12 +173,14 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     wave: int,
     present: Present,
     rows_of: list[int | None],
-    transitions: Transitions,
+    observed: tuple[Transitions, dict[str, Transitions]],
     numeric: Sequence[bool],
 ) -> tuple[int, list[int]]:
-    """The members present: their moves observed, then their rows overwritten, a column at a
-    time; how many came back from retirement, and the active members absent."""
+    """The members present: their moves observed (the claim's categories as a tuple, and each
+    aged answer on its own), then their rows overwritten, a column at a time; how many came back
+    from retirement, and the active members absent."""
     carried = roster.carried
+    transitions, answers = observed
     back = [i for i, row in enumerate(rows_of) if row is not None]
     at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
     seen = np.asarray(roster.seen, dtype=np.int64)
@@ -184,6 +192,10 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     transitions.observe_many(
         before, list(zip(*[after[j] for j in cat], strict=True)) if cat else [()] * len(before)
     )
+    if answers:
+        _observe_answers(
+            carried, at[moved], present.carry_at([back[i] for i in moved.tolist()]), answers
+        )
     returned = int(np.count_nonzero(~active[at]))
     if at.size:
         active[at] = True
@@ -199,6 +211,8 @@ def _returning(  # noqa: PLR0917 - the wave's parts
             wave,
         )
     transitions.freeze()
+    for aged in answers.values():
+        aged.freeze()
     active[at] = False  # (a local copy: the roster's is written) the absent, active members
     return returned, np.flatnonzero(active).tolist()
 
@@ -222,6 +236,43 @@ def _age(
         roster.carried.set_claim(j, rows, [combo[t] for combo in aged])
     for r in absent:
         roster.streak[r] += 1
+
+
+def _observe_answers(
+    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, answers: dict[str, Transitions]
+) -> None:
+    """Each aged answer's moves: its value carried at ``rows`` (last wave's) -> ``now``."""
+    names = carried.names[now.names_id]
+    for name, moves in answers.items():
+        old = carried.values.get(name)
+        before = [None] * rows.size if old is None else old[rows].tolist()
+        after = now.columns[names.index(name)] if name in names else [None] * rows.size
+        moves.observe_many([(v,) for v in before], [(v,) for v in after])
+
+
+def _age_answers(
+    roster: Roster,
+    absent: list[int],
+    answers: dict[str, Transitions],
+    *,
+    uniforms: Uniforms,
+    wave: int,
+) -> None:
+    """An absent member's aged answers: a donor's current value among those present in both
+    waves who had its last one (its keyed draw picks the donor; with none, it keeps its own).
+    Imputed answers then change as often as the present ones did, so the wave's estimates are
+    current; each is randomized with the member's own sticky draws."""
+    if not absent or not answers:
+        return
+    rows = np.asarray(absent, dtype=np.intp)
+    keys = [roster.keys[r] for r in absent]
+    for name, moves in answers.items():
+        column = roster.carried.values.get(name)
+        if column is None or not moves.donors:
+            continue
+        last = [(v,) for v in column[rows].tolist()]
+        aged = moves.age(last, uniforms(f"panel/age/{wave}/{name}", keys))
+        column[rows] = objects([combo[0] for combo in aged])
 
 
 def _categorical(numeric: Sequence[bool]) -> list[int]:

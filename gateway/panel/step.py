@@ -57,7 +57,7 @@ from gateway.panel.output import (
 from gateway.panel.plan import WindowPlan, batches, input_through, read_before, window_report
 from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
 from gateway.panel.weights import sampling_weights
-from gateway.policy import Method, Policy, RepublicationMode, Role
+from gateway.policy import AttrType, Method, Policy, RepublicationMode, Role
 from gateway.state_store.state_api import StateStore
 
 CARRY_SALT = b"privgw/v1/panel-carry"
@@ -107,6 +107,14 @@ class PanelStep:
             slack=rep.slack,
             retire_after=rep.retire_after,
             numeric=tuple(claim.numeric),
+            aged=tuple(
+                n
+                for n, a in policy.attributes.items()
+                if a.role in {Role.SENSITIVE, Role.QUASI_IDENTIFIER}
+                and a.type is AttrType.CATEGORICAL
+                and a.method is not Method.DROP
+                and n not in policy.k_claim
+            ),
         )
         self._store = store
         self._sealer = Sealer(carry_key)

@@ -1,0 +1,86 @@
+"""An absent member's answers outside the k claim move as the present members' did.
+
+Carried forward unchanged, an imputed answer pulls its wave's estimate toward the previous wave
+by (absent share) x (change rate), and no weight corrects it (the weights are raked on the
+claim). Aged by the transitions of those present in both waves, the imputed answers of the
+members who had a value change at the donors' rate, so under random attrition the wave's
+published shares are the truth's within binomial error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from test_panel import GRACE, KEY, _text
+
+from gateway.engine.engine import Engine
+from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
+from gateway.policy import policy_from_yaml
+from state.memory_store import MemoryStore
+
+# the occupation published as it is, so the imputed answers are seen without randomization
+KEPT = _text(3).replace(
+    "    method: randomized_response\n    categories: [a, b, c]\n"
+    "    rr: {mode: uniform, retention: 0.6}",
+    "    method: keep\n    categories: [a, b, c]",
+)
+assert "method: keep\n    categories: [a, b, c]" in KEPT
+
+
+def _two_waves(seed: int, n: int = 900, absent: float = 0.4, switch: float = 0.5) -> dict[str, Any]:
+    """Wave 1 everyone; wave 2 a random ``absent`` share missing, and every member whose
+    occupation was ``a`` (present or not) moved to ``b`` with probability ``switch``."""
+    rng = np.random.default_rng(seed)
+    people = [
+        {"age": int(rng.integers(18, 90)), "sex": "FM"[i % 2], "rel": "other",
+         "occ": "abc"[int(rng.integers(3))]}
+        for i in range(n)
+    ]  # fmt: skip
+    w1 = [
+        ValidRecord(f"p{i}", {**v, "wave": 1}, SourceRef("in", 0, i), 100.0)
+        for i, v in enumerate(people)
+    ]
+    now = [
+        {**v, "occ": "b"} if v["occ"] == "a" and rng.random() < switch else dict(v) for v in people
+    ]
+    gone = set(np.flatnonzero(rng.random(n) < absent).tolist())
+    w2 = [
+        ValidRecord(f"p{i}", {**v, "wave": 2}, SourceRef("in", 0, n + i), 200.0)
+        for i, v in enumerate(now)
+        if i not in gone
+    ]
+    engine = Engine(policy_from_yaml(KEPT), keyring=KEY, store=MemoryStore())
+    out: list[PublishedRecord] = []
+    held: list[ValidRecord] = []
+    for batch, t in ((w1, 100.0), (w2, 200.0), ([], 200.0 + GRACE), ([], 1e9)):
+        res = engine.protect_window(held + batch, now=t, flush_all=t == 1e9)
+        held = list(res.held)
+        out.extend(res.published)
+    who = {KEY.respondent_key(f"p{i}"): i for i in range(n)}
+    wave2 = {
+        who[r.respondent]: row["occ"] for r in out if (row := orjson.loads(r.value))["wave"] == 2
+    }
+    return {"before": people, "now": now, "gone": gone, "published": wave2}
+
+
+def test_imputed_answers_change_at_the_rate_the_present_ones_did() -> None:
+    for seed in (1, 2, 3):
+        run = _two_waves(seed)
+        before, now, gone, pub = run["before"], run["now"], run["gone"], run["published"]
+        assert len(pub) == len(before)  # every member in wave 2, the absent imputed
+        present_a = [i for i in range(len(before)) if i not in gone and before[i]["occ"] == "a"]
+        rate = np.mean([now[i]["occ"] == "b" for i in present_a])  # the donors' moves
+        absent_a = [i for i in gone if before[i]["occ"] == "a"]
+        moved = sum(pub[i] == "b" for i in absent_a)
+        assert all(pub[i] in {"a", "b"} for i in absent_a)  # only moves somebody made
+        se = np.sqrt(len(absent_a) * rate * (1 - rate))
+        assert abs(moved - rate * len(absent_a)) <= 4 * se, (seed, moved, len(absent_a), rate)
+        # nobody with b or c changed: their imputed answers are their last ones
+        assert all(pub[i] == before[i]["occ"] for i in gone if before[i]["occ"] != "a")
+        # so the wave's published share of b is the truth's, within the imputation's error
+        true_b = sum(v["occ"] == "b" for v in now)
+        shown_b = sum(v == "b" for v in pub.values())
+        # (the absent's true moves and their imputed ones, independent binomials)
+        both = np.sqrt(se**2 + len(absent_a) * 0.5 * 0.5)
+        assert abs(shown_b - true_b) <= 4 * both, (seed, shown_b, true_b)
