@@ -18,6 +18,7 @@ from gateway.files.fileio import (
     numeric_matrix,
     read_table,
 )
+from gateway.files.panel_align import align_panel_release, is_panel_release
 from gateway.files.panel_weights import categorical_frames, published_weights, share_gaps
 from gateway.grouping.mixed_microaggregation import (
     QIKind,
@@ -164,6 +165,10 @@ def evaluate_files(
     prot = read_table(protected, policy=policy)
     if orig.empty:
         raise InputDataError(f"{original}: no data rows to evaluate")
+    paired: dict[str, Any] = {}
+    if is_panel_release(prot, policy):  # in record-id order, the absent members imputed
+        assert policy is not None
+        orig, prot, paired = align_panel_release(orig, prot, policy, (original, protected))
     if len(orig) != len(prot):
         raise InputDataError(
             f"the files have {len(orig)} and {len(prot)} rows; evaluation needs the rows of "
@@ -185,7 +190,7 @@ def evaluate_files(
     empty = [c for c in cols if orig[c].isna().all() or prot[c].isna().all()]
     cols = [c for c in cols if c not in empty]
     pct = p_pct if p_pct is not None else (policy.risk.interval_pct if policy else 10.0)
-    result: dict[str, Any] = {"records": len(orig), "columns": cols}
+    result: dict[str, Any] = {"records": len(orig), "columns": cols, **paired}
     if empty:
         result["columns_without_values"] = empty
     if cols:

@@ -98,13 +98,22 @@ def protect_waves(
                 "published": len(result.published),
                 "imputed": report.imputed,
                 "suppressed": report.suppressed,
+                "weight_total": _weight_total(result.published, policy),
             }
-        meta = engine.metadata(policy)
+        # the counts per wave, as the stream's metrics give them (no value, no id)
+        meta = {**engine.metadata(policy), "waves": {str(w): c for w, c in per_wave.items()}}
     finally:
         store.close()
     write_table(_frame(published, policy), out)
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     return {"records": len(records), "waves": per_wave, "meta": str(meta_path(out))}
+
+
+def _weight_total(published: Sequence[PublishedRecord], policy: Policy) -> float:
+    """The release's analysis weights summed (0.0 without a weight field)."""
+    name = policy.republication.weight_name
+    weights = (orjson.loads(p.value).get(name) for p in published)
+    return round(float(sum(w for w in weights if isinstance(w, int | float))), 6)
 
 
 def _by_wave(

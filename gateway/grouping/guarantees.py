@@ -28,8 +28,9 @@ _MODES = {
     RepublicationMode.PANEL: (
         "cohorts formed once by whole-key MDAV are kept for good (merged whole, never split); "
         "every active member is published in every wave, an absent one imputed (numbers "
-        "carried forward, categories aged by the transitions of those present in both waves, "
-        "sensitive values its sticky draws) and not told apart from a present one; a member "
+        "carried forward; categories, and each other categorical answer, aged by the "
+        "transitions of those present in both waves; randomized and noised with its sticky "
+        "draws) and not told apart from a present one; a member "
         "absent for retire_after_waves waves retires when every other member's linked set "
         "stays >= k. A cohort publishes its members' mean numbers and one allowed combination "
         "of categories, and every record an analysis weight raked per wave so that every "
@@ -42,6 +43,20 @@ _MODES = {
         "tuple; no per-release k under attrition and tuples that drift from the truth"
     ),
 }
+
+
+# what an analyst of a panel's releases needs beyond the matrices (docs/consistency.md,
+# "Analysing a panel release")
+PANEL_ANALYSIS = (
+    "Estimate with the weight field: in each wave the weights sum to the sampling weights of "
+    "every active member, the imputed ones included (up to targets rounded to k records). A "
+    "respondent's randomized answer is drawn once per true value: an unchanged value "
+    "republishes the same answer in every wave, a changed one is drawn afresh, independently "
+    "of the first. Two waves' estimates therefore share draws and are positively correlated: "
+    "the sum of their variances bounds the variance of their difference from above. Record "
+    "ids are keyed per respondent and wave, so records link across waves only through a "
+    "published pseudonym."
+)
 
 
 def republication_statement(policy: Policy) -> dict[str, Any]:
@@ -84,6 +99,7 @@ def republication_statement(policy: Policy) -> dict[str, Any]:
     if panel:  # keys of their own, so that the other modes' metadata keeps its bytes
         statement["every_member_every_release"] = True
         statement["weight_field"] = rep.weight_name
+        statement["analysis"] = PANEL_ANALYSIS
     return statement
 
 

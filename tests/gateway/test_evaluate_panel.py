@@ -4,6 +4,7 @@ weighted share within 1.5 points of the original's) is what evaluate reports and
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from stream_jobs.commands.simulator import PanelSurvey, encode, load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "policies" / "adult.yaml"
+SECRET = "evaluate-panel-secret-0123456789"  # evaluate pairs a panel's records by their keyed ids
 
 
 def _release(tmp_path: Path) -> tuple[Path, Path]:
@@ -34,7 +36,7 @@ def _release(tmp_path: Path) -> tuple[Path, Path]:
     policy = load_policy(POLICY)
     validator = Validator(policy)
     rows = list(PanelSurvey(respondents=8000, waves=1, seed=3, rows=load_rows()).records())
-    records, keyring = [], Keyring(b"evaluate-panel-secret-0123456789")
+    records, keyring = [], Keyring(SECRET.encode())
     for i, row in enumerate(rows):
         rid, values = validator.decode_and_validate(*reversed(encode(row)))  # type: ignore[misc]
         records.append(ValidRecord(rid, values, SourceRef("in", 0, i, 0), 0.0))
@@ -56,6 +58,7 @@ def test_evaluate_weighs_a_panel_release_by_its_analysis_weights(tmp_path: Path)
         [sys.executable, "-m", "gateway", "evaluate", str(original), str(protected),
          "--policy", str(POLICY), "--json", "--report", str(tmp_path / "report.html")],
         capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PRIVGW_SECRET": SECRET, "PRIVGW_SECRET_FILE": ""},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = orjson.loads(done.stdout)

@@ -12,6 +12,7 @@ from typing import Any
 
 import clikit
 import numpy as np
+import orjson
 import pandas as pd
 import pytest
 
@@ -159,3 +160,62 @@ def test_without_a_state_a_file_repeating_respondents_is_refused(
     assert proc.returncode == 2, proc.stderr
     assert "row(s) repeat a respondent ('respondent_id'), first at data row 301" in proc.stderr
     assert "--state-dir" in proc.stderr and not (tmp_path / "o.csv").exists()
+
+
+def test_the_metadata_gives_each_waves_counts_and_how_to_analyse_it(panel: dict[str, Any]) -> None:
+    """OUT.meta.json has each wave's counts (its imputed members among them, as the stream's
+    metrics give them) and the weights' total, which covers every active member's sampling
+    weight: an analyst estimates from it without the command's printout."""
+    df, d = panel["input"], panel["dir"]
+    meta = orjson.loads((d / "w3.out.csv.meta.json").read_bytes())
+    assert "analysis" in meta["republication"] and list(meta["waves"]) == ["3"]
+    wave3 = meta["waves"]["3"]
+    active = set(df.respondent_id)  # nobody retires within three waves
+    answered = set(df[df.wave == 3].respondent_id)
+    assert wave3["answered"] == len(answered)
+    assert wave3["imputed"] == len(active - answered) > 0
+    assert wave3["published"] == len(active)
+    # each member's last sampling weight (an absent member is carried with its own)
+    last = df.sort_values("wave").groupby("respondent_id").fnlwgt.last()
+    assert wave3["weight_total"] == pytest.approx(last.sum(), rel=0.01)
+    earlier = orjson.loads((d / "w12.out.csv.meta.json").read_bytes())["waves"]
+    assert [earlier[w]["imputed"] > 0 for w in ("1", "2")] == [False, True]
+
+
+def _evaluate(original: Path, release: Path, env: dict[str, str]) -> Any:
+    return clikit.privgw("evaluate", original, release, "--policy", POLICY, "--json", env=env)
+
+
+def test_evaluate_pairs_a_panel_release_with_its_original_by_record_id(
+    panel: dict[str, Any], tmp_path: Path
+) -> None:
+    """The release is in record-id order and holds the imputed members: evaluate pairs each
+    original row with its own published record (by the secret), as pairing them by hand does,
+    and leaves the imputed records out, counted. By position, wave 1's rows met other
+    respondents' and its disclosure risk read a few hundredths of what it is."""
+    df, out, owner, env = panel["input"], panel["out"], panel["owner"], panel["env"]
+    wave1 = df[df.wave == 1]
+    release = out[out.wave == "1"]
+    wave1.to_csv(tmp_path / "w1.csv", index=False)
+    release.to_csv(tmp_path / "w1.out.csv", index=False)
+    by_hand = release.set_index(release.record_id.map(owner)).loc[
+        wave1.respondent_id.astype(str)
+    ]
+    by_hand.drop(columns="record_id").to_csv(tmp_path / "w1.paired.csv", index=False)
+    done = _evaluate(tmp_path / "w1.csv", tmp_path / "w1.out.csv", env)
+    assert done.returncode == 0, done.stderr
+    paired = _evaluate(tmp_path / "w1.csv", tmp_path / "w1.paired.csv", env)
+    got, want = orjson.loads(done.stdout), orjson.loads(paired.stdout)
+    assert got["paired_by"] == "record_id" and got["imputed_rows_excluded"] == 0
+    for measure in ("sse_sst_pct", "dld", "interval_disclosure"):
+        assert got[measure] == pytest.approx(want[measure]), measure
+    # waves 1-2: the imputed members of wave 2 have no original row
+    both = _evaluate(panel["dir"] / "w12.csv", panel["dir"] / "w12.out.csv", env)
+    assert both.returncode == 0, both.stderr
+    result = orjson.loads(both.stdout)
+    assert result["records"] == len(df[df.wave <= 2])
+    imputed = len(set(df[df.wave == 1].respondent_id) - set(df[df.wave == 2].respondent_id))
+    assert result["imputed_rows_excluded"] == imputed > 0
+    # the pairs are keyed: without the secret, a clear refusal
+    refused = _evaluate(tmp_path / "w1.csv", tmp_path / "w1.out.csv", {"PRIVGW_SECRET_FILE": ""})
+    assert refused.returncode == 2 and "needs the deployment secret" in refused.stderr
