@@ -29,8 +29,16 @@ from gateway.files.fileio import read_table, records_from_frame, write_table
 from gateway.files.protect import meta_path
 from gateway.grouping.scope import stream_refusal
 from gateway.keyed.keyed import Keyring, load_secret
-from gateway.panel.roster import OUTCOMES_KEPT, roster_last_wave
-from gateway.policy import Method, Policy
+from gateway.panel.roster import (
+    OUTCOMES_KEPT,
+    Roster,
+    Sealer,
+    read_roster,
+    roster_key,
+    roster_last_wave,
+)
+from gateway.panel.step import CARRY_SALT
+from gateway.policy import Method, Policy, RepublicationMode
 from gateway.state_store.state_api import check_key_fingerprint
 
 OpenState = Callable[[Path, Policy], Any]  # state.file_state.open_file_state
@@ -82,6 +90,14 @@ def protect_waves(
                 "or give a new --state-dir"
             )
         check_key_fingerprint(store, keyring.fingerprint(), rotate=False, where=str(state_dir))
+        if policy.republication.mode is RepublicationMode.PANEL:
+            roster = read_roster(
+                store.get_many,
+                roster_key(None),
+                Sealer(keyring.hkdf(CARRY_SALT, b"aes-256-gcm")),
+            )
+            check_decided(waves, roster, keyring, src)
+        check_new_waves(waves, last, policy.microaggregation.k, src)
         engine = Engine(policy, keyring=keyring, store=store)
         published: list[PublishedRecord] = []
         per_wave = {}
@@ -109,6 +125,54 @@ def protect_waves(
     return {"records": len(records), "waves": per_wave, "meta": str(meta_path(out))}
 
 
+def check_decided(
+    waves: dict[int, list[ValidRecord]], roster: Roster, keyring: Keyring, src: str | Path
+) -> None:
+    """A wave the state decided can only be published again, from the rows it was decided
+    with: a wave is decided whole, its absent members imputed. Rows of such a wave from a
+    respondent it imputed, or did not know, would be answers it never had (republishing the
+    imputed record would tell which records were imputed), and a wave before the newest
+    decided one that was never decided cannot be decided any more."""
+    last = roster.last_wave
+    for w, rows in waves.items():
+        if last is None or w > last:
+            continue
+        outcome = roster.outcome_of(w)
+        if outcome is None:
+            raise InputDataError(
+                f"{src}: wave {w} comes before wave {last}, the newest the state decided, "
+                "and was never decided: a panel's waves are decided in order. Give its rows "
+                "before the later waves', on a new --state-dir"
+            )
+        keys = keyring.respondent_keys(sorted({str(r.respondent_id) for r in rows}))
+        at = roster.rows_of(keys)
+        imputed = set(outcome.imputed_members)
+        late = sum(1 for row in at if row is None or row in imputed)
+        if late:
+            raise InputDataError(
+                f"{src}: wave {w} was decided by an earlier run without the answers of {late} "
+                "respondent(s) in this file (a wave is decided whole, its absent members "
+                "imputed): give each wave's rows in one file. A decided wave can only be "
+                "published again, from the rows it was decided with"
+            )
+
+
+def check_new_waves(
+    waves: dict[int, list[ValidRecord]], last: int | None, k: int, src: str | Path
+) -> None:
+    """A wave to decide has k respondents or more: fewer is most likely a mistyped wave
+    number, which would be decided with everyone else imputed and close every wave before it
+    (the stream, likewise, counts a wave only once k respondents have answered it)."""
+    for w, rows in waves.items():
+        n = len({r.respondent_id for r in rows})
+        if (last is None or w > last) and n < k:
+            raise InputDataError(
+                f"{src}: wave {w} has {n} respondent(s), fewer than k = {k}: a wave is "
+                "decided once, with every member it lacks imputed, and closes the waves "
+                "before it. Check the wave column, or hold the wave back until it is complete"
+            )
+
+
 def _weight_total(published: Sequence[PublishedRecord], policy: Policy) -> float:
     """The release's analysis weights summed (0.0 without a weight field)."""
     name = policy.republication.weight_name
@@ -128,6 +192,12 @@ def _by_wave(
         raise InputDataError(
             f"{src}: {len(missing)} row(s) without a wave ('{wave}'), first at data row "
             f"{missing[0] + 1}: every row of a panel file belongs to a wave"
+        )
+    nobody = [i for i, r in enumerate(records) if not r.respondent_id]
+    if nobody:
+        raise InputDataError(
+            f"{src}: {len(nobody)} row(s) without a respondent id, first at data row "
+            f"{nobody[0] + 1}: a panel follows every row's respondent from wave to wave"
         )
     out: dict[int, list[ValidRecord]] = {}
     for value, record in zip(values, records, strict=True):

@@ -198,9 +198,7 @@ def test_evaluate_pairs_a_panel_release_with_its_original_by_record_id(
     release = out[out.wave == "1"]
     wave1.to_csv(tmp_path / "w1.csv", index=False)
     release.to_csv(tmp_path / "w1.out.csv", index=False)
-    by_hand = release.set_index(release.record_id.map(owner)).loc[
-        wave1.respondent_id.astype(str)
-    ]
+    by_hand = release.set_index(release.record_id.map(owner)).loc[wave1.respondent_id.astype(str)]
     by_hand.drop(columns="record_id").to_csv(tmp_path / "w1.paired.csv", index=False)
     done = _evaluate(tmp_path / "w1.csv", tmp_path / "w1.out.csv", env)
     assert done.returncode == 0, done.stderr
@@ -219,3 +217,42 @@ def test_evaluate_pairs_a_panel_release_with_its_original_by_record_id(
     # the pairs are keyed: without the secret, a clear refusal
     refused = _evaluate(tmp_path / "w1.csv", tmp_path / "w1.out.csv", {"PRIVGW_SECRET_FILE": ""})
     assert refused.returncode == 2 and "needs the deployment secret" in refused.stderr
+
+
+def _run(tmp_path: Path, name: str, rows: pd.DataFrame) -> Any:
+    rows.to_csv(tmp_path / f"{name}.csv", index=False)
+    env = {"PRIVGW_SECRET_FILE": str(tmp_path / "secret.key")}
+    return clikit.privgw("protect", tmp_path / f"{name}.csv", "--policy", POLICY, "-o",
+                         tmp_path / f"{name}.out.csv", "--state-dir", tmp_path / "state",
+                         env=env)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["split", "gap", "mistyped", "no_id"])
+def test_rows_a_decided_wave_never_had_or_a_wave_out_of_order_are_refused(
+    tmp_path: Path, case: str
+) -> None:
+    """A wave is decided once, whole: the rest of a wave split over two files would be answers
+    it imputed (republishing the imputed records told which they were), a skipped wave given
+    later can no longer be decided, and a mistyped wave number would be decided with everyone
+    imputed and close the real waves. Each is refused before the state is written."""
+    assert clikit.privgw("secret", "create", tmp_path / "secret.key").returncode == 0
+    df = pd.DataFrame(
+        list(PanelSurvey(respondents=60, waves=4, seed=4, rows=load_rows()).records())
+    )
+    third = df[df.wave == 3]
+    first, later, said = {
+        "split": (pd.concat([df[df.wave <= 2], third.iloc[:30]]), third.iloc[30:],
+                  f"without the answers of {third.respondent_id.nunique() - 30} respondent(s)"),
+        "gap": (df[df.wave.isin([1, 2, 4])], third, "wave 3 comes before wave 4"),
+        "mistyped": (df[df.wave == 1],
+                     pd.concat([df[df.wave == 2], third.iloc[:1].assign(wave=1000)]),
+                     "wave 1000 has 1 respondent(s), fewer than k = 5"),
+        "no_id": (df[df.wave == 1], df[df.wave == 2].assign(respondent_id=""),
+                  f"{(df.wave == 2).sum()} row(s) without a respondent id, first at data row 1"),
+    }[case]  # fmt: skip
+    assert _run(tmp_path, "first", first).returncode == 0
+    before = (tmp_path / "state" / "state.db").read_bytes()
+    proc = _run(tmp_path, "later", later)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert (tmp_path / "state" / "state.db").read_bytes() == before
+    assert not (tmp_path / "later.out.csv").exists()
