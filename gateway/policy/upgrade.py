@@ -83,6 +83,9 @@ class PolicyFacets:
     published: Sequence[str]  # attributes published (not dropped)
     pseudonym: str
     consistency: str
+    # republication.mode (None: a record written before it was a facet, not compared): what
+    # the state's groups are (a panel's roster of cohorts, or the registry's groups)
+    republication: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +100,7 @@ class PolicyFacets:
             "published": list(self.published),
             "pseudonym": self.pseudonym,
             "consistency": self.consistency,
+            "republication": self.republication,
         }
 
     @classmethod
@@ -113,6 +117,7 @@ class PolicyFacets:
             published=list(doc["published"]),
             pseudonym=str(doc["pseudonym"]),
             consistency=str(doc["consistency"]),
+            republication=doc.get("republication"),
         )
 
 
@@ -150,6 +155,7 @@ def facets(policy: Policy, matrix_versions: Mapping[str, str]) -> PolicyFacets:
         published=[n for n, a in attrs.items() if a.method is not Method.DROP],
         pseudonym=policy.output.pseudonym.value,
         consistency=policy.consistency.mode.value,
+        republication=policy.republication.mode.value,
     )
 
 
@@ -232,6 +238,22 @@ def diff(old: PolicyFacets, new: PolicyFacets) -> Upgrade:
                 "consistency",
                 f"consistency {old.consistency} -> {new.consistency}",
                 UpgradeAction.SAFE,
+            )
+        )
+    if (
+        None not in (old.republication, new.republication)
+        and new.republication != old.republication
+    ):
+        # the groups the state holds are another mode's: a panel's cohorts live in its roster,
+        # the other modes' groups in the registry, and neither reads the other's, so every
+        # respondent is grouped again and a linked set over the history is not kept across
+        changes.append(
+            Change(
+                "republication",
+                f"republication.mode {old.republication} -> {new.republication} (every "
+                "respondent grouped again: linked sets over the history are not kept across "
+                "the change)",
+                UpgradeAction.REGROUP,
             )
         )
     changes += _publication_changes(old, new)

@@ -481,3 +481,19 @@ def test_a_damaged_policy_record_is_named_not_an_internal_error(
             err = capsys.readouterr().err
             assert "the policy record cannot be read" in err and "restore the file" in err, err
             assert files(directory) == before, "a refused command wrote"
+
+
+COHORT = variant(("{mode: regroup,", "{mode: cohort,"))
+
+
+def test_another_republication_mode_regroups_everyone(state: Path) -> None:
+    """A panel's cohorts (its roster) and the other modes' groups (the registry) are not read
+    by another mode: switching modes grouped everyone again without a word (panel to cohort left
+    297 of 421 respondents' linked sets below k). It is a change that needs the upgrade."""
+    refused(state, COHORT, "republication.mode regroup -> cohort", "needs re-grouping")
+    change = diff(policy_facets(BASE), policy_facets(COHORT))
+    assert change.regroup_all and [c.facet for c in change.changes] == ["republication"]
+    # a record written before the mode was a facet is not compared on it (nothing to compare)
+    old = policy_facets(BASE).to_json()
+    del old["republication"]
+    assert diff(type(change.old).from_json(old), policy_facets(COHORT)).same
