@@ -21,9 +21,10 @@ from state.policy_record import check_policy
 from state.sqlite_store import SQLiteStore
 
 
-def open_file_state(state_dir: Path, policy: Policy) -> SQLiteStore:
-    """The store of ``state_dir`` for ``policy``, its policy recorded (new) or found the same;
-    nothing is written before every check has passed."""
+def open_file_state(state_dir: Path, policy: Policy, accept: str | None = None) -> SQLiteStore:
+    """The store of ``state_dir`` for ``policy``, its policy recorded (new), found the same, or
+    migrated to it when ``accept`` names its version (`protect --policy-upgrade`); nothing is
+    written before every check has passed."""
     state_dir = Path(state_dir)
     check_state_dir(state_dir, create=False)
     if resolve_backend(state_dir, None) is not Backend.SQLITE:
@@ -37,7 +38,7 @@ def open_file_state(state_dir: Path, policy: Policy) -> SQLiteStore:
             f"--state-dir {state_dir} holds the state of several engine shards (a stream "
             "worker's): a file is protected on a state of one; give another --state-dir"
         )
-    check_policy(state_dir, Backend.SQLITE.value, 1, policy, accept=None, dry_run=True)
+    check_policy(state_dir, Backend.SQLITE.value, 1, policy, accept=accept, dry_run=True)
     check_state_dir(state_dir)  # created if new
-    check_policy(state_dir, Backend.SQLITE.value, 1, policy, accept=None)
+    check_policy(state_dir, Backend.SQLITE.value, 1, policy, accept=accept)
     return SQLiteStore(state_dir / SINGLE)

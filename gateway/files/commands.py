@@ -47,13 +47,18 @@ def cmd_protect(args: argparse.Namespace) -> int:
         raise PrivgwError(f"--seed must be a whole number ≥ 0, got {args.seed}")
     if args.state_dir is not None:
         check_waved(policy, args.seed)  # before the output is checked: the settings first
+    elif args.policy_upgrade is not None:
+        raise PrivgwError("--policy-upgrade upgrades a state: give it with --state-dir DIR")
     # OUT.meta.json too: a symlink there, or an input of that name, would be overwritten
     meta = meta_path(args.output)
     check_output(args.output, inputs=(args.input, args.policy), companions=(meta,))
     if args.state_dir is not None:
         opener = _entry_point("privgw.stores", "sqlite")
         state_dir = Path(args.state_dir)
-        print_waves(protect_waves(args.input, policy, args.output, state_dir, opener), args.output)
+        summary = protect_waves(
+            args.input, policy, args.output, state_dir, opener, accept=args.policy_upgrade
+        )
+        print_waves(summary, args.output)
         return 0
     budget = Budget(memory_mib=args.memory_budget, block_rows=args.block_rows)
     summary = protect_within(args.input, policy, args.output, seed=args.seed, budget=budget)
@@ -338,7 +343,15 @@ def _add_protect(sub: Any) -> None:
         default=None,
         help="publish the file's waves (republication.wave_attribute) as successive releases "
         "on this state, as the stream does, for a later file to continue; the secret comes "
-        "from PRIVGW_SECRET_FILE",
+        "from PRIVGW_SECRET_FILE (--memory-budget and --block-rows do not apply: each wave is "
+        "decided whole)",
+    )
+    p.add_argument(
+        "--policy-upgrade",
+        metavar="VERSION",
+        default=None,
+        help="with --state-dir: accept this policy version as an upgrade of the one the state "
+        "was written under, migrating the state (review `privgw policy diff` first)",
     )
     p.set_defaults(func=cmd_protect)
 

@@ -41,7 +41,7 @@ from gateway.panel.step import CARRY_SALT
 from gateway.policy import Method, Policy, RepublicationMode
 from gateway.state_store.state_api import check_key_fingerprint
 
-OpenState = Callable[[Path, Policy], Any]  # state.file_state.open_file_state
+OpenState = Callable[[Path, Policy, str | None], Any]  # state.file_state.open_file_state
 
 
 def check_waved(policy: Policy, seed: int | None) -> str:
@@ -68,17 +68,24 @@ def check_waved(policy: Policy, seed: int | None) -> str:
 
 
 def protect_waves(
-    src: str | Path, policy: Policy, out: str | Path, state_dir: Path, open_state: OpenState
+    src: str | Path,
+    policy: Policy,
+    out: str | Path,
+    state_dir: Path,
+    open_state: OpenState,
+    *,
+    accept: str | None = None,
 ) -> dict[str, Any]:
     """Protect ``src``'s waves in order on the state in ``state_dir``; writes OUT (every wave's
     release, in wave order) and OUT.meta.json. Everything is checked before the state is
-    written: the file's rows, the secret, the policy the state records, its waves."""
+    written: the file's rows, the secret, the policy the state records (``accept``: the
+    version of a changed policy accepted as its upgrade, `--policy-upgrade`), its waves."""
     wave = check_waved(policy, None)
     df = read_table(src, as_text=True)
     records = records_from_frame(df, policy, src)
     waves = _by_wave(records, wave, src)
     keyring = Keyring(load_secret(os.environ))
-    store = open_state(state_dir, policy)  # a StateStore and a KeyFingerprintStore
+    store = open_state(state_dir, policy, accept)  # a StateStore and a KeyFingerprintStore
     try:
         last = roster_last_wave(store.get_many, None)
         first = next(iter(waves))
@@ -89,7 +96,13 @@ def protect_waves(
                 f"outcomes of its newest {OUTCOMES_KEPT}): protect the waves after {last}, "
                 "or give a new --state-dir"
             )
-        check_key_fingerprint(store, keyring.fingerprint(), rotate=False, where=str(state_dir))
+        check_key_fingerprint(
+            store,
+            keyring.fingerprint(),
+            rotate=False,
+            where=str(state_dir),
+            rotation="start the panel afresh on a new --state-dir",
+        )
         if policy.republication.mode is RepublicationMode.PANEL:
             roster = read_roster(
                 store.get_many,

@@ -71,11 +71,17 @@ class SecretMismatchError(PrivgwError):
 
 
 def check_key_fingerprint(
-    store: KeyFingerprintStore, fingerprint: str, *, rotate: bool, where: str
+    store: KeyFingerprintStore,
+    fingerprint: str,
+    *,
+    rotate: bool,
+    where: str,
+    rotation: str = "accept the new one with --rotate-secret (env PRIVGW_ROTATE_SECRET=1)",
 ) -> KeyFingerprintResult:
     """Compare the state's fingerprints with ``fingerprint``; record it where it is missing,
-    and where another one is stored if ``rotate``; else raise ``SecretMismatchError``. Nothing
-    is written when it raises."""
+    and where another one is stored if ``rotate``; else raise ``SecretMismatchError`` (whose
+    other way out is ``rotation``, the calling command's). Nothing is written when it
+    raises."""
     held = store.key_fingerprints()
     other = sorted({f for f in held if f is not None and f != fingerprint})
     if other and not rotate:
@@ -84,8 +90,7 @@ def check_key_fingerprint(
             f"the secret in force (PRIVGW_SECRET / PRIVGW_SECRET_FILE) has fingerprint "
             f"{fingerprint}: with another secret every respondent's stored values and keyed "
             "draws change and are republished differently. Use the secret the state was "
-            "written with, or accept the new one with --rotate-secret (env "
-            "PRIVGW_ROTATE_SECRET=1)"
+            f"written with, or {rotation}"
         )
     if other:
         drop = getattr(store, "rotate_key_fingerprint", None)

@@ -256,3 +256,28 @@ def test_rows_a_decided_wave_never_had_or_a_wave_out_of_order_are_refused(
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     assert (tmp_path / "state" / "state.db").read_bytes() == before
     assert not (tmp_path / "later.out.csv").exists()
+
+
+def test_a_changed_policy_or_secret_names_what_protect_takes(tmp_path: Path) -> None:
+    """The refusals named `run`'s flags (--rotate-secret, PRIVGW_ROTATE_SECRET), which protect
+    did not have: a changed policy is accepted with protect's own --policy-upgrade, a changed
+    secret is refused with the way out a file has."""
+    assert clikit.privgw("secret", "create", tmp_path / "secret.key").returncode == 0
+    df = pd.DataFrame(
+        list(PanelSurvey(respondents=60, waves=2, seed=4, rows=load_rows()).records())
+    )
+    assert _run(tmp_path, "w1", df[df.wave == 1]).returncode == 0
+    lower = tmp_path / "k3.yaml"
+    lower.write_text(POLICY.read_text().replace("  k: 5\n", "  k: 3\n"))
+    version = load_policy(lower).version
+    (tmp_path / "w2.csv").write_text(df[df.wave == 2].to_csv(index=False))
+    env = {"PRIVGW_SECRET_FILE": str(tmp_path / "secret.key")}
+    run = ("protect", tmp_path / "w2.csv", "--policy", lower, "-o", tmp_path / "w2.out.csv",
+           "--state-dir", tmp_path / "state")  # fmt: skip
+    refused = clikit.privgw(*run, env=env)
+    assert refused.returncode == 2 and f"--policy-upgrade {version}" in refused.stderr
+    assert clikit.privgw(*run, "--policy-upgrade", version, env=env).returncode == 0
+    assert clikit.privgw("secret", "create", tmp_path / "other.key").returncode == 0
+    other = clikit.privgw(*run, env={"PRIVGW_SECRET_FILE": str(tmp_path / "other.key")})
+    assert other.returncode == 2 and "new --state-dir" in other.stderr, other.stderr
+    assert "rotate" not in other.stderr.lower()
