@@ -126,10 +126,16 @@ def keep_imputed(
 
 
 def _donors(pw: PanelWindow, waves: list[int | None]) -> dict[int, list[int]]:
+    """Each wave's present records, by respondent key: the donor a keyed draw picks depends on
+    who answered, not on the order the records arrived in (which differs between runs, and
+    between one worker and several)."""
     out: dict[int, list[int]] = {}
     for i, wave in enumerate(waves):
         if wave is not None and pw.rkeys[i] is not None:
             out.setdefault(wave, []).append(i)
+    rkeys = pw.rkeys
+    for pool in out.values():
+        pool.sort(key=lambda i: (rkeys[i], i))
     return out
 
 
