@@ -44,6 +44,7 @@ class Output:
     hits: int
     retention: dict[str, float] = field(default_factory=dict)
     randomized: dict[str, int] = field(default_factory=dict)
+    noise_sd: dict[str, float] = field(default_factory=dict)  # noise: the sd applied
 
     def add(self, name: str, column: list[Any]) -> None:
         self.names.append(name)
@@ -136,8 +137,11 @@ class PublishedColumns:
                 ret = self.protections[name].retention(values, column)
                 under = None if early.under is None else [early.under[i] for i in pub_idx]
             else:
-                column, hits, ret, under = self.protections[name].apply(values, draws)
-                out.hits += hits
+                pub = self.protections[name].apply(values, draws)
+                column, ret, under = pub.values, pub.retention, pub.under
+                out.hits += pub.hits
+                if pub.noise_sd is not None:
+                    out.noise_sd[name] = pub.noise_sd
             if ret is not None:
                 out.retention[name], out.randomized[name] = ret
             if under is not None and self._stores:  # each value's matrix

@@ -482,6 +482,7 @@ class Engine:
             measures=self._measures(win, qi, pub_idx, out),
             retention=out.retention,
             randomized=out.randomized,
+            noise_sd=out.noise_sd,
         )
         return WindowResult(
             published=published,

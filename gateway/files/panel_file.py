@@ -128,6 +128,7 @@ def protect_waves(
                 "imputed": report.imputed,
                 "suppressed": report.suppressed,
                 "weight_total": _weight_total(result.published, policy),
+                "noise_sd_applied": dict(report.noise_sd),
             }
         # the counts per wave, as the stream's metrics give them (no value, no id)
         meta = {**engine.metadata(policy), "waves": {str(w): c for w, c in per_wave.items()}}

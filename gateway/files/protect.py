@@ -32,7 +32,6 @@ from gateway.grouping.microaggregation import group_means, mdav_groups, microagg
 from gateway.grouping.strata import stratified_groups, stratum_ids
 from gateway.keyed.randomness import SeededSource
 from gateway.measures import quality, release_risk
-from gateway.mechanisms import masking
 from gateway.policy import (
     MISSING_LABEL,
     Method,
@@ -84,23 +83,6 @@ def refuse_repeated_respondents(
             "--state-dir DIR (each wave a release, as the stream publishes them; the secret "
             "from PRIVGW_SECRET_FILE)"
         )
-
-
-def noise_sd_applied(records: Sequence[ValidRecord], policy: Policy) -> dict[str, float]:
-    """Each noised attribute's noise sd as the file's one window applies it: the larger of
-    noise.sd and √ratio times the (coded) values' sd. An analyst deconvolving a published
-    distribution needs it (σ² + h²/12 with a rounding step h), and the policy's sd is only its
-    floor."""
-    out = {}
-    for name, attr in policy.attributes.items():
-        if attr.method is Method.NOISE and attr.noise is not None:
-            values = np.array(
-                [np.nan if (v := r.values.get(name)) is None else v for r in records], dtype=float
-            )
-            if attr.coding is not None:
-                values = masking.top_bottom_code(values, attr.coding)
-            out[name] = masking.noise_sd(values, attr.noise)
-    return out
 
 
 def meta_path(out: str | Path) -> Path:
@@ -190,7 +172,9 @@ def protect_file(
         records, df, policy, SeededSource(seed), value_frequencies(records, policy)
     )
     meta = engine.metadata(policy)  # the file's policy, not the engine's part of it
-    meta["noise_sd_applied"] = noise_sd_applied(records, policy)
+    # the sd the window applied: an analyst deconvolving a published distribution needs it
+    # (σ² + h²/12 with a rounding step h), and the policy's noise.sd is only its floor
+    meta["noise_sd_applied"] = dict(result.report.noise_sd)
     whole_key: dict[str, Any] = {}
     file_groups: dict[str, Any] | None = None  # the groups formed here, not by the engine
     if recoding:  # the keys: recoded and suppressed here, the engine published the rest

@@ -135,6 +135,7 @@ def protect_blocks(
         frequencies = shares(scan.counts)
         sums = SquareSums()
         figures: list[tuple[int, dict[str, Any]]] = []
+        block_sds: list[dict[str, float]] = []
         meta: dict[str, object] = {}
         columns: list[str] = []
         progress = Progress(scan.rows, "protecting blocks")
@@ -146,12 +147,16 @@ def protect_blocks(
                 frame, policy, src, rng=_block_seed(seed, b), frequencies=frequencies, sums=sums
             )
             _write_block(fig.pop("protected"), spill / f"{b}.out", jsonl=jsonl)
+            block_sds.append({"rows": len(frame), **fig.pop("noise_sd_applied")})
             figures.append((len(frame), fig))
             done += len(frame)
             progress.update(done)
         progress.close()
         _assemble(out, columns, scan.blocks, spill, jsonl=jsonl, chunk_rows=chunk_rows)
     meta["policy_version"] = version
+    # each block applies noise at the sd of its own values: a published distribution is a
+    # mixture, the blocks' rows and sds its weights and scales
+    meta["noise_sd_applied_by_block"] = block_sds
     meta_path(out).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
     summary = merge_figures(figures)
     summary["policy_version"] = version
@@ -301,6 +306,7 @@ def _protect_block(
         "suppressed": rep.suppressed,
         "measures": dict(rep.measures),
         "retention": dict(rep.retention),
+        "noise_sd_applied": dict(rep.noise_sd),
         "policy_version": engine.version,
     }
     return fig, engine.metadata(), list(protected.columns)

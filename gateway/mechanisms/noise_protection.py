@@ -75,7 +75,7 @@ class Noise(Protection):
             for i, v in zip(fresh, drawn, strict=True):
                 out[i] = v
             draws.keep("noise", name, digests=vds, fresh=fresh, drawn=drawn)
-        return Published(out, hits)
+        return Published(out, hits, noise_sd=sd)
 
 
 def build(name: str, attr: Attribute, frequencies: Mapping[str, float] | None) -> Protection:

@@ -38,12 +38,14 @@ class Recalled(NamedTuple):
 
 class Published(NamedTuple):
     """A published column, with the sticky hits (stored draws republished), randomized
-    response's (retention, records randomized) and each value's matrix version."""
+    response's (retention, records randomized), each value's matrix version, and the noise sd
+    applied (noise: the window's, which a file's metadata publishes)."""
 
     values: list[Any]
     hits: int = 0
     retention: tuple[float, int] | None = None
     under: list[Any] | None = None
+    noise_sd: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ def window_report(
         measures=dict(plan.measures),
         retention=out.retention,
         randomized=out.randomized,
+        noise_sd=out.noise_sd,
         imputed=published - (n_in - len(plan.dropped)),
     )
 

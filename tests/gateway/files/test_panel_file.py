@@ -178,6 +178,8 @@ def test_the_metadata_gives_each_waves_counts_and_how_to_analyse_it(panel: dict[
     # each member's last sampling weight (an absent member is carried with its own)
     last = df.sort_values("wave").groupby("respondent_id").fnlwgt.last()
     assert wave3["weight_total"] == pytest.approx(last.sum(), rel=0.01)
+    # the noise sd the wave applied, at least the policy's floor
+    assert wave3["noise_sd_applied"]["capital_gain"] >= meta["noise"]["capital_gain"]["sd"]
     earlier = orjson.loads((d / "w12.out.csv.meta.json").read_bytes())["waves"]
     assert [earlier[w]["imputed"] > 0 for w in ("1", "2")] == [False, True]
 
