@@ -47,3 +47,12 @@ def wave_number(text: str) -> int:
             f"must be a wave number, a whole number in [0, {MAX_WAVE}], got {text!r}"
         )
     return wave
+
+
+def wave_pair(text: str) -> tuple[int, int]:
+    """``reconstruct --change W1,W2``: two different wave numbers."""
+    parts = text.split(",")
+    if len(parts) != 2 or parts[0] == parts[1]:
+        raise argparse.ArgumentTypeError(f"give two different waves as W1,W2, got {text!r}")
+    first, second = (wave_number(p) for p in parts)
+    return first, second

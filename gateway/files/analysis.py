@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pandas as pd
 
@@ -17,16 +18,20 @@ from gateway.files.fileio import (
 )
 from gateway.files.protect import meta_path
 from gateway.measures.attack import averaging_attack, intersection_attack, sticky_chain_linkage
+from gateway.measures.gross_change import estimate_change
 from gateway.measures.published import (
     mechanisms_from_meta,
     reconstruct_rows,
 )
+from gateway.mechanisms.randomized_response import RRMechanism
 from gateway.mechanisms.rr_constructions import from_spec
 from gateway.policy import (
     Policy,
     RepublicationMode,
     RRMode,
 )
+
+PSEUDONYM = "pseudonym"  # the published pseudonym's column (output.pseudonym)
 
 
 def reconstruct_file(
@@ -52,6 +57,26 @@ def reconstruct_file(
                 f"{', '.join(map(str, present[:20])) or 'none'})"
             )
         df = df[mine]
+    mechanisms = file_mechanisms(protected, policy)
+    rep = policy.republication
+    weight = rep.weight_name if rep.mode is RepublicationMode.PANEL else None
+    result = reconstruct_rows(
+        frame_rows(df),
+        mechanisms,
+        weight if weight in df.columns else None,
+        wave=field if field in df.columns else None,
+    )
+    if not result:  # as a topic with none: said, not an empty success
+        raise InputDataError(
+            f"{protected}: no randomized value to reconstruct from ({len(df)} rows; randomized "
+            f"attributes: {', '.join(mechanisms) or 'none'})"
+        )
+    return result
+
+
+def file_mechanisms(protected: str | Path, policy: Policy) -> dict[str, RRMechanism]:
+    """The randomized attributes' mechanisms a protected file was published with: from its
+    OUT.meta.json, else (a matrix the policy fixes) from the policy."""
     mp = meta_path(protected)
     if mp.exists():
         try:
@@ -80,20 +105,37 @@ def reconstruct_file(
                     "matrix is only in that file"
                 )
             mechanisms[name] = from_spec(attr, name=name)
-    rep = policy.republication
-    weight = rep.weight_name if rep.mode is RepublicationMode.PANEL else None
-    result = reconstruct_rows(
-        frame_rows(df),
-        mechanisms,
-        weight if weight in df.columns else None,
-        wave=field if field in df.columns else None,
-    )
-    if not result:  # as a topic with none: said, not an empty success
+    return mechanisms
+
+
+def change_file(protected: str | Path, policy: Policy, waves: tuple[int, int]) -> dict[str, Any]:
+    """Gross change of each randomized attribute between two waves of a panel file, its
+    records linked by pseudonym (:mod:`gateway.measures.gross_change`), weighted by the later
+    wave's analysis weights."""
+    df = read_table(protected, policy=policy)
+    field = policy.republication.wave_attribute
+    if field is None or field not in df.columns or PSEUDONYM not in df.columns:
         raise InputDataError(
-            f"{protected}: no randomized value to reconstruct from ({len(df)} rows; randomized "
-            f"attributes: {', '.join(mechanisms) or 'none'})"
+            f"--change links each respondent's records of two waves by its pseudonym: "
+            f"{protected} needs a wave column and a '{PSEUDONYM}' column (a policy with "
+            "output.pseudonym: hmac publishes one; record ids are keyed per wave and link "
+            "nothing)"
         )
-    return result
+    numbers = pd.to_numeric(df[field], errors="coerce")
+    first, second = (df[numbers == w].drop_duplicates(PSEUDONYM) for w in waves)
+    pairs = first.merge(second, on=PSEUDONYM, suffixes=("@1", "@2"))
+    weight = f"{policy.republication.weight_name}@2"
+    weights = pairs[weight].to_numpy(float) if weight in pairs.columns else None
+    out: dict[str, Any] = {}
+    for name, mech in file_mechanisms(protected, policy).items():
+        if f"{name}@1" not in pairs.columns:
+            continue
+        index = {c: i for i, c in enumerate(mech.categories)}
+        codes = [pairs[f"{name}@{j}"].map(index).fillna(-1).to_numpy(np.int64) for j in (1, 2)]
+        out[name] = estimate_change(mech, codes[0], codes[1], weights).to_dict()
+    if not out:
+        raise InputDataError(f"{protected}: no randomized attribute to estimate a change of")
+    return out
 
 
 def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:

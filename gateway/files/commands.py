@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.commands.command_kit import add_command, fmt, print_json, wave_number
+from gateway.commands.command_kit import add_command, fmt, print_json, wave_number, wave_pair
 from gateway.errors import PrivgwError
 from gateway.files.analysis import (
     attack_history,
     attack_k,
     attack_qi,
+    change_file,
     check_history,
     read_jsonl_rows,
     reconstruct_file,
@@ -191,6 +192,23 @@ def cmd_ru_map(args: argparse.Namespace) -> int:
 
 
 def cmd_reconstruct(args: argparse.Namespace) -> int:
+    if args.change is not None:
+        if args.bootstrap or not args.protected or not args.policy:
+            raise PrivgwError("--change reads a panel file: give PROTECTED --policy P")
+        changes = change_file(args.protected, load_policy(args.policy), args.change)
+        if args.json:
+            print_json(changes)
+            return 0
+        for name, est in changes.items():
+            print(
+                f"{name} (waves {args.change[0]} -> {args.change[1]}, {est['pairs']} linked "
+                f"pairs): gross change {est['gross_change']:.4f} ± {est['gross_change_se']:.4f}"
+            )
+            cats = est["categories"]
+            print(f"  {'from / to':>20} " + " ".join(f"{c[:10]:>10}" for c in cats))
+            for c, row in zip(cats, est["joint"], strict=True):
+                print(f"  {c[:20]:>20} " + " ".join(f"{v:>10.4f}" for v in row))
+        return 0
     if args.bootstrap:
         if not args.topic:
             raise PrivgwError("--bootstrap needs --topic (the protected topic)")
@@ -440,6 +458,14 @@ def _add_reconstruct(sub: Any) -> None:
         type=wave_number,
         help="only this release's rows (the policy's wave attribute); without it the rows of "
         "every release are pooled, their standard errors counting each respondent once",
+    )
+    p.add_argument(
+        "--change",
+        metavar="W1,W2",
+        type=wave_pair,
+        help="a panel file's gross change between two waves: each respondent's records linked "
+        "by its pseudonym (output.pseudonym: hmac), under sticky draws (an unchanged answer "
+        "publishes the same value); the true transitions' shares ± se",
     )
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=cmd_reconstruct)
