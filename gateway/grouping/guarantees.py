@@ -28,8 +28,8 @@ _MODES = {
     RepublicationMode.PANEL: (
         "cohorts formed once by whole-key MDAV are kept for good (merged whole, never split); "
         "every active member is published in every wave, an absent one imputed (numbers "
-        "carried forward; categories, and each other categorical answer, aged by the "
-        "transitions of those present in both waves; randomized and noised with its sticky "
+        "of the claim carried forward; its categories, and every answer outside the claim, aged "
+        "by the moves of those present in both waves; randomized and noised with its sticky "
         "draws) and not told apart from a present one; a member "
         "absent for retire_after_waves waves retires when every other member's linked set "
         "stays >= k. A cohort publishes its members' mean numbers and one allowed combination "

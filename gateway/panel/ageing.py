@@ -1,20 +1,33 @@
-"""Ageing an absent member's categories by the wave-to-wave transitions of those present in
-both waves.
+"""Ageing an absent member's carried values by the wave-to-wave moves of those present in
+both waves, so that imputed values move as the present ones did.
 
-The transition of a categorical tuple (the k claim's nominal part, taken whole so that an aged
-tuple is one somebody really moved to: a marriage moves marital status and relationship
-together) is estimated from the members who answered the previous wave and this one. An absent
-member whose last tuple is ``c`` takes the current tuple of a donor drawn, by its keyed uniform,
-among those who had ``c`` in the previous wave; with no such donor it keeps ``c``. In aggregate
-the imputed tuples then move as the present ones did.
+* **The claim's categories** as one tuple (an aged tuple is one somebody really moved to: a
+  marriage moves marital status and relationship together): an absent member whose last tuple
+  is ``c`` takes the current tuple of a donor drawn, by its keyed uniform, among those who had
+  ``c`` in the previous wave; with no such donor it keeps ``c``.
+* **Each other categorical answer** (randomized ones among them) the same way, on its own.
+* **Each number outside the claim** (noised ones among them): the change of a donor among
+  those whose previous number was nearest its own.
+
+Carried forward unchanged, an absent member's answers pulled the wave's estimates toward the
+previous wave, and a published answer that changed told a present member.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+from numpy.typing import NDArray
+
+from gateway.panel.carried import Carried, CarryBlock, objects
+from gateway.panel.roster import Roster
+
 Combo = tuple[object, ...]
+# (purpose, keys) -> one keyed uniform in [0, 1) per key
+Uniforms = Callable[[str, Sequence[bytes]], list[float]]
 
 
 @dataclass(slots=True)
@@ -60,3 +73,149 @@ class Transitions:
             pool = self.donors.get(combo)
             out.append(pool[min(int(u * len(pool)), len(pool) - 1)] if pool else combo)
         return out
+
+
+def age_absent(
+    roster: Roster,
+    absent: list[int],
+    moves: tuple[Transitions, dict[str, Transitions], dict[str, NumberMoves]],
+    *,
+    nominal: list[int],
+    uniforms: Uniforms,
+    wave: int,
+) -> None:
+    """The absent members' carried values one wave on: the claim's categories as a tuple
+    (``nominal``: their positions in the claim), each other categorical answer and each
+    number, by the moves of those present in both waves."""
+    if not absent:
+        return
+    claim, answers, numbers = moves
+    draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
+    rows = np.asarray(absent, dtype=np.intp)
+    aged = claim.age(roster.carried.combos(rows, nominal), draws)
+    for t, j in enumerate(nominal):
+        roster.carried.set_claim(j, rows, [combo[t] for combo in aged])
+    age_answers(roster, absent, answers, uniforms=uniforms, wave=wave)
+    age_numbers(roster, absent, numbers, uniforms=uniforms, wave=wave)
+
+
+# -- answers -----------------------------------------------------------------------------
+def observe_answers(
+    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, answers: dict[str, Transitions]
+) -> None:
+    """Each aged answer's moves: its value carried at ``rows`` (last wave's) -> ``now``."""
+    names = carried.names[now.names_id]
+    for name, moves in answers.items():
+        old = carried.values.get(name)
+        before = [None] * rows.size if old is None else old[rows].tolist()
+        after = now.columns[names.index(name)] if name in names else [None] * rows.size
+        moves.observe_many([(v,) for v in before], [(v,) for v in after])
+
+
+def age_answers(
+    roster: Roster,
+    absent: list[int],
+    answers: dict[str, Transitions],
+    *,
+    uniforms: Uniforms,
+    wave: int,
+) -> None:
+    """An absent member's aged answers: a donor's current value among those present in both
+    waves who had its last one (its keyed draw picks the donor; with none, it keeps its own).
+    Imputed answers then change as often as the present ones did, so the wave's estimates are
+    current; each is randomized with the member's own sticky draws."""
+    if not absent or not answers:
+        return
+    rows = np.asarray(absent, dtype=np.intp)
+    keys = [roster.keys[r] for r in absent]
+    for name, moves in answers.items():
+        column = roster.carried.values.get(name)
+        if column is None or not moves.donors:
+            continue
+        last = [(v,) for v in column[rows].tolist()]
+        aged = moves.age(last, uniforms(f"panel/age/{wave}/{name}", keys))
+        column[rows] = objects([combo[0] for combo in aged])
+
+
+# -- numbers ------------------------------------------------------------------------------
+NEIGHBOURS = 50  # donors whose last number is nearest an absent member's, to draw one from
+
+
+@dataclass(slots=True)
+class NumberMoves:
+    """A carried number's moves from the previous wave to this one, of those present in both:
+    an absent member takes the change of a donor drawn among the NEIGHBOURS whose previous
+    number was nearest its own (all of those who had exactly its number, when more did: the
+    zeros of a capital gain), so imputed numbers move as the present ones did, where they
+    were carried forward unchanged (a noised number that changed told a present answer)."""
+
+    before: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+
+    def observe_many(self, before: Sequence[object], after: Sequence[object]) -> None:
+        for b, a in zip(before, after, strict=True):
+            if _finite(b) and _finite(a):
+                self.before.append(float(b))  # type: ignore[arg-type]
+                self.after.append(float(a))  # type: ignore[arg-type]
+
+    def age(self, last: Sequence[object], uniforms: Sequence[float]) -> list[object]:
+        """Each absent member's number one wave on (a missing one stays missing)."""
+        if not self.before:
+            return list(last)
+        order = np.lexsort((self.after, self.before))  # canonical: by value, not arrival
+        prev = np.asarray(self.before)[order]
+        change = np.asarray(self.after)[order] - prev
+        low, high = float(np.min(self.after)), float(np.max(self.after))
+        n, width = prev.size, min(NEIGHBOURS, prev.size)
+        out = list(last)
+        at = [i for i, x in enumerate(last) if _finite(x)]
+        xs = np.array([float(last[i]) for i in at])  # type: ignore[arg-type]
+        lo = np.searchsorted(prev, xs, "left")
+        hi = np.searchsorted(prev, xs, "right")
+        near = hi - lo < width  # fewer had exactly its number: the nearest ones around it
+        lo = np.where(near, np.clip((lo + hi - width) // 2, 0, n - width), lo)
+        hi = np.where(near, lo + width, hi)
+        u = np.asarray(uniforms, dtype=np.float64)[at] if at else np.empty(0)
+        d = change[lo + np.minimum((u * (hi - lo)).astype(np.int64), hi - lo - 1)]
+        aged = np.clip(xs + d, low, high)
+        for i, di, v in zip(at, d.tolist(), aged.tolist(), strict=True):
+            if di != 0.0:  # else the same object: its digest, so its sticky draw, unchanged
+                out[i] = int(v) if isinstance(last[i], int) and v.is_integer() else v
+        return out
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def observe_numbers(
+    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, numbers: dict[str, NumberMoves]
+) -> None:
+    """Each aged number's moves: its value carried at ``rows`` (last wave's) -> ``now``."""
+    names = carried.names[now.names_id]
+    for name, moves in numbers.items():
+        old = carried.values.get(name)
+        if old is not None and name in names:
+            moves.observe_many(old[rows].tolist(), now.columns[names.index(name)])
+
+
+def age_numbers(
+    roster: Roster,
+    absent: list[int],
+    numbers: dict[str, NumberMoves],
+    *,
+    uniforms: Uniforms,
+    wave: int,
+) -> None:
+    """The absent members' carried numbers, aged (:class:`NumberMoves`), each by its keyed
+    draw."""
+    if not absent:
+        return
+    rows = np.asarray(absent, dtype=np.intp)
+    keys = [roster.keys[r] for r in absent]
+    for name, moves in numbers.items():
+        column = roster.carried.values.get(name)
+        if column is None or not moves.before:
+            continue
+        aged = moves.age(column[rows].tolist(), uniforms(f"panel/age/{wave}/{name}", keys))
+        column[rows] = objects(aged)

@@ -4,11 +4,9 @@
   split, only merged whole. A wave's new entrants form cohorts among themselves when there are
   at least k of them; fewer join their nearest cohort (a joiner's candidate set is its cohort;
   the others' sets, which never held it, are unchanged).
-* **Every active member in every release.** A member absent from the wave is published in it:
-  numbers carried forward, categories aged (:mod:`gateway.panel.ageing`), sensitive values its
-  sticky draws. So every respondent's chain of records, followed by its sticky values, is in
-  every release, and knowing who took part tells an intruder nothing about which record of a
-  class is whose.
+* **Every active member in every release.** A member absent from the wave is published in it,
+  its values aged by the moves of those present in both waves (:mod:`gateway.panel.ageing`)
+  and randomized with its sticky draws: every chain of records is in every release.
 * **Retirement.** A member absent ``retire_after`` waves in a row stops being published, but
   only when every other member's linked candidate set stays >= k without it: the survivors'
   sets are intersections over the history, and no later merge could grow them back.
@@ -29,16 +27,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.engine.records import take_at
-from gateway.panel.ageing import Transitions
-from gateway.panel.carried import Carried, CarryBlock, objects
+from gateway.panel.ageing import (
+    NumberMoves,
+    Transitions,
+    Uniforms,
+    age_absent,
+    observe_answers,
+    observe_numbers,
+)
+from gateway.panel.carried import CarryBlock, objects
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
 from gateway.policy import MISSING_LABEL
 
 Partition = Callable[[list[list[object]], int], NDArray[np.int64]]  # rows, k -> cohort labels
 Centroids = Callable[[list[list[object]], NDArray[np.int64]], list[list[Any]]]
-# (purpose, keys) -> one keyed uniform in [0, 1) per key
-Uniforms = Callable[[str, Sequence[bytes]], list[float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,8 @@ class PanelRules:
     # own wave-to-wave transitions: carried forward, an absent member's answer would pull the
     # wave's estimate toward the previous wave by (absent share) x (change rate)
     aged: tuple[str, ...] = ()
+    # carried numbers outside the claim (noised answers), aged likewise: a donor's change
+    aged_numbers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.k < 2:
@@ -118,9 +123,20 @@ def decide_wave(
     rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
     answers = {name: Transitions() for name in rules.aged}
-    returned, absent = _returning(roster, wave, present, rows_of, (transitions, answers), numeric)
-    _age(roster, absent, transitions=transitions, numeric=numeric, uniforms=uniforms, wave=wave)
-    _age_answers(roster, absent, answers, uniforms=uniforms, wave=wave)
+    numbers = {name: NumberMoves() for name in rules.aged_numbers}
+    returned, absent = _returning(
+        roster, wave, present, rows_of, (transitions, answers, numbers), numeric
+    )
+    age_absent(
+        roster,
+        absent,
+        (transitions, answers, numbers),
+        nominal=_categorical(numeric),
+        uniforms=uniforms,
+        wave=wave,
+    )
+    for r in absent:
+        roster.streak[r] += 1
     members = roster.members()
     retired = _retire(roster, absent, rules, members)
     if retired:
@@ -173,14 +189,14 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     wave: int,
     present: Present,
     rows_of: list[int | None],
-    observed: tuple[Transitions, dict[str, Transitions]],
+    observed: tuple[Transitions, dict[str, Transitions], dict[str, NumberMoves]],
     numeric: Sequence[bool],
 ) -> tuple[int, list[int]]:
     """The members present: their moves observed (the claim's categories as a tuple, and each
     aged answer on its own), then their rows overwritten, a column at a time; how many came back
     from retirement, and the active members absent."""
     carried = roster.carried
-    transitions, answers = observed
+    transitions, answers, numbers = observed
     back = [i for i, row in enumerate(rows_of) if row is not None]
     at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
     seen = np.asarray(roster.seen, dtype=np.int64)
@@ -192,10 +208,10 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     transitions.observe_many(
         before, list(zip(*[after[j] for j in cat], strict=True)) if cat else [()] * len(before)
     )
-    if answers:
-        _observe_answers(
-            carried, at[moved], present.carry_at([back[i] for i in moved.tolist()]), answers
-        )
+    if answers or numbers:
+        now = present.carry_at([back[i] for i in moved.tolist()])
+        observe_answers(carried, at[moved], now, answers)
+        observe_numbers(carried, at[moved], now, numbers)
     returned = int(np.count_nonzero(~active[at]))
     if at.size:
         active[at] = True
@@ -215,64 +231,6 @@ def _returning(  # noqa: PLR0917 - the wave's parts
         aged.freeze()
     active[at] = False  # (a local copy: the roster's is written) the absent, active members
     return returned, np.flatnonzero(active).tolist()
-
-
-def _age(
-    roster: Roster,
-    absent: list[int],
-    *,
-    transitions: Transitions,
-    numeric: Sequence[bool],
-    uniforms: Uniforms,
-    wave: int,
-) -> None:
-    if not absent:
-        return
-    draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
-    rows = np.asarray(absent, dtype=np.intp)
-    nominal = _categorical(numeric)
-    aged = transitions.age(roster.carried.combos(rows, nominal), draws)
-    for t, j in enumerate(nominal):
-        roster.carried.set_claim(j, rows, [combo[t] for combo in aged])
-    for r in absent:
-        roster.streak[r] += 1
-
-
-def _observe_answers(
-    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, answers: dict[str, Transitions]
-) -> None:
-    """Each aged answer's moves: its value carried at ``rows`` (last wave's) -> ``now``."""
-    names = carried.names[now.names_id]
-    for name, moves in answers.items():
-        old = carried.values.get(name)
-        before = [None] * rows.size if old is None else old[rows].tolist()
-        after = now.columns[names.index(name)] if name in names else [None] * rows.size
-        moves.observe_many([(v,) for v in before], [(v,) for v in after])
-
-
-def _age_answers(
-    roster: Roster,
-    absent: list[int],
-    answers: dict[str, Transitions],
-    *,
-    uniforms: Uniforms,
-    wave: int,
-) -> None:
-    """An absent member's aged answers: a donor's current value among those present in both
-    waves who had its last one (its keyed draw picks the donor; with none, it keeps its own).
-    Imputed answers then change as often as the present ones did, so the wave's estimates are
-    current; each is randomized with the member's own sticky draws."""
-    if not absent or not answers:
-        return
-    rows = np.asarray(absent, dtype=np.intp)
-    keys = [roster.keys[r] for r in absent]
-    for name, moves in answers.items():
-        column = roster.carried.values.get(name)
-        if column is None or not moves.donors:
-            continue
-        last = [(v,) for v in column[rows].tolist()]
-        aged = moves.age(last, uniforms(f"panel/age/{wave}/{name}", keys))
-        column[rows] = objects([combo[0] for combo in aged])
 
 
 def _categorical(numeric: Sequence[bool]) -> list[int]:

@@ -63,6 +63,19 @@ from gateway.state_store.state_api import StateStore
 CARRY_SALT = b"privgw/v1/panel-carry"
 
 
+def _aged(policy: Policy, kind: AttrType) -> tuple[str, ...]:
+    """The published attributes of ``kind`` outside the k claim an absent member carries:
+    its answers, aged by the wave's transitions (:func:`gateway.panel.cohorts.decide_wave`)."""
+    return tuple(
+        n
+        for n, a in policy.attributes.items()
+        if a.role in {Role.SENSITIVE, Role.QUASI_IDENTIFIER}
+        and a.type is kind
+        and a.method is not Method.DROP
+        and n not in policy.k_claim
+    )
+
+
 def panel_step(
     policy: Policy,
     *,
@@ -107,14 +120,8 @@ class PanelStep:
             slack=rep.slack,
             retire_after=rep.retire_after,
             numeric=tuple(claim.numeric),
-            aged=tuple(
-                n
-                for n, a in policy.attributes.items()
-                if a.role in {Role.SENSITIVE, Role.QUASI_IDENTIFIER}
-                and a.type is AttrType.CATEGORICAL
-                and a.method is not Method.DROP
-                and n not in policy.k_claim
-            ),
+            aged=_aged(policy, AttrType.CATEGORICAL),
+            aged_numbers=_aged(policy, AttrType.NUMERIC),
         )
         self._store = store
         self._sealer = Sealer(carry_key)

@@ -126,3 +126,53 @@ def test_an_imputed_members_other_attributes_do_not_depend_on_arrival_order() ->
             )
         )
     assert len(published[0]) == 30 and published[0] == published[1]
+
+
+def test_imputed_numbers_change_as_the_present_ones_did() -> None:
+    """A carried number (a noised amount) never changed for an absent member: a published
+    amount that changed told a present answer, and the wave's mean lagged. Aged by a nearby
+    donor's change, the imputed amounts change as often and by as much as the present ones."""
+    policy = policy_from_yaml(
+        KEPT.replace(
+            "  wave: {role: other",
+            "  inc: {role: sensitive, type: numeric, method: noise, noise: {sd: 1}}\n"
+            "  wave: {role: other",
+        )
+    )
+    rng = np.random.default_rng(9)
+    n = 1200
+    people = [
+        {"age": int(rng.integers(18, 90)), "sex": "FM"[i % 2], "rel": "other", "occ": "a",
+         "inc": 0 if rng.random() < 0.6 else int(rng.integers(1, 50)) * 1000}
+        for i in range(n)
+    ]  # fmt: skip
+    raised = rng.random(n) < 0.3  # a raise of 5,000 for 30 % of everyone
+    now = [{**v, "inc": v["inc"] + 5000 * int(r)} for v, r in zip(people, raised, strict=True)]
+    gone = set(np.flatnonzero(rng.random(n) < 0.4).tolist())
+    engine = Engine(policy, keyring=KEY, store=MemoryStore())
+    w1 = [ValidRecord(f"p{i}", {**v, "wave": 1}, None, 100.0) for i, v in enumerate(people)]
+    w2 = [
+        ValidRecord(f"p{i}", {**v, "wave": 2}, None, 200.0)
+        for i, v in enumerate(now)
+        if i not in gone
+    ]
+    out: list[PublishedRecord] = []
+    held: list[ValidRecord] = []
+    for batch, t in ((w1, 100.0), (w2, 200.0), ([], 200.0 + GRACE), ([], 1e9)):
+        res = engine.protect_window(held + batch, now=t, flush_all=t == 1e9)
+        held = list(res.held)
+        out.extend(res.published)
+    who = {KEY.respondent_key(f"p{i}"): i for i in range(n)}
+    pub: dict[int, dict[int, float]] = {1: {}, 2: {}}
+    for r in out:
+        row = orjson.loads(r.value)
+        pub[row["wave"]][who[r.respondent]] = row["inc"]
+    absent = sorted(gone)
+    # noise of sd 1, sticky per true value: a published amount changes iff the amount did
+    changed = np.array([pub[2][i] != pub[1][i] for i in absent])
+    rate = np.mean([raised[i] for i in range(n) if i not in gone])
+    se = np.sqrt(rate * (1 - rate) / len(absent))
+    assert abs(changed.mean() - rate) <= 4 * se, (changed.mean(), rate)
+    change = np.array([pub[2][i] - pub[1][i] for i in absent])
+    mean_se = change.std(ddof=1) / np.sqrt(len(absent))
+    assert abs(change.mean() - 5000 * rate) <= 4 * mean_se, change.mean()
