@@ -144,6 +144,22 @@ def frame_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in row.items()} for row in clean.to_dict(orient="records")]
 
 
+def history_meta(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """The release metadata `protect` wrote beside a history file (OUT.meta.json: its k and
+    microaggregated columns, `attack`'s defaults), the first file's that has one; {} if none."""
+    for path in paths:
+        mp = meta_path(path)
+        if mp.is_file():
+            try:
+                meta = orjson.loads(mp.read_bytes())
+            except orjson.JSONDecodeError:
+                raise InputDataError(
+                    f"{mp} is not JSON: restore it, or give --qi and --k"
+                ) from None
+            return meta if isinstance(meta, dict) else {}
+    return {}
+
+
 def read_jsonl_rows(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for path in paths:
@@ -167,7 +183,7 @@ def attack_qi(
     qi = [c for c in (given or "").split(",") if c] or list(meta.get("microaggregated", []))
     if not qi and (sticky or not averaging):
         raise InputDataError(
-            "the history names no quasi-identifier columns (no release metadata comes with a "
+            "the history names no quasi-identifier columns (no OUT.meta.json beside its first "
             "file): give --qi COL[,COL], the published columns the intruder knows"
         )
     return qi
@@ -239,6 +255,17 @@ def last_copies(
     return kept, len(history) - len(kept)
 
 
+def category(value: Any) -> Any:
+    """A category as text, however a file codes it: a CSV reads the code 4 as a number, a
+    truth file may give it as "4" (compared as they came, they never matched, and the averaging
+    adversary scored 0)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return str(int(value)) if float(value).is_integer() else repr(float(value))
+    return str(value)
+
+
 def published_tuple(row: Mapping[str, Any], qi: Sequence[str]) -> tuple[Any, ...] | None:
     """The quasi-identifier tuple an intruder reads in ``row``, None when the record was
     suppressed: the engine publishes a suppressed record with every quasi-identifier null.
@@ -285,12 +312,12 @@ def attack_history(
         # none (its published value changes with it), so it is left out and counted
         answers: dict[str, set[Any]] = {}
         for t in truth:
-            answers.setdefault(str(t["respondent_id"]), set()).add(t.get(attribute))
+            answers.setdefault(str(t["respondent_id"]), set()).add(category(t.get(attribute)))
         true_value = {r: next(iter(v)) for r, v in answers.items() if len(v) == 1}
         result["averaging_changed_excluded"] = len(answers) - len(true_value)
         releases = [
             {
-                respondent_of[str(r["record_id"])]: r.get(attribute)
+                respondent_of[str(r["record_id"])]: category(r.get(attribute))
                 for r in waves[w]
                 if str(r["record_id"]) in respondent_of
             }

@@ -19,6 +19,7 @@ from gateway.files.analysis import (
     attack_qi,
     change_file,
     check_history,
+    history_meta,
     read_jsonl_rows,
     reconstruct_file,
     release_counts,
@@ -275,7 +276,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     elif not args.history:
         raise PrivgwError("give the history as JSONL files, or --bootstrap B --topic T")
     else:
-        meta, history = {}, read_jsonl_rows(args.history)
+        meta, history = history_meta(args.history), read_jsonl_rows(args.history)
     sticky = [c for c in (args.sticky or "").split(",") if c]
     if args.truth is None and not sticky:
         raise PrivgwError(

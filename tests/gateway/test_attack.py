@@ -253,3 +253,16 @@ def test_the_averaging_adversary_targets_only_an_answer_that_never_changed() -> 
         (2, 3, 1.0),
     ]
     assert result["averaging_changed_excluded"] == 1
+
+
+def test_the_averaging_adversary_reads_a_coded_category_however_it_is_typed() -> None:
+    """probe: a CSV reads the code 4 as a number, a truth file may give it as "4": compared as
+    they came they never matched, and the adversary scored 0, which reads as safe."""
+    truth, rows = [], []
+    for wave in (1, 2):
+        for i in range(4):
+            rid = f"{wave}-{i}"
+            truth.append({"record_id": rid, "respondent_id": f"r{i}", "water": str(i % 2 + 4)})
+            rows.append({"record_id": rid, "wave": wave, "water": float(i % 2 + 4)})
+    result = attack_history(rows, truth, attribute="water", qi_columns=[], k=2, ts=[1])
+    assert [(p["respondents"], p["accuracy"]) for p in result["averaging"]] == [(4, 1.0)]

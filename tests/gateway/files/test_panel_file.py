@@ -341,3 +341,15 @@ def test_reconstruct_estimates_the_gross_change_of_a_linked_panel(tmp_path: Path
     refused = clikit.privgw("reconstruct", tmp_path / "unlinked.csv", "--policy", policy,
                             "--change", "1,2")  # fmt: skip
     assert refused.returncode == 2 and "'pseudonym' column" in refused.stderr
+
+
+def test_attack_reads_the_metadata_beside_a_protected_file(panel: dict[str, Any]) -> None:
+    """`attack --help` says --qi and --k default from the metadata: a file's history has its
+    OUT.meta.json, which attack did not read ("no release metadata comes with a file")."""
+    d = panel["dir"]
+    done = clikit.privgw("attack", d / "w12.out.csv", d / "w3.out.csv",
+                         "--sticky", "income,occupation,capital_gain,capital_loss",
+                         "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    chains = orjson.loads(done.stdout)["sticky_linkage"]
+    assert chains["k"] == K and chains["chains"] > 0
