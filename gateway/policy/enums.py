@@ -95,8 +95,8 @@ class RepublicationMode(StrEnum):
     # before 0.2: a changed respondent stays in its group while its departure would leave it
     # with fewer than k live members (republishes its first tuple; no per-release k)
     DEFERRED = "deferred"
-    # fixed cohorts, every active member in every release (an absent one imputed: numbers
-    # carried forward, categories aged), an analysis weight raked per release so every
+    # fixed cohorts, every active member in every release (an absent one imputed: the claim's
+    # numbers carried forward, its other values aged), an analysis weight raked per release so every
     # category's weighted share is current; waves decided whole as they close (gateway/panel/)
     PANEL = "panel"
 
