@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gateway.files.panel_file import protect_waves  # noqa: E402
-from gateway.panel import ageing  # noqa: E402
+from gateway.panel import step  # noqa: E402
 from gateway.policy import load_policy  # noqa: E402
 from state.file_state import open_file_state  # noqa: E402
 
@@ -92,12 +92,12 @@ def estimate(release: pd.DataFrame, matrix: list[list[float]]) -> tuple[float, f
 @contextmanager
 def carried_forward() -> Iterator[None]:
     """The engine with answers carried forward: no absent member's answer aged."""
-    aged = ageing.age_answers
-    ageing.age_answers = lambda *args, **kwargs: None
+    aged = step._aged
+    step._aged = lambda policy, kind: ()  # no answer outside the claim aged
     try:
         yield
     finally:
-        ageing.age_answers = aged
+        step._aged = aged
 
 
 def run(rows: pd.DataFrame, truth: pd.DataFrame, secret: bytes) -> dict[str, Any]:

@@ -16,8 +16,9 @@ previous wave, and a published answer that changed told a present member.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,20 +27,22 @@ from gateway.panel.carried import Carried, CarryBlock, objects
 from gateway.panel.roster import Roster
 
 Combo = tuple[object, ...]
+Value = Hashable  # what a move is observed on: a claim's tuple, or one answer
 # (purpose, keys) -> one keyed uniform in [0, 1) per key
 Uniforms = Callable[[str, Sequence[bytes]], list[float]]
 
 
 @dataclass(slots=True)
 class Transitions:
-    """Observed moves, previous tuple -> the current tuples of those who had it."""
+    """Observed moves, previous value -> the current values of those who had it (a value: the
+    claim's categories as a tuple, or one categorical answer)."""
 
-    donors: dict[Combo, list[Combo]] = field(default_factory=dict)
+    donors: dict[Value, list[Value]] = field(default_factory=dict)
 
-    def observe(self, before: Combo, after: Combo) -> None:
+    def observe(self, before: Value, after: Value) -> None:
         self.donors.setdefault(before, []).append(after)
 
-    def observe_many(self, before: Sequence[Combo], after: Sequence[Combo]) -> None:
+    def observe_many(self, before: Sequence[Value], after: Sequence[Value]) -> None:
         """:meth:`observe` of each pair, in order."""
         donors = self.donors
         for b, a in zip(before, after, strict=True):
@@ -50,10 +53,10 @@ class Transitions:
                 held.append(a)
 
     def freeze(self) -> None:
-        """A canonical order per previous tuple, so a draw picks the same donor on a replay:
-        by each tuple's text, repr'd once (a few distinct tuples among many moves; equal
-        tuples share the text of the first one met, in the lists' order)."""
-        reprs: dict[Combo, str] = {}
+        """A canonical order per previous value, so a draw picks the same donor on a replay:
+        by each value's text, repr'd once (a few distinct values among many moves; equal
+        values share the text of the first one met, in the lists' order)."""
+        reprs: dict[Value, str] = {}
         for after in self.donors.values():
             for combo in after:
                 if combo not in reprs:
@@ -66,9 +69,9 @@ class Transitions:
     def pairs(self) -> int:
         return sum(len(v) for v in self.donors.values())
 
-    def age(self, last: Sequence[Combo], uniforms: Sequence[float]) -> list[Combo]:
-        """Each absent member's tuple one wave on (``uniforms``: its keyed draws in [0, 1))."""
-        out: list[Combo] = []
+    def age(self, last: Sequence[Value], uniforms: Sequence[float]) -> list[Value]:
+        """Each absent member's value one wave on (``uniforms``: its keyed draws in [0, 1))."""
+        out: list[Value] = []
         for combo, u in zip(last, uniforms, strict=True):
             pool = self.donors.get(combo)
             out.append(pool[min(int(u * len(pool)), len(pool) - 1)] if pool else combo)
@@ -78,30 +81,36 @@ class Transitions:
 def age_absent(
     roster: Roster,
     absent: list[int],
-    moves: tuple[Transitions, dict[str, Transitions], dict[str, NumberMoves]],
+    moves: tuple[Transitions, Mapping[str, Moves]],
     *,
     nominal: list[int],
     uniforms: Uniforms,
     wave: int,
 ) -> None:
     """The absent members' carried values one wave on: the claim's categories as a tuple
-    (``nominal``: their positions in the claim), each other categorical answer and each
-    number, by the moves of those present in both waves."""
+    (``nominal``: their positions in the claim), then each answer outside the claim on its own
+    (categorical or a number), by the moves of those present in both waves. Aged answers
+    change as often as the present ones did, so the wave's estimates are current; each is
+    randomized with the member's own sticky draws."""
     if not absent:
         return
-    claim, answers, numbers = moves
+    claim, answers = moves
     draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
     rows = np.asarray(absent, dtype=np.intp)
-    aged = claim.age(roster.carried.combos(rows, nominal), draws)
+    aged = cast(list[Combo], claim.age(roster.carried.combos(rows, nominal), draws))
     for t, j in enumerate(nominal):
         roster.carried.set_claim(j, rows, [combo[t] for combo in aged])
-    age_answers(roster, absent, answers, uniforms=uniforms, wave=wave)
-    age_numbers(roster, absent, numbers, uniforms=uniforms, wave=wave)
+    keys = [roster.keys[r] for r in absent]
+    for name, moved in answers.items():
+        column = roster.carried.values.get(name)
+        if column is None or not moved.pairs:
+            continue
+        aged_values = moved.age(column[rows].tolist(), uniforms(f"panel/age/{wave}/{name}", keys))
+        column[rows] = objects(aged_values)
 
 
-# -- answers -----------------------------------------------------------------------------
-def observe_answers(
-    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, answers: dict[str, Transitions]
+def observe_moves(
+    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, answers: Mapping[str, Moves]
 ) -> None:
     """Each aged answer's moves: its value carried at ``rows`` (last wave's) -> ``now``."""
     names = carried.names[now.names_id]
@@ -109,32 +118,7 @@ def observe_answers(
         old = carried.values.get(name)
         before = [None] * rows.size if old is None else old[rows].tolist()
         after = now.columns[names.index(name)] if name in names else [None] * rows.size
-        moves.observe_many([(v,) for v in before], [(v,) for v in after])
-
-
-def age_answers(
-    roster: Roster,
-    absent: list[int],
-    answers: dict[str, Transitions],
-    *,
-    uniforms: Uniforms,
-    wave: int,
-) -> None:
-    """An absent member's aged answers: a donor's current value among those present in both
-    waves who had its last one (its keyed draw picks the donor; with none, it keeps its own).
-    Imputed answers then change as often as the present ones did, so the wave's estimates are
-    current; each is randomized with the member's own sticky draws."""
-    if not absent or not answers:
-        return
-    rows = np.asarray(absent, dtype=np.intp)
-    keys = [roster.keys[r] for r in absent]
-    for name, moves in answers.items():
-        column = roster.carried.values.get(name)
-        if column is None or not moves.donors:
-            continue
-        last = [(v,) for v in column[rows].tolist()]
-        aged = moves.age(last, uniforms(f"panel/age/{wave}/{name}", keys))
-        column[rows] = objects([combo[0] for combo in aged])
+        moves.observe_many(before, after)
 
 
 # -- numbers ------------------------------------------------------------------------------
@@ -158,13 +142,24 @@ class NumberMoves:
                 self.before.append(float(b))  # type: ignore[arg-type]
                 self.after.append(float(a))  # type: ignore[arg-type]
 
+    def freeze(self) -> None:
+        """A canonical order, so a draw picks the same donor on a replay: by value, not by
+        arrival."""
+        pairs = sorted(zip(self.before, self.after, strict=True))
+        self.before = [b for b, _ in pairs]
+        self.after = [a for _, a in pairs]
+
+    @property
+    def pairs(self) -> int:
+        return len(self.before)
+
     def age(self, last: Sequence[object], uniforms: Sequence[float]) -> list[object]:
-        """Each absent member's number one wave on (a missing one stays missing)."""
+        """Each absent member's number one wave on (a missing one stays missing); once
+        frozen."""
         if not self.before:
             return list(last)
-        order = np.lexsort((self.after, self.before))  # canonical: by value, not arrival
-        prev = np.asarray(self.before)[order]
-        change = np.asarray(self.after)[order] - prev
+        prev = np.asarray(self.before)
+        change = np.asarray(self.after) - prev
         low, high = float(np.min(self.after)), float(np.max(self.after))
         n, width = prev.size, min(NEIGHBOURS, prev.size)
         out = list(last)
@@ -188,34 +183,4 @@ def _finite(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def observe_numbers(
-    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, numbers: dict[str, NumberMoves]
-) -> None:
-    """Each aged number's moves: its value carried at ``rows`` (last wave's) -> ``now``."""
-    names = carried.names[now.names_id]
-    for name, moves in numbers.items():
-        old = carried.values.get(name)
-        if old is not None and name in names:
-            moves.observe_many(old[rows].tolist(), now.columns[names.index(name)])
-
-
-def age_numbers(
-    roster: Roster,
-    absent: list[int],
-    numbers: dict[str, NumberMoves],
-    *,
-    uniforms: Uniforms,
-    wave: int,
-) -> None:
-    """The absent members' carried numbers, aged (:class:`NumberMoves`), each by its keyed
-    draw."""
-    if not absent:
-        return
-    rows = np.asarray(absent, dtype=np.intp)
-    keys = [roster.keys[r] for r in absent]
-    for name, moves in numbers.items():
-        column = roster.carried.values.get(name)
-        if column is None or not moves.before:
-            continue
-        aged = moves.age(column[rows].tolist(), uniforms(f"panel/age/{wave}/{name}", keys))
-        column[rows] = objects(aged)
+Moves = Transitions | NumberMoves  # an answer's moves: categorical, or a number

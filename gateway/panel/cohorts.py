@@ -28,12 +28,12 @@ from numpy.typing import NDArray
 
 from gateway.engine.records import take_at
 from gateway.panel.ageing import (
+    Moves,
     NumberMoves,
     Transitions,
     Uniforms,
     age_absent,
-    observe_answers,
-    observe_numbers,
+    observe_moves,
 )
 from gateway.panel.carried import CarryBlock, objects
 from gateway.panel.roster import Roster
@@ -122,15 +122,13 @@ def decide_wave(
     numeric = rules.numeric
     rows_of = roster.rows_of(list(present.keys))
     transitions = Transitions()
-    answers = {name: Transitions() for name in rules.aged}
-    numbers = {name: NumberMoves() for name in rules.aged_numbers}
-    returned, absent = _returning(
-        roster, wave, present, rows_of, (transitions, answers, numbers), numeric
-    )
+    answers: dict[str, Moves] = {name: Transitions() for name in rules.aged}
+    answers.update((name, NumberMoves()) for name in rules.aged_numbers)
+    returned, absent = _returning(roster, wave, present, rows_of, (transitions, answers), numeric)
     age_absent(
         roster,
         absent,
-        (transitions, answers, numbers),
+        (transitions, answers),
         nominal=_categorical(numeric),
         uniforms=uniforms,
         wave=wave,
@@ -189,14 +187,14 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     wave: int,
     present: Present,
     rows_of: list[int | None],
-    observed: tuple[Transitions, dict[str, Transitions], dict[str, NumberMoves]],
+    observed: tuple[Transitions, dict[str, Moves]],
     numeric: Sequence[bool],
 ) -> tuple[int, list[int]]:
     """The members present: their moves observed (the claim's categories as a tuple, and each
     aged answer on its own), then their rows overwritten, a column at a time; how many came back
     from retirement, and the active members absent."""
     carried = roster.carried
-    transitions, answers, numbers = observed
+    transitions, answers = observed
     back = [i for i, row in enumerate(rows_of) if row is not None]
     at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
     seen = np.asarray(roster.seen, dtype=np.int64)
@@ -208,10 +206,9 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     transitions.observe_many(
         before, list(zip(*[after[j] for j in cat], strict=True)) if cat else [()] * len(before)
     )
-    if answers or numbers:
+    if answers:
         now = present.carry_at([back[i] for i in moved.tolist()])
-        observe_answers(carried, at[moved], now, answers)
-        observe_numbers(carried, at[moved], now, numbers)
+        observe_moves(carried, at[moved], now, answers)
     returned = int(np.count_nonzero(~active[at]))
     if at.size:
         active[at] = True
