@@ -279,13 +279,21 @@ def _nine_over_two_waves(
         for i, v in enumerate(people)
         if i not in absent
     ]
+    return engine, w2, two_waves(engine, w1, w2)
+
+
+def two_waves(
+    engine: Engine, w1: list[ValidRecord], w2: list[ValidRecord]
+) -> list[PublishedRecord]:
+    """Waves 1 (at 100 s) and 2 (at 200 s) fed as the worker feeds them, held records first:
+    wave 1 closes once wave 2 has been arriving for the grace, wave 2 at the last flush."""
     out: list[PublishedRecord] = []
     held: list[ValidRecord] = []
     for batch, now in ((w1, 100.0), (w2, 200.0), ([], 200.0 + GRACE), ([], 1e9)):
         res = engine.protect_window(held + batch, now=now, flush_all=now == 1e9)
         held = list(res.held)
         out.extend(res.published)
-    return engine, w2, out
+    return out
 
 
 def test_an_absent_member_is_published_and_not_told_apart() -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from test_panel import GRACE, KEY, _text
+from test_panel import KEY, _text, two_waves
 
 from gateway.engine.engine import Engine
-from gateway.engine.records import PublishedRecord, SourceRef, ValidRecord
+from gateway.engine.records import SourceRef, ValidRecord
 from gateway.policy import policy_from_yaml
 from state.memory_store import MemoryStore
 
@@ -52,12 +52,7 @@ def _two_waves(seed: int, n: int = 900, absent: float = 0.4, switch: float = 0.5
         if i not in gone
     ]
     engine = Engine(policy_from_yaml(KEPT), keyring=KEY, store=MemoryStore())
-    out: list[PublishedRecord] = []
-    held: list[ValidRecord] = []
-    for batch, t in ((w1, 100.0), (w2, 200.0), ([], 200.0 + GRACE), ([], 1e9)):
-        res = engine.protect_window(held + batch, now=t, flush_all=t == 1e9)
-        held = list(res.held)
-        out.extend(res.published)
+    out = two_waves(engine, w1, w2)
     who = {KEY.respondent_key(f"p{i}"): i for i in range(n)}
     wave2 = {
         who[r.respondent]: row["occ"] for r in out if (row := orjson.loads(r.value))["wave"] == 2
@@ -113,12 +108,7 @@ def test_an_imputed_members_other_attributes_do_not_depend_on_arrival_order() ->
             for i, v in enumerate(people)
             if i % 4
         ][::order]
-        out: list[PublishedRecord] = []
-        held: list[ValidRecord] = []
-        for batch, t in ((w1, 100.0), (w2, 200.0), ([], 200.0 + GRACE), ([], 1e9)):
-            res = engine.protect_window(held + batch, now=t, flush_all=t == 1e9)
-            held = list(res.held)
-            out.extend(res.published)
+        out = two_waves(engine, w1, w2)
         absent = {KEY.respondent_key(f"p{i}") for i in range(0, 60, 4)}
         published.append(
             sorted(
@@ -156,12 +146,7 @@ def test_imputed_numbers_change_as_the_present_ones_did() -> None:
         for i, v in enumerate(now)
         if i not in gone
     ]
-    out: list[PublishedRecord] = []
-    held: list[ValidRecord] = []
-    for batch, t in ((w1, 100.0), (w2, 200.0), ([], 200.0 + GRACE), ([], 1e9)):
-        res = engine.protect_window(held + batch, now=t, flush_all=t == 1e9)
-        held = list(res.held)
-        out.extend(res.published)
+    out = two_waves(engine, w1, w2)
     who = {KEY.respondent_key(f"p{i}"): i for i in range(n)}
     pub: dict[int, dict[int, float]] = {1: {}, 2: {}}
     for r in out:
