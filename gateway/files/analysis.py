@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from gateway.errors import InputDataError
 from gateway.files.fileio import (
     read_table,
 )
-from gateway.files.protect import meta_path
+from gateway.files.protect import meta_path, read_meta
 from gateway.measures.attack import averaging_attack, intersection_attack, sticky_chain_linkage
 from gateway.measures.gross_change import estimate_change
 from gateway.measures.published import (
@@ -78,16 +77,8 @@ def file_mechanisms(protected: str | Path, policy: Policy) -> dict[str, RRMechan
     """The randomized attributes' mechanisms a protected file was published with: from its
     OUT.meta.json, else (a matrix the policy fixes) from the policy."""
     mp = meta_path(protected)
-    if mp.exists():
-        try:
-            meta = orjson.loads(mp.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as err:
-            meta = err
-        if not isinstance(meta, dict):
-            raise InputDataError(
-                f"{mp} is not the JSON object `privgw protect` writes ({meta.__class__.__name__}):"
-                " restore it, or protect the data again to write it anew"
-            )
+    meta = read_meta(protected)
+    if meta is not None:
         if meta.get("policy_version") != policy.version:
             raise InputDataError(
                 f"{mp} was written under policy version {meta.get('policy_version')}, not "
@@ -148,15 +139,9 @@ def history_meta(paths: Sequence[str | Path]) -> dict[str, Any]:
     """The release metadata `protect` wrote beside a history file (OUT.meta.json: its k and
     microaggregated columns, `attack`'s defaults), the first file's that has one; {} if none."""
     for path in paths:
-        mp = meta_path(path)
-        if mp.is_file():
-            try:
-                meta = orjson.loads(mp.read_bytes())
-            except orjson.JSONDecodeError:
-                raise InputDataError(
-                    f"{mp} is not JSON: restore it, or give --qi and --k"
-                ) from None
-            return meta if isinstance(meta, dict) else {}
+        meta = read_meta(path)
+        if meta is not None:
+            return meta
     return {}
 
 

@@ -90,6 +90,23 @@ def meta_path(out: str | Path) -> Path:
     return p.with_name(p.name + ".meta.json")
 
 
+def read_meta(protected: str | Path) -> dict[str, Any] | None:
+    """The OUT.meta.json `protect` wrote beside a protected file (None: there is none)."""
+    mp = meta_path(protected)
+    if not mp.exists():
+        return None
+    try:
+        meta = orjson.loads(mp.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as err:
+        meta = err
+    if not isinstance(meta, dict):
+        raise InputDataError(
+            f"{mp} is not the JSON object `privgw protect` writes ({meta.__class__.__name__}):"
+            " restore it, or protect the data again to write it anew"
+        )
+    return meta
+
+
 def value_frequencies(
     records: Sequence[ValidRecord], policy: Policy
 ) -> dict[str, dict[str, float]]:

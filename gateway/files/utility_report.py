@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from gateway.files.fileio import read_table
 from gateway.files.panel_weights import categorical_frames, category_shares, published_weights
+from gateway.files.protect import read_meta
 from gateway.files.report_changes import data_changes
 from gateway.files.report_html import PAGE, Page, cell, html_table
 from gateway.files.report_plots import Bars, correlation_plot, marginal_plot
@@ -204,10 +204,8 @@ def build_report(
     """The report's HTML (the figures of ``result`` from ``evaluate`` and its own tables)."""
     orig = read_table(original, as_text=True)
     prot = read_table(protected, as_text=True)
-    meta_file = Path(str(protected) + ".meta.json")
-    mechanisms: dict[str, RRMechanism] = {}
-    if meta_file.exists():
-        mechanisms = mechanisms_from_meta(orjson.loads(meta_file.read_bytes()))
+    meta = read_meta(protected)
+    mechanisms = {} if meta is None else mechanisms_from_meta(meta)
     weight = policy.weight if policy.weight in orig.columns else None
     w = weights_of(orig, weight) if weight else None
     raw_t, pub_t = categorical_frames(policy, orig, prot)
