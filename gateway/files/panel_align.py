@@ -21,8 +21,8 @@ import pandas as pd
 
 from gateway.errors import InputDataError
 from gateway.files.fileio import read_table, records_from_frame
-from gateway.keyed.keyed import Keyring, load_secret
-from gateway.panel.output import panel_record_ids
+from gateway.keyed.keyed import Keyring, SecretError, load_secret
+from gateway.panel.output import panel_record_id
 from gateway.policy import Policy, RepublicationMode
 
 ID = "record_id"
@@ -51,7 +51,7 @@ def align_panel_release(
     original, protected = files
     try:
         keyring = Keyring(load_secret(environ))
-    except Exception as exc:
+    except SecretError as exc:
         raise InputDataError(
             f"{protected} is a panel release (a record id per respondent and wave, in id "
             "order, the absent members imputed): evaluate pairs its rows with the original's "
@@ -92,6 +92,6 @@ def _record_ids(original: str | Path, policy: Policy, keyring: Keyring) -> list[
         )
     keys = keyring.respondent_keys([str(rid) for rid in rids])
     return [
-        panel_record_ids([key], int(w))[0]  # type: ignore[call-overload]
+        panel_record_id(key, int(w))  # type: ignore[call-overload]
         for key, w in zip(keys, waves, strict=True)
     ]
