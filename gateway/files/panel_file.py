@@ -23,7 +23,7 @@ import orjson
 import pandas as pd
 
 from gateway.engine.engine import Engine
-from gateway.engine.records import InputMarks, PublishedRecord, ValidRecord
+from gateway.engine.records import InputMarks, ValidRecord
 from gateway.errors import InputDataError, PrivgwError
 from gateway.files.fileio import read_table, records_from_frame, write_table
 from gateway.files.protect import meta_path
@@ -35,7 +35,6 @@ from gateway.panel.roster import (
     Sealer,
     read_roster,
     roster_key,
-    roster_last_wave,
 )
 from gateway.panel.step import CARRY_SALT
 from gateway.policy import Method, Policy, RepublicationMode
@@ -87,7 +86,22 @@ def protect_waves(
     keyring = Keyring(load_secret(os.environ))
     store = open_state(state_dir, policy, accept)  # a StateStore and a KeyFingerprintStore
     try:
-        last = roster_last_wave(store.get_many, None)
+        check_key_fingerprint(
+            store,
+            keyring.fingerprint(),
+            rotate=False,
+            where=str(state_dir),
+            rotation="start the panel afresh on a new --state-dir",
+        )
+        # only a panel keeps a roster (the waves it decided): read once, here
+        roster = (
+            read_roster(
+                store.get_many, roster_key(None), Sealer(keyring.hkdf(CARRY_SALT, b"aes-256-gcm"))
+            )
+            if policy.republication.mode is RepublicationMode.PANEL
+            else Roster()
+        )
+        last = roster.last_wave
         first = next(iter(waves))
         if last is not None and first <= last - OUTCOMES_KEPT:
             raise InputDataError(
@@ -96,31 +110,23 @@ def protect_waves(
                 f"outcomes of its newest {OUTCOMES_KEPT}): protect the waves after {last}, "
                 "or give a new --state-dir"
             )
-        check_key_fingerprint(
-            store,
-            keyring.fingerprint(),
-            rotate=False,
-            where=str(state_dir),
-            rotation="start the panel afresh on a new --state-dir",
-        )
-        if policy.republication.mode is RepublicationMode.PANEL:
-            roster = read_roster(
-                store.get_many,
-                roster_key(None),
-                Sealer(keyring.hkdf(CARRY_SALT, b"aes-256-gcm")),
-            )
-            check_decided(waves, roster, keyring, src)
+        keys = {
+            w: keyring.respondent_keys([str(r.respondent_id) for r in rows])
+            for w, rows in waves.items()
+        }
+        check_decided(keys, roster, src)
         check_new_waves(waves, last, policy.microaggregation.k, src)
         engine = Engine(policy, keyring=keyring, store=store)
-        published: list[PublishedRecord] = []
+        published: list[dict[str, Any]] = []  # the records' values, decoded once
         per_wave = {}
         for w, rows in waves.items():
-            window = _in_key_order(rows, keyring)
+            window = _in_key_order(rows, keys[w])
             result = engine.protect_window(
                 window, now=float(w), flush_all=True, marks=InputMarks(closed_through=w)
             )
             assert not result.held, "a closed wave holds no record"
-            published.extend(result.published)
+            values = [orjson.loads(p.value) for p in result.published]
+            published.extend(values)
             report = result.report
             per_wave[w] = {
                 "again": last is not None and w <= last,  # decided before: its release again
@@ -128,7 +134,7 @@ def protect_waves(
                 "published": len(result.published),
                 "imputed": report.imputed,
                 "suppressed": report.suppressed,
-                "weight_total": _weight_total(result.published, policy),
+                "weight_total": _weight_total(values, policy),
                 "noise_sd_applied": dict(report.noise_sd),
             }
         # the counts per wave, as the stream's metrics give them (no value, no id)
@@ -140,16 +146,15 @@ def protect_waves(
     return {"records": len(records), "waves": per_wave, "meta": str(meta_path(out))}
 
 
-def check_decided(
-    waves: dict[int, list[ValidRecord]], roster: Roster, keyring: Keyring, src: str | Path
-) -> None:
+def check_decided(keys: dict[int, list[bytes]], roster: Roster, src: str | Path) -> None:
     """A wave the state decided can only be published again, from the rows it was decided
     with: a wave is decided whole, its absent members imputed. Rows of such a wave from a
     respondent it imputed, or did not know, would be answers it never had (republishing the
     imputed record would tell which records were imputed), and a wave before the newest
-    decided one that was never decided cannot be decided any more."""
+    decided one that was never decided cannot be decided any more. ``keys``: each wave's
+    respondent keys, row by row."""
     last = roster.last_wave
-    for w, rows in waves.items():
+    for w, wave_keys in keys.items():
         if last is None or w > last:
             continue
         outcome = roster.outcome_of(w)
@@ -159,8 +164,7 @@ def check_decided(
                 "and was never decided: a panel's waves are decided in order. Give its rows "
                 "before the later waves', on a new --state-dir"
             )
-        keys = keyring.respondent_keys(sorted({str(r.respondent_id) for r in rows}))
-        at = roster.rows_of(keys)
+        at = roster.rows_of(sorted(set(wave_keys)))
         imputed = set(outcome.imputed_members)
         late = sum(1 for row in at if row is None or row in imputed)
         if late:
@@ -188,19 +192,19 @@ def check_new_waves(
             )
 
 
-def _in_key_order(rows: list[ValidRecord], keyring: Keyring) -> list[ValidRecord]:
-    """A wave's rows by keyed respondent digest (a respondent's own rows in file order, its
-    first answer standing): what a wave publishes then depends on its rows, not on how the
-    file was sorted (MDAV's ties, the donors), and the order tells nothing of the file's."""
-    keys = keyring.respondent_keys([str(r.respondent_id) for r in rows])
+def _in_key_order(rows: list[ValidRecord], keys: list[bytes]) -> list[ValidRecord]:
+    """A wave's rows by keyed respondent digest (``keys``, row by row; a respondent's own rows
+    in file order, its first answer standing): what a wave publishes then depends on its rows,
+    not on how the file was sorted (MDAV's ties, the donors), and the order tells nothing of
+    the file's."""
     order = sorted(range(len(rows)), key=keys.__getitem__)  # stable: file order within one
     return [rows[i] for i in order]
 
 
-def _weight_total(published: Sequence[PublishedRecord], policy: Policy) -> float:
+def _weight_total(published: Sequence[dict[str, Any]], policy: Policy) -> float:
     """The release's analysis weights summed (0.0 without a weight field)."""
     name = policy.republication.weight_name
-    weights = (orjson.loads(p.value).get(name) for p in published)
+    weights = (row.get(name) for row in published)
     return round(float(sum(w for w in weights if isinstance(w, int | float))), 6)
 
 
@@ -229,10 +233,9 @@ def _by_wave(
     return dict(sorted(out.items()))
 
 
-def _frame(published: Sequence[PublishedRecord], policy: Policy) -> pd.DataFrame:
-    """The releases as a table: the policy's published attributes in its order, then what
-    the engine adds (the analysis weight)."""
-    rows = [orjson.loads(p.value) for p in published]
+def _frame(rows: Sequence[dict[str, Any]], policy: Policy) -> pd.DataFrame:
+    """The releases' records (their values) as a table: the policy's published attributes in
+    its order, then what the engine adds (the analysis weight)."""
     columns = [n for n, a in policy.attributes.items() if a.method is not Method.DROP]
     extra = [c for c in dict.fromkeys(c for row in rows for c in row) if c not in columns]
     return pd.DataFrame(rows, columns=[*columns, *extra])
