@@ -43,8 +43,8 @@ def panel_measures(
     present record, whose true values are ``truth[name][i]``; from ``n_in``: an imputed one).
     Classes are counted on codes, not on tuples of values (a window's release holds every
     active member: the per-record tuples were the largest cost of the panel's measures).
-    ``release_sizes``: for a record republished from its wave's stored outcome (a replay, a
-    late copy), its class's size in that release, of which the window holds only part."""
+    ``release_sizes``: for a record republished from its wave's stored outcome (a record
+    read again), its class's size in that release, of which the window holds only part."""
     by_name = dict(zip(names, cols, strict=True))
     idx = np.asarray(pub_idx, dtype=np.int64)
     shown = ~np.isin(idx, np.fromiter(suppressed, dtype=np.int64, count=len(suppressed)))

@@ -30,7 +30,7 @@ class WindowPlan:
     replayed: list[tuple[list[str], list[list[Any]], list[str]]] = field(default_factory=list)
     measures: dict[str, float] = field(default_factory=dict)
     classes: list[int] = field(default_factory=list)  # published class sizes, for the report
-    # a record republished from a stored outcome (a replay, a late copy): its class's size in
+    # a record republished from a stored outcome (a record read again): its class's size in
     # its release, which the window holds only part of
     release_sizes: dict[int, int] = field(default_factory=dict)
 
