@@ -5,9 +5,19 @@ both waves, so that imputed values move as the present ones did.
   marriage moves marital status and relationship together): an absent member whose last tuple
   is ``c`` takes the current tuple of a donor drawn, by its keyed uniform, among those who had
   ``c`` in the previous wave; with no such donor it keeps ``c``.
-* **Each other categorical answer** (randomized ones among them) the same way, on its own.
-* **Each number outside the claim** (noised ones among them): the change of a donor among
-  those whose previous number was nearest its own.
+* **The answers outside the claim together** (randomized and noised ones among them, and the
+  ``other`` attributes published beside them): the moves of one donor who had the member's
+  categorical answers and numbers' levels (:class:`JointMoves`); where no donor had them,
+  each categorical answer the same way on its own, and each number by the change of a donor
+  among those whose previous number was nearest its own.
+* **Each timestamp** (a published ``other`` one: when it was answered) the same way, by the
+  shift of a donor whose previous timestamp was nearest its own: a donor's own time, copied
+  whole, told an imputed record (it shared its minute with a present record of the wave), and
+  a member who answers at a habitual time took a random respondent's.
+
+``other`` attributes published beside the claim (a region kept, the day answered) are aged
+like answers: drawn from any present respondent of the wave, a member's stable value changed
+for 80 % of imputed records against 11 % of present ones in a probe.
 
 Carried forward unchanged, an absent member's answers pulled the wave's estimates toward the
 previous wave, and a published answer that changed told a present member.
@@ -18,11 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, timedelta
 from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
 
+from gateway.mechanisms.masking import parse_timestamp
 from gateway.panel.carried import Carried, CarryBlock, objects
 from gateway.panel.roster import Roster
 
@@ -78,47 +90,178 @@ class Transitions:
         return out
 
 
+def wave_moves(
+    categorical: tuple[str, ...], numbers: tuple[str, ...], times: tuple[str, ...]
+) -> WaveMoves:
+    """What a wave observes to age its absent members: the claim's categories, each aged
+    answer on its own, and the answers together."""
+    answers: dict[str, Moves] = {name: Transitions() for name in categorical}
+    answers.update((name, NumberMoves()) for name in numbers)
+    answers.update((name, TimeMoves()) for name in times)
+    joint = JointMoves(categorical, numbers) if categorical or numbers else None
+    return Transitions(), answers, joint
+
+
 def age_absent(
     roster: Roster,
     absent: list[int],
-    moves: tuple[Transitions, Mapping[str, Moves]],
+    moves: WaveMoves,
     *,
     nominal: list[int],
     uniforms: Uniforms,
     wave: int,
 ) -> None:
     """The absent members' carried values one wave on: the claim's categories as a tuple
-    (``nominal``: their positions in the claim), then each answer outside the claim on its own
-    (categorical or a number), by the moves of those present in both waves. Aged answers
-    change as often as the present ones did, so the wave's estimates are current; each is
-    randomized with the member's own sticky draws."""
+    (``nominal``: their positions in the claim); the answers outside the claim together, as
+    one donor's moved (:class:`JointMoves`), or each on its own when no donor had the member's
+    answers; timestamps each on its own. Aged answers change as often as the present ones did,
+    so the wave's estimates are current; each is randomized with the member's own sticky draws."""
     if not absent:
         return
-    claim, answers = moves
-    draws = uniforms(f"panel/age/{wave}", [roster.keys[r] for r in absent])
+    claim, answers, joint = moves
+    keys = [roster.keys[r] for r in absent]
+    draws = uniforms(f"panel/age/{wave}", keys)
     rows = np.asarray(absent, dtype=np.intp)
     aged = cast(list[Combo], claim.age(roster.carried.combos(rows, nominal), draws))
     for t, j in enumerate(nominal):
         roster.carried.set_claim(j, rows, [combo[t] for combo in aged])
-    keys = [roster.keys[r] for r in absent]
+    values = roster.carried.values
+    magnitude: dict[str, list[float]] = {}
+
+    def each(name: str) -> list[float]:  # the member's own uniform for one answer
+        if name not in magnitude:
+            magnitude[name] = uniforms(f"panel/age/{wave}/{name}", keys)
+        return magnitude[name]
+
+    alone = np.ones(rows.size, dtype=np.bool_)  # aged one answer at a time
+    if joint is not None and joint.pairs:
+        last = {n: _column(values.get(n), rows) for n in joint.names}
+        together, alone = joint.age(last, uniforms(f"panel/age-together/{wave}", keys), each)
+        for name, new in together.items():
+            if (column := values.get(name)) is not None:
+                column[rows] = objects(new)
     for name, moved in answers.items():
-        column = roster.carried.values.get(name)
+        column = values.get(name)
         if column is None or not moved.pairs:
             continue
-        aged_values = moved.age(column[rows].tolist(), uniforms(f"panel/age/{wave}/{name}", keys))
-        column[rows] = objects(aged_values)
+        at = rows if joint is None or name not in joint.names else rows[alone]
+        u = each(name) if at is rows else np.asarray(each(name))[alone].tolist()
+        column[at] = objects(moved.age(column[at].tolist(), u))
 
 
 def observe_moves(
-    carried: Carried, rows: NDArray[np.intp], now: CarryBlock, answers: Mapping[str, Moves]
+    carried: Carried,
+    rows: NDArray[np.intp],
+    now: CarryBlock,
+    answers: Mapping[str, Moves],
+    joint: JointMoves | None = None,
 ) -> None:
-    """Each aged answer's moves: its value carried at ``rows`` (last wave's) -> ``now``."""
+    """Each aged answer's moves: its value carried at ``rows`` (last wave's) -> ``now``; and
+    the answers' moves together."""
     names = carried.names[now.names_id]
+    before: dict[str, list[object]] = {}
+    after: dict[str, Sequence[object]] = {}
     for name, moves in answers.items():
-        old = carried.values.get(name)
-        before = [None] * rows.size if old is None else old[rows].tolist()
-        after = now.columns[names.index(name)] if name in names else [None] * rows.size
-        moves.observe_many(before, after)
+        before[name] = _column(carried.values.get(name), rows)
+        after[name] = now.columns[names.index(name)] if name in names else [None] * rows.size
+        moves.observe_many(before[name], after[name])
+    if joint is not None:
+        joint.observe_many(before, after)
+
+
+def _column(column: NDArray[np.object_] | None, rows: NDArray[np.intp]) -> list[object]:
+    return [None] * rows.size if column is None else column[rows].tolist()
+
+
+@dataclass(slots=True)
+class JointMoves:
+    """The answers outside the claim moved together: an absent member takes the moves of one
+    donor among those present in both waves who had its categorical answers and, for each
+    number, its level (missing, zero or not): the donor's categorical answers, and, for each
+    number the donor's changed, the change of a donor among the nearest of those whose number
+    changed. Answers that change together (a new job: occupation, income, capital gain) so
+    change together when imputed; aged one by one, an imputed change came alone, which a
+    probe told from one wave (AUC 0.59)."""
+
+    categorical: tuple[str, ...]
+    numbers: tuple[str, ...]
+    donors: Transitions = field(default_factory=Transitions)  # profile -> (answers, changed)
+    changers: dict[str, NumberMoves] = field(default_factory=dict)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.categorical + self.numbers
+
+    @property
+    def pairs(self) -> int:
+        return self.donors.pairs
+
+    def observe_many(
+        self, before: Mapping[str, Sequence[object]], after: Mapping[str, Sequence[object]]
+    ) -> None:
+        n = len(before[self.names[0]])
+        changed = {name: _changed(before[name], after[name]) for name in self.numbers}
+        outcomes = list(
+            zip(
+                *(after[name] for name in self.categorical),
+                *(changed[name] for name in self.numbers),
+                strict=True,
+            )
+        ) if self.names else [()] * n  # fmt: skip
+        self.donors.observe_many(self._profiles(before, n), outcomes)
+        for name, flags in changed.items():
+            moved = self.changers.setdefault(name, NumberMoves())
+            pairs = [(b, a) for b, a, f in zip(before[name], after[name], flags, strict=True) if f]
+            moved.observe_many([b for b, _ in pairs], [a for _, a in pairs])
+
+    def freeze(self) -> None:
+        self.donors.freeze()
+        for moved in self.changers.values():
+            moved.freeze()
+
+    def age(
+        self,
+        last: Mapping[str, list[object]],
+        draws: Sequence[float],
+        each: Callable[[str], list[float]],
+    ) -> tuple[dict[str, list[object]], NDArray[np.bool_]]:
+        """The members' answers one wave on, where a donor had their profile; and which
+        members had none (to be aged an answer at a time)."""
+        n = len(draws)
+        profiles = self._profiles(last, n)
+        alone = np.array([p not in self.donors.donors for p in profiles], dtype=np.bool_)
+        moved = cast(list[tuple[object, ...]], self.donors.age(profiles, draws))
+        out = {name: list(last[name]) for name in self.names}
+        ncat = len(self.categorical)
+        for i in np.flatnonzero(~alone).tolist():
+            outcome = moved[i]
+            for t, name in enumerate(self.categorical):
+                out[name][i] = outcome[t]
+        for t, name in enumerate(self.numbers):
+            change = [i for i in np.flatnonzero(~alone).tolist() if moved[i][ncat + t]]
+            changers = self.changers.get(name)
+            if not change or changers is None or not changers.pairs:
+                continue
+            u = each(name)
+            new = changers.age([last[name][i] for i in change], [u[i] for i in change])
+            for i, v in zip(change, new, strict=True):
+                out[name][i] = v
+        return out, alone
+
+    def _profiles(self, values: Mapping[str, Sequence[object]], n: int) -> list[Value]:
+        cats = [values[name] for name in self.categorical]
+        levels = [[_level(v) for v in values[name]] for name in self.numbers]
+        return list(zip(*cats, *levels, strict=True)) if cats or levels else [()] * n
+
+
+def _changed(before: Sequence[object], after: Sequence[object]) -> list[bool]:
+    return [_finite(b) and _finite(a) and b != a for b, a in zip(before, after, strict=True)]
+
+
+def _level(v: object) -> int:
+    """A number's level in a donor's profile: missing, zero, or not (a capital gain of zero
+    moves far less often than one that is not)."""
+    return -1 if not _finite(v) else int(v != 0)
 
 
 # -- numbers ------------------------------------------------------------------------------
@@ -183,4 +326,47 @@ def _finite(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-Moves = Transitions | NumberMoves  # an answer's moves: categorical, or a number
+@dataclass(slots=True)
+class TimeMoves:
+    """A carried timestamp's moves (ISO 8601 text), as :class:`NumberMoves` of its instant: an
+    absent member's timestamp shifted by a donor's, the donor among those whose previous
+    timestamp was nearest its own; kept in the member's own offset (a local date stays local)."""
+
+    seconds: NumberMoves = field(default_factory=NumberMoves)
+
+    def observe_many(self, before: Sequence[object], after: Sequence[object]) -> None:
+        self.seconds.observe_many(_instants(before), _instants(after))
+
+    def freeze(self) -> None:
+        self.seconds.freeze()
+
+    @property
+    def pairs(self) -> int:
+        return self.seconds.pairs
+
+    def age(self, last: Sequence[object], uniforms: Sequence[float]) -> list[object]:
+        at = _instants(last)
+        aged = self.seconds.age(at, uniforms)
+        out = list(last)
+        for i, (was, now) in enumerate(zip(at, aged, strict=True)):
+            if was is not None and now != was:
+                ts = parse_timestamp(cast(str, last[i]))
+                assert ts is not None  # it had an instant
+                out[i] = (ts + timedelta(seconds=cast(float, now) - was)).isoformat()
+        return out
+
+
+def _instants(values: Sequence[object]) -> list[float | None]:
+    """Each timestamp's instant in seconds (a naive one read as UTC), None for anything else."""
+    out: list[float | None] = []
+    for v in values:
+        ts = parse_timestamp(v) if isinstance(v, str) else None
+        if ts is not None and ts.tzinfo is None:
+            ts = ts.replace(tzinfo=UTC)
+        out.append(None if ts is None else ts.timestamp())
+    return out
+
+
+Moves = Transitions | NumberMoves | TimeMoves  # an answer's moves: categorical, a number, a time
+# what a wave observes: the claim's categories, each answer on its own, the answers together
+WaveMoves = tuple[Transitions, dict[str, Moves], JointMoves | None]

@@ -27,14 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gateway.engine.records import take_at
-from gateway.panel.ageing import (
-    Moves,
-    NumberMoves,
-    Transitions,
-    Uniforms,
-    age_absent,
-    observe_moves,
-)
+from gateway.panel.ageing import Uniforms, WaveMoves, age_absent, observe_moves, wave_moves
 from gateway.panel.carried import CarryBlock, objects
 from gateway.panel.roster import Roster
 from gateway.panel.weights import RakingSpec, kish_deff, rake
@@ -57,6 +50,7 @@ class PanelRules:
     aged: tuple[str, ...] = ()
     # carried numbers outside the claim (noised answers), aged likewise: a donor's change
     aged_numbers: tuple[str, ...] = ()
+    aged_times: tuple[str, ...] = ()  # carried timestamps: a donor's shift
 
     def __post_init__(self) -> None:
         if self.k < 2:
@@ -121,14 +115,13 @@ def decide_wave(
     """Decide ``wave`` and update ``roster`` in place."""
     numeric = rules.numeric
     rows_of = roster.rows_of(list(present.keys))
-    transitions = Transitions()
-    answers: dict[str, Moves] = {name: Transitions() for name in rules.aged}
-    answers.update((name, NumberMoves()) for name in rules.aged_numbers)
-    returned, absent = _returning(roster, wave, present, rows_of, (transitions, answers), numeric)
+    observed = wave_moves(rules.aged, rules.aged_numbers, rules.aged_times)
+    transitions = observed[0]
+    returned, absent = _returning(roster, wave, present, rows_of, observed, numeric)
     age_absent(
         roster,
         absent,
-        (transitions, answers),
+        observed,
         nominal=_categorical(numeric),
         uniforms=uniforms,
         wave=wave,
@@ -187,14 +180,14 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     wave: int,
     present: Present,
     rows_of: list[int | None],
-    observed: tuple[Transitions, dict[str, Moves]],
+    observed: WaveMoves,
     numeric: Sequence[bool],
 ) -> tuple[int, list[int]]:
     """The members present: their moves observed (the claim's categories as a tuple, and each
     aged answer on its own), then their rows overwritten, a column at a time; how many came back
     from retirement, and the active members absent."""
     carried = roster.carried
-    transitions, answers = observed
+    transitions, answers, joint = observed
     back = [i for i, row in enumerate(rows_of) if row is not None]
     at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
     seen = np.asarray(roster.seen, dtype=np.int64)
@@ -208,7 +201,7 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     )
     if answers:
         now = present.carry_at([back[i] for i in moved.tolist()])
-        observe_moves(carried, at[moved], now, answers)
+        observe_moves(carried, at[moved], now, answers, joint)
     returned = int(np.count_nonzero(~active[at]))
     if at.size:
         active[at] = True
@@ -224,7 +217,7 @@ def _returning(  # noqa: PLR0917 - the wave's parts
             wave,
         )
     transitions.freeze()
-    for aged in answers.values():
+    for aged in (*answers.values(), *([joint] if joint is not None else [])):
         aged.freeze()
     active[at] = False  # (a local copy: the roster's is written) the absent, active members
     return returned, np.flatnonzero(active).tolist()

@@ -1,8 +1,9 @@
-"""Imputed members as records of the window: each one's carried values (its sensitive values,
-sampling weight and other attributes, as it last gave them), a donor's values of the policy's
-``other`` attributes (a present respondent of the same wave, drawn by keyed uniform), and its
-wave; with its state key, the key its draws are bound to and its values' keyed digests, so that
-it goes through exactly the protections a present record goes through."""
+"""Imputed members as records of the window: each one's carried values (its answers and the
+``other`` attributes published beside them, aged; its sampling weight), a donor's values of the
+``other`` attributes it does not carry (a present respondent of the same wave, drawn by keyed
+uniform: a state written before they were carried), and its wave; with its state key, the key
+its draws are bound to and its values' keyed digests, so that it goes through exactly the
+protections a present record goes through."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def extended(
         donor = picks[j]
         for name in others:
             col = pw.columns.get(name)
-            if col is not None:
+            if col is not None and name not in carried:  # (a published one is carried, aged)
                 carried[name] = None if donor is None else col[donor]
         carried[wave_name] = wave
         synth.append(ValidRecord(None, carried, None, 0.0))

@@ -64,15 +64,17 @@ CARRY_SALT = b"privgw/v1/panel-carry"
 
 
 def _aged(policy: Policy, kind: AttrType) -> tuple[str, ...]:
-    """The published attributes of ``kind`` outside the k claim an absent member carries:
-    its answers, aged by the wave's transitions (:func:`gateway.panel.cohorts.decide_wave`)."""
+    """The published attributes of ``kind`` outside the k claim an absent member carries: its
+    answers, and the ``other`` attributes published beside them (the wave number aside), aged
+    by the wave's transitions (:func:`gateway.panel.cohorts.decide_wave`)."""
     return tuple(
         n
         for n, a in policy.attributes.items()
-        if a.role in {Role.SENSITIVE, Role.QUASI_IDENTIFIER}
+        if a.role in {Role.SENSITIVE, Role.QUASI_IDENTIFIER, Role.OTHER}
         and a.type is kind
         and a.method is not Method.DROP
         and n not in policy.k_claim
+        and n != policy.republication.wave_attribute
     )
 
 
@@ -122,6 +124,7 @@ class PanelStep:
             numeric=tuple(claim.numeric),
             aged=_aged(policy, AttrType.CATEGORICAL),
             aged_numbers=_aged(policy, AttrType.NUMERIC),
+            aged_times=_aged(policy, AttrType.TIMESTAMP),
         )
         self._store = store
         self._sealer = Sealer(carry_key)
@@ -132,7 +135,12 @@ class PanelStep:
         self._names = policy.k_claim
         attrs = policy.attributes
         self._others = [n for n, a in attrs.items() if a.role is Role.OTHER and n != self.wave]
-        self._carried = [n for n, a in attrs.items() if a.role is not Role.OTHER]
+        # the other attributes published are carried (and aged) as the answers are: drawn from
+        # any present respondent, a member's own stable value or habitual time told it imputed
+        published_other = {*self.rules.aged, *self.rules.aged_numbers, *self.rules.aged_times}
+        self._carried = [
+            n for n, a in attrs.items() if a.role is not Role.OTHER or n in published_other
+        ]
         self._sampling = policy.weight
         self._pseudonym = columns.pseudonym_of
         self._measured = PanelMeasureSpec(
