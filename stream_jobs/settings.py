@@ -215,7 +215,12 @@ class WorkerSettings(BaseSettings):
     max_message_bytes: int = Field(
         1_048_576, ge=1, description="larger input records are dead-lettered"
     )
-    max_depth: int = Field(64, ge=1, description="deepest JSON nesting accepted")
+    max_depth: int = Field(
+        64,
+        ge=1,
+        le=512,  # the exact duplicate-key check recurses in Python: deeper, it could not run
+        description="deepest JSON nesting accepted (at most 512)",
+    )
     shutdown_grace_seconds: float = Field(
         30.0, gt=0, description="longest wait for the last window at shutdown"
     )

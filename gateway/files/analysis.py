@@ -208,12 +208,17 @@ def check_history(
     for name in columns:
         if name not in seen:
             raise InputDataError(f"no column {name!r} in the history; fix the name")
-        for i, row in enumerate(history):
-            if isinstance(row.get(name), dict | list):
-                raise InputDataError(
-                    f"the history's column {name!r} holds a JSON object or array at row {i + 1};"
-                    " a published cell is a single value"
-                )
+    for label, rows, names in (
+        ("the history's", history, (*columns, "wave", "record_id")),
+        ("--truth's", truth, ("record_id", "respondent_id")),
+    ):
+        for name in names:
+            for i, row in enumerate(rows):
+                if isinstance(row.get(name), dict | list):
+                    raise InputDataError(
+                        f"{label} column {name!r} holds a JSON object or array at row {i + 1};"
+                        " a cell is a single value"
+                    )
     kinds = {isinstance(r.get("wave"), str) for r in history if r.get("wave") is not None}
     if len(kinds) > 1:
         raise InputDataError(

@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -267,7 +268,36 @@ def _decode_env_secret(text: str) -> bytes:
             raise SecretError(
                 f"{SECRET_ENV} has a 'base64:' prefix but is not valid base64"
             ) from None
-    return text.encode("utf-8")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the environment could not decode, kept as surrogates
+        raise SecretError(
+            f"{SECRET_ENV} is not UTF-8 text; give its bytes as hex:... or base64:..."
+        ) from None
+
+
+MAX_SECRET_FILE_BYTES = 4096  # a secret is tens of bytes: a larger file is not one
+
+
+def _read_secret_file(path: str) -> bytes:
+    """The file's bytes, refused unread when it is not a regular file (a FIFO blocked for
+    ever; /dev/zero was read until memory ran out) or larger than a secret can be."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError(f"{SECRET_FILE_ENV} is not a regular file: {path}")
+        if st.st_size > MAX_SECRET_FILE_BYTES:
+            raise SecretError(
+                f"{SECRET_FILE_ENV} is larger than a secret ({st.st_size} bytes, at most "
+                f"{MAX_SECRET_FILE_BYTES}): {path}"
+            )
+        with open(path, "rb") as f:
+            return f.read(MAX_SECRET_FILE_BYTES + 1)[:MAX_SECRET_FILE_BYTES]
+    except OSError as exc:
+        raise SecretError(
+            f"{SECRET_FILE_ENV} points to a file that cannot be read "
+            f"({exc.strerror or type(exc).__name__}): {path}"
+        ) from None
 
 
 def load_secret(environ: Mapping[str, str]) -> bytes:
@@ -285,13 +315,7 @@ def load_secret(environ: Mapping[str, str]) -> bytes:
         secret, source = _decode_env_secret(text), SECRET_ENV
     elif path:
         check_secret_file_mode(path, environ, SecretError)
-        try:
-            secret = Path(path).read_bytes()
-        except OSError as exc:
-            raise SecretError(
-                f"{SECRET_FILE_ENV} points to a file that cannot be read "
-                f"({exc.strerror or type(exc).__name__}): {path}"
-            ) from None
+        secret = _read_secret_file(path)
         if secret.endswith(b"\r\n"):
             secret = secret[:-2]
         elif secret.endswith(b"\n"):

@@ -113,6 +113,11 @@ def policy_from_yaml(text: str) -> Policy:
         raise PolicyError(
             f"policy is not valid YAML{where}: {getattr(err, 'problem', err)}"
         ) from None
+    except RecursionError:  # PyYAML composes nodes recursively; a policy is ~5 levels deep
+        raise PolicyError(
+            "policy is nested too deeply to read (a policy is a few levels of mappings): "
+            "give the policy file, not another"
+        ) from None
     return parse_policy(data)
 
 

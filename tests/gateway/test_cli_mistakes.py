@@ -449,6 +449,8 @@ def _rewrite(path: Path, row: int, change: dict[str, object], drop: str | None =
         ((), ("truth", 0, {}, "respondent_id"), "--truth: row 1 has no respondent_id"),
         ((), ("hist", 5, {"wave": "two"}, None), "the history's waves mix numbers and text"),
         ((), ("hist", 6, {"age": {"v": SECRET_VALUE}}, None), "'age' holds a JSON object"),
+        ((), ("hist", 2, {"wave": [1, SECRET_VALUE]}, None), "'wave' holds a JSON object"),
+        ((), ("truth", 1, {"respondent_id": {"v": SECRET_VALUE}}, None), "'respondent_id' holds"),
     ],
 )
 def test_attack_settings_and_histories_it_cannot_read_are_named(

@@ -285,6 +285,30 @@ def test_load_secret_unreadable_file_names_the_variable(tmp_path: Path) -> None:
         load_secret({SECRET_FILE_ENV: str(tmp_path)})  # a directory
 
 
+def test_a_secret_file_that_is_not_a_regular_file_or_too_large_is_refused_unread(
+    tmp_path: Path,
+) -> None:
+    """A FIFO blocked the reader for ever and /dev/zero was read until memory ran out."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(SecretError, match="not a regular file"):
+        load_secret({SECRET_FILE_ENV: str(fifo)})
+    with pytest.raises(SecretError, match="not a regular file"):
+        load_secret({SECRET_FILE_ENV: "/dev/zero", "PRIVGW_SECRET_FILE_SHARED": "1"})
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(8192))
+    big.chmod(0o600)
+    with pytest.raises(SecretError, match="larger than a secret"):
+        load_secret({SECRET_FILE_ENV: str(big)})
+
+
+def test_a_secret_variable_that_is_not_utf8_is_refused_without_its_bytes() -> None:
+    text = "CANARY-secret-0123456789-\udcff\udcfe"  # undecodable bytes, as os.environ keeps them
+    with pytest.raises(SecretError, match="not UTF-8") as info:
+        load_secret({SECRET_ENV: text})
+    assert "CANARY" not in str(info.value)
+
+
 def test_load_secret_too_short_names_the_source_not_the_secret(tmp_path: Path) -> None:
     with pytest.raises(SecretError, match=SECRET_ENV) as info:
         load_secret({SECRET_ENV: "tiny-sec"})

@@ -452,3 +452,9 @@ def test_no_policy_number_takes_inf_or_nan(setting: str, value: str, bad: str) -
     with pytest.raises(PolicyError) as err:
         policy_from_yaml(text.replace(setting, f"{key}: {bad}"))
     assert f"{value}: must be a finite number" in str(err.value), str(err.value)
+
+
+def test_a_policy_nested_too_deeply_is_a_policy_error_not_a_crash() -> None:
+    """PyYAML composes recursively: 2 KB nested a thousand deep was an internal error."""
+    with pytest.raises(PolicyError, match="nested too deeply"):
+        policy_from_yaml("a: " + "[" * 1000 + "]" * 1000)

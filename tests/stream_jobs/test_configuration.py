@@ -82,6 +82,14 @@ def test_settings_errors_name_the_variable() -> None:
         WorkerSettings(heartbeat_interval_ms=5000)
 
 
+def test_json_nesting_is_capped_below_what_the_duplicate_key_check_can_read() -> None:
+    """Deeper than Python's recursion allows, the exact duplicate-key check gave up and a key
+    given twice behind deep nesting passed with its last value."""
+    assert WorkerSettings(max_depth=512).max_depth == 512
+    with pytest.raises(ValidationError, match="max_depth"):
+        WorkerSettings(max_depth=1000)
+
+
 def test_no_number_setting_takes_inf_or_nan() -> None:
     """An infinite grace period or timeout waited without bound (a stop that never ends, a
     stall never seen)."""
