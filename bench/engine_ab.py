@@ -391,7 +391,9 @@ def main() -> None:
                             )
                             spent[side][phase] += time.perf_counter() - t0
                             digest_result(hashes[side], res)
-                            decided[side] += res.report.published + res.report.suppressed
+                            decided[side] += (
+                                res.report.published + res.report.withheld + res.report.suppressed
+                            )
                             held[side] = list(res.held)
                             kept[side] = len(held[side])
                             gc.collect(0)
@@ -405,7 +407,7 @@ def main() -> None:
                         spent[side][phase] += time.perf_counter() - t0
                         digest_reply(hashes[side], reply, side)
                         report = report_of(reply)
-                        decided[side] += report.published + report.suppressed
+                        decided[side] += report.published + report.withheld + report.suppressed
                         if args.feed == "worker":
                             kept[side] = report.held
                         gc.collect(0)

@@ -121,7 +121,7 @@ def main() -> int:
                 spent[phase] += time.perf_counter() - t0
                 report = ab.report_of(reply)
                 kept = report.held
-                decided += report.published + report.suppressed
+                decided += report.published + report.withheld + report.suppressed
                 gc.collect(0)
         finally:
             gc.enable()

@@ -144,6 +144,10 @@ class WindowReport:
     # published records that stand for no record of the window (a panel wave's absent members,
     # and the imputed records a replay sends again): ``published`` counts the window's own
     imputed: int = 0
+    # records of the window decided but not published (a panel member's repeated record of a
+    # wave, a late copy, the late answer of a member imputed in its wave): its first record,
+    # or its imputed one, stands for it; ``published`` does not count them
+    withheld: int = 0
     # each noised attribute's sd as applied over the window (a file's metadata publishes it;
     # a stream's small windows do not: the spread of a few respondents' values)
     noise_sd: Mapping[str, float] = field(default_factory=dict)

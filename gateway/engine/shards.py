@@ -222,6 +222,7 @@ def _merge_reports(
         retention={name: kept[name] / n for name, n in randomized.items()},
         randomized=randomized,
         imputed=sum(r.imputed for r in reports),
+        withheld=sum(r.withheld for r in reports),
         # each shard draws at its own values' sd: one sd only where the shards agree (or one)
         noise_sd={
             name: sd

@@ -58,7 +58,7 @@ def window_report(
     return WindowReport(
         window_id=window_digest(pw.rids),
         records_in=n_in,
-        published=n_in,
+        published=n_in - len(plan.dropped),
         held=0,
         suppressed=suppressed,
         min_group_size=min(plan.classes) if plan.classes else None,
@@ -70,6 +70,7 @@ def window_report(
         randomized=out.randomized,
         noise_sd=out.noise_sd,
         imputed=published - (n_in - len(plan.dropped)),
+        withheld=len(plan.dropped),
     )
 
 

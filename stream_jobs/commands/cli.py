@@ -345,12 +345,13 @@ def _summary(worker: Any, elapsed: float) -> None:
     st = worker.stats
     log.info(
         "privgw stopped after %.0f s: %d records consumed, %d published (%d with "
-        "quasi-identifiers suppressed), %d dead-lettered, %d windows, %d held records left "
-        "uncommitted for the next run",
+        "quasi-identifiers suppressed), %d withheld (repeats of a published record), "
+        "%d dead-lettered, %d windows, %d held records left uncommitted for the next run",
         elapsed,
         st.consumed,
         st.published,
         st.suppressed,
+        st.withheld,
         st.dlq_total,
         st.windows,
         st.held,

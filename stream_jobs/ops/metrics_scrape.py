@@ -167,11 +167,8 @@ class WorkerCollector(Collector):
         p, st = m.prefix, w.stats
         for name, value, doc in (
             ("records_consumed", st.consumed, "records consumed from the input topic"),
-            (
-                "records_published",
-                st.published,
-                "protected records of consumed ones produced and acknowledged",
-            ),
+            ("records_published", st.published, "consumed records published and acknowledged"),
+            ("records_withheld", st.withheld, "consumed records decided, not published (repeats)"),
             ("records_imputed", st.imputed, "panel records of absent members produced"),
             ("records_suppressed", st.suppressed, "records published with QIs suppressed"),
             ("windows_flushed", st.windows, "windows protected and flushed"),

@@ -18,6 +18,7 @@ class WorkerStats:
     published: int = 0
     # records published for no consumed record: a panel's absent members (and re-sent ones)
     imputed: int = 0
+    withheld: int = 0  # consumed records decided, not published (WindowReport.withheld)
     suppressed: int = 0
     dlq: Counter[str] = field(default_factory=Counter)
     windows: int = 0
@@ -53,6 +54,7 @@ class WorkerStats:
 
     @property
     def accounted(self) -> int:
-        """Consumed records whose fate is known: published, dead-lettered, held, forwarded, or
-        an operator's control record."""
-        return self.published + self.dlq_total + self.held + self.repartitioned + self.control
+        """Consumed records whose fate is known: published, withheld, dead-lettered, held,
+        forwarded, or an operator's control record."""
+        counted = self.published + self.withheld + self.dlq_total + self.held
+        return counted + self.repartitioned + self.control

@@ -368,6 +368,7 @@ class WindowLifecycle:
         st.windows += 1
         st.published += report.published
         st.imputed += report.imputed
+        st.withheld += report.withheld
         st.suppressed += report.suppressed
         st.groups += report.groups
         st.sticky_hits += report.sticky_hits

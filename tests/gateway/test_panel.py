@@ -593,6 +593,10 @@ def test_a_window_reports_the_classes_it_publishes(p: dict[str, Any]) -> None:
             row = orjson.loads(rec.value)
             if row["age"] is not None:
                 classes[int(row["wave"]), tuple(row[c] for c in CLAIM)] += 1
+        # every record decided is published or withheld (a repeat); the imputed ones besides
+        report = res.report
+        assert report.published + report.imputed == len(res.published)
+        assert report.published + report.withheld + report.held == report.records_in
         assert res.report.groups == len(classes)
         if classes:
             assert res.report.min_group_size == min(classes.values())
@@ -646,7 +650,8 @@ def test_a_record_read_again_is_measured_in_its_class_of_the_release(p: dict[str
     be told from one the wave was decided with) republishes the record as its release published
     it; the window holds that one record, but its class is the release's: measured there, it
     was a class of 1 < k (an error line, and the critical alert on the key's smallest class)."""
-    p = {**p, "crash": None, "late": 0, "waves": 1, "skip": 0.0}
+    # the copies in one window: the last window's measure is compared with all of them
+    p = {**p, "crash": None, "late": 0, "waves": 1, "skip": 0.0, "window": max(p["window"], 3)}
     p["n"] = max(p["n"], 30)
     run = Run(p, MemoryStore())
     wave = _waves(p)[0]
@@ -687,6 +692,8 @@ def test_a_late_copy_is_dropped_and_a_record_read_again_republishes_the_imputed_
     res = engine.protect_window([late], now=1e9 + 1, flush_all=True)
     assert res.published == [] and not res.held
     assert res.report.measures["panel_repeats"] == 1.0
+    # counted as withheld, not published: consumed = published + withheld + ... still holds
+    assert (res.report.published, res.report.withheld) == (0, 1)
     res = engine.protect_window([again], now=1e9 + 2, flush_all=True)
     assert len(res.published) == 3  # its member's record and the two imputed ones
     assert {r.record_id for r in res.published} <= wave2
