@@ -19,7 +19,7 @@ carries an input position, and none is sent to an input partition's counterpart.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -244,13 +244,18 @@ class PanelStep:
     def _leads(
         self, idx: list[int], pw: PanelWindow, cols: list[list[Any]], wave: int, plan: WindowPlan
     ) -> tuple[list[int], list[int]]:
-        """Each respondent's first record of the wave (its lead), and the records that repeat a
-        lead; a record without a respondent or with an incomplete claim row is suppressed, as it
-        cannot be followed or grouped."""
+        """Each respondent's first record of the wave (its lead), in keyed respondent order,
+        and the records that repeat a lead; a record without a respondent or with an incomplete
+        claim row is suppressed, as it cannot be followed or grouped. In arrival order, the
+        cohorts formed depended on how the input partitions interleaved (two runs of one
+        12-wave input grouped two waves' entrants differently), and the stream published other
+        tuples than the file workflow, which decides each wave in key order."""
         keys = [pw.rkeys[i] for i in idx]
         incomplete = {i for col in cols if None in col for i, v in enumerate(col) if v is None}
         if None not in keys and incomplete.isdisjoint(idx) and len(set(keys)) == len(keys):
-            return list(idx), []  # one record a respondent: every record leads
+            known = cast(list[bytes], keys)  # (none is None)
+            by_key = sorted(range(len(idx)), key=known.__getitem__)
+            return [idx[n] for n in by_key], []  # one record a respondent: every record leads
         first: dict[bytes, int] = {}
         repeats: list[int] = []
         for i, key in zip(idx, keys, strict=True):
@@ -261,7 +266,7 @@ class PanelStep:
                 repeats.append(i)
             else:
                 first[key] = i
-        return list(first.values()), repeats
+        return [first[key] for key in sorted(first)], repeats
 
     def _plan_wave(
         self,
