@@ -192,7 +192,10 @@ def _returning(  # noqa: PLR0917 - the wave's parts
     at = np.asarray([rows_of[i] for i in back], dtype=np.intp)
     seen = np.asarray(roster.seen, dtype=np.int64)
     active = np.asarray(roster.active, dtype=np.bool_)
-    moved = np.flatnonzero((seen[at] == wave - 1) & (carried.observed[at] == wave - 1))
+    # moves from the wave decided before (not wave - 1: a panel may skip a number, and then
+    # no move was observed and every absent member was carried forward, not aged)
+    previous = wave - 1 if roster.last_wave is None else roster.last_wave
+    moved = np.flatnonzero((seen[at] == previous) & (carried.observed[at] == previous))
     cat = _categorical(numeric)
     before = carried.combos(at[moved], cat)
     after = present.claim_columns([back[i] for i in moved.tolist()])
