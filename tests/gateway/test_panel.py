@@ -746,3 +746,34 @@ def test_what_a_wave_publishes_does_not_depend_on_the_order_its_records_arrive_i
         run.feed([], 1e9, flush=True)
         published.append(sorted((r.record_id, r.value) for r in run.out))
     assert published[0] == published[1]
+
+
+def test_small_cohorts_merge_with_each_other_first_when_k_rises() -> None:
+    """Cohorts of exactly k under a new k + 1 are all small: merged one at a time into the
+    nearest of all cohorts, they piled into a few (cohorts of 10-30 at a new k of 6, in a
+    probe: more information loss, for good). Paired with each other first, none ends up
+    larger than twice the new k."""
+    p = {"k": 2, "slack": 0, "retire": 3, "window": 1000}
+    rng = np.random.default_rng(3)
+    people = [
+        {"age": int(rng.integers(18, 90)), "sex": "FM"[i % 2], "rel": "other", "occ": "a"}
+        for i in range(200)
+    ]
+    run = Run(p, MemoryStore())
+    run.feed(
+        [ValidRecord(f"r{i}", {**v, "wave": 1}, None, 100.0) for i, v in enumerate(people)], 100.0
+    )
+    run.feed([], 100.0 + GRACE, flush=True)
+    run.p = {**p, "k": 3}
+    run.crash()
+    run.feed(
+        [ValidRecord(f"r{i}", {**v, "wave": 2}, None, 200.0) for i, v in enumerate(people)], 200.0
+    )
+    run.feed([], 1e9, flush=True)
+    sizes: dict[Any, int] = defaultdict(int)
+    for rec in run.out:
+        row = orjson.loads(rec.value)
+        if row["wave"] == 2 and row["age"] is not None:
+            sizes[tuple(row[c] for c in CLAIM)] += 1
+    assert sum(sizes.values()) == len(people)
+    assert min(sizes.values()) >= 3 and max(sizes.values()) <= 6, sorted(sizes.values())
