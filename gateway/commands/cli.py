@@ -89,6 +89,8 @@ def cmd_check_policy(args: argparse.Namespace) -> int:
         print(f"  note: `privgw run` refuses this policy: {report['stream_refusal']}")
     if claim:
         print(f"republication: {report['republication']['statement']}")
+        if "retirement" in report["republication"]:
+            print(f"  retirement: {report['republication']['retirement']}")
     wait = report["longest_wait"]
     print(
         f"input topic: a record may wait up to {duration_text(wait['seconds'])} "

@@ -100,7 +100,26 @@ def republication_statement(policy: Policy) -> dict[str, Any]:
         statement["every_member_every_release"] = True
         statement["weight_field"] = rep.weight_name
         statement["analysis"] = PANEL_ANALYSIS
+        statement["retirement"] = _retirement(rep.slack, rep.retire_after, k)
     return statement
+
+
+def _retirement(slack: int, after: int, k: int) -> str:
+    """What retire_after_waves does under the policy's slack: whole-key MDAV forms cohorts of
+    exactly k for the most part, and a member of one never retires (its class mates' sets
+    would fall below k). A probe's 30-wave panel losing 3 % of its members for good each wave
+    retired nobody under slack 0: 47 % of wave 30's records were imputed."""
+    if slack == 0:
+        return (
+            f"slack 0: cohorts are formed of {k} members for the most part, and a member of a "
+            f"cohort of {k} never retires, so members who left for good are imputed in every "
+            f"later wave; with slack >= 1 (cohorts of at least {k} + slack) a member absent "
+            f"{after} waves in a row retires while its cohort keeps {k} or more"
+        )
+    return (
+        f"a member absent {after} waves in a row retires while its cohort keeps {k} or more "
+        f"(cohorts are formed of at least {k + slack}: slack {slack})"
+    )
 
 
 def _recoding(policy: Policy, release: str) -> dict[str, Any]:

@@ -115,6 +115,25 @@ def test_check_policy_names_a_published_weight(tmp_path: Path, setting: str, sai
     )
 
 
+@pytest.mark.parametrize(("slack", "said"), [(0, "never retires"), (2, "retires while")])
+def test_check_policy_says_whether_a_panel_member_can_retire(
+    tmp_path: Path, slack: int, said: str
+) -> None:
+    """Under slack 0 cohorts are of exactly k for the most part, and a member of one never
+    retires: a panel losing members for good imputed them in every later wave (47 % of wave
+    30's records in a probe) while the policy's retire_after_waves suggested otherwise."""
+    policy = tmp_path / "slack.yaml"
+    policy.write_text(
+        POLICY.read_text().replace(
+            "retire_after_waves: 3,", f"retire_after_waves: 3, slack: {slack},"
+        )
+    )
+    line = next(x for x in privgw("check-policy", policy).stdout.splitlines() if "retirement:" in x)
+    assert said in line
+    statement = orjson.loads(privgw("check-policy", policy, "--json").stdout)["republication"]
+    assert said in statement["retirement"]
+
+
 def test_reconstruct_and_check_policy(protected: Path) -> None:
     est = orjson.loads(privgw("reconstruct", protected, "--policy", POLICY, "--json").stdout)
     assert abs(sum(est["income"]["em"]) - 1) < 1e-9
