@@ -127,7 +127,7 @@ class EngineProcess:
             )
         finally:
             child_end.close()
-        self._lock = threading.Lock()
+        self._lock, self._window = threading.Lock(), False  # (a window in the child)
         self._closed = False
         self._count = 0
         self._prefixed: dict[bytes, int] = {}
@@ -223,6 +223,7 @@ class EngineProcess:
         except BaseException:
             self._lock.release()
             raise
+        self._window = True
 
     def collect(self, records: Sequence[ValidRecord]) -> WindowResult:
         """The result of the window ``submit`` handed over (the same ``records``)."""
@@ -230,6 +231,7 @@ class EngineProcess:
         try:
             _, columns, extra, self._count = self._reply("protect_window")
         finally:
+            self._window = False
             self._lock.release()
         result = decode_result(records, columns, extra)
         self._held = result.held
@@ -279,10 +281,12 @@ class EngineProcess:
 
     def ping(self) -> bool:
         """The heartbeat: the child answers while no window is in it (True); False when one is
-        (the window's own progress is watched then). Raises ``EngineProcessError`` when the
-        child is gone; blocks while it does not answer (the caller measures how long)."""
-        if not self._lock.acquire(blocking=False):
-            return False
+        (its own progress is watched). Raises ``EngineProcessError`` when the child is gone;
+        blocks while it does not answer (the caller measures how long), also behind a scrape
+        waiting for it (a frozen idle engine's scrape turned the heartbeat off for good)."""
+        while not self._lock.acquire(timeout=0.05):
+            if self._window:
+                return False
         try:
             self._send(("ping",))
             self._reply("ping")

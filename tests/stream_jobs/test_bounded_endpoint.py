@@ -63,9 +63,13 @@ def test_idle_connections_are_capped_and_timed_out(monkeypatch: pytest.MonkeyPat
         server.server_close()
 
 
+@pytest.mark.parametrize("scraped", [False, True])
 def test_an_idle_engine_that_stops_is_seen_by_its_heartbeat(
-    tmp_path: Path, secret_env: str
+    tmp_path: Path, secret_env: str, scraped: bool
 ) -> None:
+    """``scraped``: a metrics scrape reaches the frozen engine before the next heartbeat and
+    waits for it with the engine's lock held; the heartbeat took the busy lock for a window
+    in the engine and stopped counting, and /healthz answered 200 for good."""
     settings = WorkerSettings(
         state_dir=tmp_path / "s", engine="process", stall_timeout_seconds=1.0, metrics_port=0
     )
@@ -78,6 +82,9 @@ def test_an_idle_engine_that_stops_is_seen_by_its_heartbeat(
         time.sleep(0.6)
         assert monitor.liveness().ok
         os.kill(pid, signal.SIGSTOP)  # frozen, no window in it
+        if scraped:
+            scrape = threading.Thread(target=worker.engine.count, daemon=True)
+            scrape.start()  # waits for the frozen child, holding the engine's lock
         try:
             deadline = time.monotonic() + 5
             while monitor.liveness().ok and time.monotonic() < deadline:
