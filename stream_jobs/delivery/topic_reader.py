@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
+from array import array
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -250,11 +253,17 @@ async def count_protected_async(
     counts = VersionedCounts(metas, wave=wave)
     add, loads = counts.add, orjson.loads
     unreadable = 0
+    # a first pass finds the record ids read more than once and the copy a consumer keeps;
+    # counted with their copies, 9,837 rows stood for 5,727 records after a restore
+    chosen, through = await _kept_copies(bootstrap, topic, timeout=timeout, quiet=quiet)
     batches = iter_topic(bootstrap, topic, timeout=timeout, quiet=quiet)
     async with contextlib.aclosing(batches):
         async for batch in batches:
-            for messages in batch.values():
+            for tp, messages in batch.items():
+                end = through.get(tp.partition, -1)
                 for m in messages:
+                    if m.offset > end or not _kept(m, chosen):
+                        continue  # appended since the first pass, or a copy not kept
                     try:
                         row = loads(m.value) if m.value is not None else None
                     except orjson.JSONDecodeError:
@@ -267,6 +276,62 @@ async def count_protected_async(
     if unreadable:
         log.warning("%d records of %s are not JSON objects: left out", unreadable, topic)
     return counts
+
+
+def _digest(record_id: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(record_id, digest_size=8).digest(), "little")
+
+
+def _record_id(m: Any) -> bytes | None:
+    for name, value in m.headers or ():
+        if name == "record_id":
+            return bytes(value)
+    return None
+
+
+def _kept(m: Any, chosen: dict[int, tuple[int, int]]) -> bool:
+    rid = _record_id(m)
+    if rid is None or not chosen:
+        return True
+    where = chosen.get(_digest(rid))
+    return where is None or where == (m.partition, m.offset)
+
+
+async def _kept_copies(
+    bootstrap: str, topic: str, *, timeout: float, quiet: float
+) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+    """For each record id read more than once, the (partition, offset) of the copy a consumer
+    keeps (:func:`last_copies`' rule: a copy marked ``supersedes`` wins, else the last); and
+    the newest offset read of each partition. Kept as 8-byte digests in arrays: a topic of
+    millions of records is not held."""
+    digests, where, marks = array("Q"), array("q"), array("b")
+    through: dict[int, int] = {}
+    batches = iter_topic(bootstrap, topic, timeout=timeout, quiet=quiet)
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            for tp, messages in batch.items():
+                for m in messages:
+                    rid = _record_id(m)
+                    through[tp.partition] = max(through.get(tp.partition, -1), m.offset)
+                    if rid is None:
+                        continue
+                    digests.append(_digest(rid))
+                    where.extend((m.partition, m.offset))
+                    marks.append(dict(m.headers).get(SUPERSEDES[0]) == SUPERSEDES[1])
+    keys = np.frombuffer(digests, dtype=np.uint64)
+    unique, counts = np.unique(keys, return_counts=True)
+    copied = unique[counts > 1]
+    if not copied.size:
+        return {}, through
+    at = np.flatnonzero(np.isin(keys, copied)).tolist()  # in read order
+    positions = np.frombuffer(where, dtype=np.int64).reshape(-1, 2)
+    chosen: dict[int, tuple[int, int]] = {}
+    marked: dict[int, bool] = {}
+    for i in at:
+        d, mark = int(keys[i]), bool(marks[i])
+        if d not in chosen or mark or not marked[d]:
+            chosen[d], marked[d] = (int(positions[i, 0]), int(positions[i, 1])), mark
+    return chosen, through
 
 
 def count_protected(
