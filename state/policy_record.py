@@ -44,6 +44,7 @@ from gateway.policy.migration import (
     MigrationReport,
     groups_to_drop,
     migrate_entries,
+    panel_members,
 )
 from gateway.policy.upgrade import PolicyFacets, Upgrade, UpgradeAction, diff, facets
 from gateway.state_store.state_keys import is_group_key, is_roster_head
@@ -260,6 +261,8 @@ def migrate_store(store: Any, plan: MigrationPlan, *, dry_run: bool) -> Migratio
         registry += store.get_many(chunk).items()
     dropped, rows, seen = groups_to_drop(registry, plan)
     report = MigrationReport(groups=seen, groups_reformed=len(dropped))
+    report.panel_members = panel_members(registry)
+    report.k_rose = plan.min_group_size is not None
     for chunk in _chunks([k for k in keys if not is_group_key(k)]):
         changed, part = migrate_entries(store.get_many(chunk).items(), plan, dropped)
         report.add(part)

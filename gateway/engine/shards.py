@@ -180,6 +180,7 @@ REPUBLICATION_MEASURES: dict[str, Callable[[Iterable[float]], float]] = {
     "linked_records": sum,
     "linked_below_k": sum,
     "linked_smallest": min,
+    "linked_promised": min,
     "stale_records": sum,
     "stale_age_max": max,
     "release_smallest_class": min,

@@ -381,8 +381,11 @@ def _publish(
         roster, rows, class_of_row, classes, class_sizes=sizes, rules=rules, cols=cols
     )
     linked = np.fromiter(map(len, linked_sets), dtype=np.int64, count=len(rows))
+    # a raised k merges cohorts from now on; the sets keep the history's smallest k
+    promised = roster.history_k = min(roster.history_k or rules.k, rules.k)
+    measures["linked_promised"] = float(promised)
     measures["linked_records"] = float(linked.size)
-    measures["linked_below_k"] = float(np.count_nonzero(linked < rules.k))
+    measures["linked_below_k"] = float(np.count_nonzero(linked < promised))
     measures["linked_smallest"] = float(linked.min())
     measures["release_smallest_class"] = float(sizes.min())
     return _Published(class_of_row, classes, weights, measures, sizes)

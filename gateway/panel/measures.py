@@ -114,7 +114,12 @@ def combine_measure(name: str, old: float | None, new: float) -> float:
     """A measure over several waves or scopes of one window: the worst, or the sum."""
     if old is None:
         return new
-    if name in ("linked_smallest", "release_smallest_class", "panel_raking_converged"):
+    if name in (
+        "linked_smallest",
+        "linked_promised",
+        "release_smallest_class",
+        "panel_raking_converged",
+    ):
         return min(old, new)
     if name.startswith("panel_") and name not in (
         "panel_weight_deff",

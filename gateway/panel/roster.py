@@ -128,6 +128,9 @@ class Roster:
     # values were observed in, as columns (gateway.panel.carried)
     carried: Carried = field(default_factory=Carried)
     next_cohort: int = 0
+    # the smallest k a wave was decided under: linked sets are intersections over the history,
+    # which a k raised later cannot grow back (None: none yet, or a roster before 2026-12-08)
+    history_k: int | None = None
     # the newest decided waves' outcomes, oldest first: a crash can lose the outputs of the
     # last windows (a backlog decides several waves in one), which a replay publishes again
     outcomes: list[Outcome] = field(default_factory=list)
@@ -234,6 +237,7 @@ class Roster:
             "lflat": linked_flat.tobytes(),
             "carried": sealer.seal(_encode(self.carried.to_doc()), context),
             "next": self.next_cohort,
+            **({} if self.history_k is None else {"hk": self.history_k}),
         }
         doc["draws"] = self.draws.to_doc()
         doc["outs"] = [
@@ -297,6 +301,7 @@ class Roster:
             linked=linked,
             carried=_carried(_decode(sealer.open(doc["carried"], context)), doc),
             next_cohort=int(doc["next"]),
+            history_k=None if "hk" not in doc else int(doc["hk"]),
             outcomes=outcomes,
             draws=DrawTable.from_doc(doc["draws"]) if "draws" in doc else DrawTable(),
         )

@@ -40,13 +40,14 @@ from gateway.state_store.state_codec import (
     registry_counts,
     registry_value,
 )
-from gateway.state_store.state_keys import group_id, is_group_key, is_roster_key
+from gateway.state_store.state_keys import group_id, is_group_key, is_roster_head, is_roster_key
 
 __all__ = [
     "MigrationPlan",
     "MigrationReport",
     "groups_to_drop",
     "migrate_entries",
+    "panel_members",
 ]
 
 
@@ -86,6 +87,11 @@ class MigrationReport:
     memberships_dropped: int = 0  # respondents whose current group was re-formed
     tuples_dropped: int = 0
     draws_dropped: dict[str, int] = field(default_factory=dict)
+    # a panel's active members (its rosters' counters) and whether k rose: its cohorts are not
+    # re-formed here but merged whole at the next wave, and its linked sets stay at the k its
+    # history was published under (a raised k cannot grow an intersection back)
+    panel_members: int = 0
+    k_rose: bool = False
 
     def add(self, other: MigrationReport) -> None:
         self.groups += other.groups
@@ -95,6 +101,8 @@ class MigrationReport:
         self.tuples_dropped += other.tuples_dropped
         for name, n in other.draws_dropped.items():
             self.draws_dropped[name] = self.draws_dropped.get(name, 0) + n
+        self.panel_members += other.panel_members
+        self.k_rose = self.k_rose or other.k_rose
 
     def text(self) -> str:
         draws = ", ".join(f"{n} of {a}" for a, n in sorted(self.draws_dropped.items()))
@@ -103,7 +111,20 @@ class MigrationReport:
             f"({self.memberships_dropped} respondents to be grouped again, "
             f"{self.tuples_dropped} stored tuples dropped); stored draws dropped: "
             f"{draws or 'none'}; {self.respondents} respondents in the state"
+            + (f"; {self.panel_members} panel members" if self.panel_members else "")
+            + (
+                ": their cohorts below the new k merge whole at the next wave, and their "
+                "linked sets stay at the k their history was published under"
+                if self.panel_members and self.k_rose
+                else ""
+            )
         )
+
+
+def panel_members(registry: Iterable[tuple[bytes, bytes]]) -> int:
+    """The active members of the panel rosters among the registry rows (their heads' live
+    counters)."""
+    return sum(registry_counts(raw)[0] for key, raw in registry if is_roster_head(key))
 
 
 # -- the migration ----------------------------------------------------------------------

@@ -62,7 +62,7 @@ class RepublicationFigures:
         last["linked_below_k_ratio"] = measures.get("linked_below_k", 0.0) / records
         last["stale_ratio"] = measures.get("stale_records", 0.0) / records
         last["stale_age_releases_max"] = measures.get("stale_age_max", 0.0)
-        for key in ("linked_smallest", "release_smallest_class", *_PANEL):
+        for key in ("linked_smallest", "linked_promised", "release_smallest_class", *_PANEL):
             value = measures.get(key)
             if value is not None and math.isfinite(value):
                 last[key] = value
@@ -76,17 +76,23 @@ class RepublicationFigures:
                 self.k,
             )
         linked = measures.get("linked_smallest")
-        if self.guarantee and linked is not None and linked < self.k:
+        promised = int(measures.get("linked_promised", self.k))  # a panel's k of its history
+        if self.guarantee and linked is not None and linked < promised:
             self.linked_violations += 1
             log.error(
                 "linkage violation: the republication mode promises linked candidate sets of "
                 "k = %d, a sampled window published a respondent linked to %d",
-                self.k,
+                promised,
                 int(linked),
             )
 
 
 _GAUGES = {
+    "linked_promised": (
+        "linked_candidates_promised",
+        "the size every linked candidate set is kept at: k, or under a panel whose k rose, the "
+        "smallest k its history was published under (no later k can grow an intersection)",
+    ),
     "linked_smallest": (
         "linked_candidates_smallest",
         "smallest linked candidate set (respondents sharing a published respondent's tuple in "

@@ -414,10 +414,12 @@ def test_a_panel_whose_k_rises_merges_its_small_cohorts_whole(
             # new engine with the new policy over the same state decides the later ones
             run.feed(waves[w][:1], 100.0 * (w + 1))
             run.feed([], 100.0 * (w + 1) + GRACE)
+            at_switch = len(run.results)
             run.p = {**p, "k": p["k"] + rise}
             run.crash()
             opened = 1
         elif w == switch:
+            at_switch = len(run.results)
             run.p = {**p, "k": p["k"] + rise}
             run.crash()
     run.feed([], 1e9, flush=True)
@@ -431,6 +433,16 @@ def test_a_panel_whose_k_rises_merges_its_small_cohorts_whole(
         if wave > switch and len(release) > 1:
             smallest = min(map(len, release.values()))
             assert smallest >= p["k"] + rise, (wave, smallest)
+    # linked sets are kept at the history's k (the old one: no later k grows an intersection
+    # back), and a wave's report says so: measured against the new k, the critical alert
+    # fired for good after every such upgrade
+    assert any("linked_promised" in r.report.measures for r in run.results)
+    old_k = any("linked_promised" in r.report.measures for r in run.results[:at_switch])
+    for res in run.results:
+        m = res.report.measures
+        if "linked_promised" in m:  # (a wave closed only after the switch: the new k)
+            assert m["linked_promised"] == (p["k"] if old_k else p["k"] + rise)
+            assert m["linked_smallest"] >= m["linked_promised"] and m["linked_below_k"] == 0
 
 
 def test_an_engine_forgets_the_rosters_of_a_partition_it_no_longer_owns() -> None:

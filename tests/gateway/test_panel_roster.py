@@ -5,6 +5,7 @@ short never corrupts."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +250,20 @@ def test_a_migration_and_an_audit_leave_a_roster_s_parts_alone() -> None:
     assert (dropped, rows, seen) == (set(), {}, 0)
     audit = audit_live_counts(entries)
     assert not audit.drifted and audit.groups == 0 and audit.respondents == 0
+
+
+def test_a_migration_that_raises_k_says_what_becomes_of_a_panel(tmp_path: Path) -> None:
+    """`state migrate` and `--policy-upgrade` reported "0 of 0 groups re-formed ... 0
+    respondents" for a panel of 300 members whose k rose: its cohorts merge at the next wave,
+    and its linked sets stay at the k of its history, which the report now says."""
+    from gateway.policy.migration import MigrationPlan  # noqa: PLC0415
+    from state.policy_record import migrate_store  # noqa: PLC0415
+    from state.sqlite_store import SQLiteStore  # noqa: PLC0415
+
+    sealer, key = Sealer(b"k" * 32), roster_key(None)
+    roster = _grown(100, 3)
+    with SQLiteStore(tmp_path / "s.db") as store:
+        store.put_many(roster_entries(roster, sealer, key, part_bytes=512))
+        report = migrate_store(store, MigrationPlan(min_group_size=6), dry_run=True)
+    assert report.panel_members == sum(roster.active) > 0
+    assert "merge whole at the next wave" in report.text()

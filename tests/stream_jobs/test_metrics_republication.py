@@ -119,3 +119,31 @@ def test_broken_promises_are_counted_and_logged_with_counts_only(
         "linkage violation: the republication mode promises linked candidate sets of k = 3, a "
         "sampled window published a respondent linked to 2",
     ]
+
+
+@pytest.mark.parametrize(("smallest", "violations"), [(3.0, 0), (2.0, 1)])
+def test_a_panel_whose_k_rose_is_held_to_the_k_of_its_history(
+    tmp_path: Path, smallest: float, violations: int
+) -> None:
+    """Linked sets intersect every release a member was published in: after k rose from 3 to
+    4, none of the history's can grow back to 4. Held to the new k, the critical alert fired
+    for good after every such upgrade; held to the history's (``linked_promised``), only a
+    set below that one is a violation."""
+    policy = policy_from_yaml(POLICY.replace("MODE", "cohort").replace("k: 3", "k: 4"))
+    with SQLiteStore(tmp_path / "s.db") as store:
+        engine = Engine(policy, keyring=SECRET, store=store)
+        worker = GatewayWorker(policy, WorkerSettings(metrics_port=0), engine)
+        registry = CollectorRegistry()
+        metrics = GatewayMetrics.create(registry)
+        metrics.attach(worker)
+        measures = {"linked_records": 10.0, "linked_below_k": 0.0, "linked_smallest": smallest,
+                    "linked_promised": 3.0, "stale_records": 0.0, "stale_age_max": 0.0}  # fmt: skip
+        report = dataclasses.replace(
+            engine.protect_window([], now=0.0, flush_all=True).report,
+            risk_sampled=True,
+            measures=measures,
+        )
+        metrics.observe(report, NO_FLUSH, 0.0)
+    value = registry.get_sample_value
+    assert value("privgw_k") == 4 and value("privgw_linked_candidates_promised") == 3
+    assert value("privgw_linked_guarantee_violations_total") == violations
