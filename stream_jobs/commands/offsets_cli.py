@@ -131,11 +131,17 @@ def cmd_offsets_reset(args: argparse.Namespace) -> int:
         print(f"would reset {len(ahead)} partitions: {records} records protected again")
         return 0
     # the ledger first: a reset interrupted after it leaves the range marked, and a second
-    # run finds the group as it was or reset
+    # run finds the group as it was or reset; a reset the group refuses unmarks it
+    before = dict(ledger.republish)
     for tp, (_, committed) in ahead.items():
         ledger.republish[tp] = max(committed, ledger.republish.get(tp, 0))
     ledger.write()
-    asyncio.run(_commit(settings, {tp: o for tp, (o, _) in ahead.items()}, ledger.state_id))
+    try:
+        asyncio.run(_commit(settings, {tp: o for tp, (o, _) in ahead.items()}, ledger.state_id))
+    except PrivgwError:
+        ledger.republish = before
+        ledger.write()
+        raise
     print(
         f"reset {len(ahead)} partitions of group {settings.group_id} to the state's offsets: "
         f"{records} records are protected again at the next start, their outputs marked with "
@@ -153,6 +159,9 @@ async def _commit(settings: Any, offsets: dict[tuple[str, int], int], state_id: 
 
     consumer = make_consumer(settings)
     await consumer.start()
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # a refused commit is our one line, not six of its own
     try:
         tps = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
         consumer.assign(list(tps))
@@ -164,4 +173,5 @@ async def _commit(settings: Any, offsets: dict[tuple[str, int], int], state_id: 
             "it again"
         ) from None
     finally:
+        quiet.setLevel(level)
         await consumer.stop()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer
 from streamkit import (
     consume_all,
     create_input_topic,
@@ -263,6 +264,21 @@ def test_a_restore_from_backup_is_named_and_privgw_offsets_takes_the_group_back(
     assert "aiokafka" not in shown.stderr, shown.stderr  # a table, not the client's chatter
     dry = _privgw("offsets", "reset", "--state-dir", str(state), *group, "--dry-run")
     assert dry.returncode == 0 and f"{len(second)} records protected again" in dry.stdout, dry
+    # a member of the group still running: the group refuses the reset, in one line, and the
+    # range marked ahead of the commit is unmarked (it was left in partitions.json)
+    ledger = (state / "partitions.json").read_text()
+    member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"{unique_name}-g"})
+    try:
+        member.subscribe([in_topic])
+        deadline = time.monotonic() + 30
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(0.2)
+        refused = _privgw("offsets", "reset", "--state-dir", str(state), *group)
+    finally:
+        member.close()
+    assert refused.returncode == 2 and "refused the reset" in refused.stderr, refused
+    assert "aiokafka" not in refused.stderr, refused.stderr
+    assert (state / "partitions.json").read_text() == ledger
     reset = _privgw("offsets", "reset", "--state-dir", str(state), *group)
     assert reset.returncode == 0, reset.stderr
     assert f"{len(second)} records are protected again" in reset.stdout, reset.stdout
