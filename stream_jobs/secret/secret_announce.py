@@ -39,13 +39,17 @@ class Announced:
     draws: DrawDerivation | None = None
 
 
-def announcement(fingerprint: str, previous: str | None) -> tuple[bytes, bytes]:
+def announcement(
+    fingerprint: str, previous: str | None, *, rotation: bool = False
+) -> tuple[bytes, bytes]:
+    """``rotation``: also a rotation that a new topic's previous announcement does not show
+    (the state's check accepted it)."""
     now_ms = int(time.time() * 1000)
     value = {
         "kind": "key_fingerprint",
         "key_fingerprint": fingerprint,
         "previous_key_fingerprint": previous,
-        "rotation": previous is not None,
+        "rotation": rotation or previous is not None,
         "announced_at_ms": now_ms,
     }
     return ANNOUNCEMENT_PREFIX + f"{fingerprint}/{now_ms}".encode(), orjson.dumps(value)
@@ -127,9 +131,11 @@ async def announce_fingerprint(
     if seen.newest == fingerprint:
         return seen.rotations, False
     check_announced_fingerprint(settings, meta_topic, seen, fingerprint)
-    key, value = announcement(fingerprint, seen.newest)
+    # a rotation the state's check accepted is announced as one on a new topic too: else the
+    # topic's count, which a restart starts from, lost it
+    key, value = announcement(fingerprint, seen.newest, rotation=logged)
     await producer.send_and_wait(meta_topic, value=value, key=key)
-    if seen.newest is None:
+    if seen.newest is None and not logged:
         log.info("key fingerprint %s announced on %s", fingerprint, meta_topic)
         return seen.rotations, False
     if logged:

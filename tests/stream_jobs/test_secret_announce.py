@@ -75,3 +75,33 @@ def test_a_changed_secret_is_refused_even_on_a_fresh_state_and_rotations_are_ann
     run(again)
     assert again.stats.secret_rotations == 1
     assert len(announcements()) == 2
+
+
+def test_a_rotation_onto_a_new_metadata_topic_is_announced_as_one(
+    broker: EmbeddedBroker, unique_name: str, tmp_path: Path
+) -> None:
+    """The state's check accepted the rotation (``--rotate-secret``) but the new metadata topic
+    had no earlier announcement: it was announced as no rotation, and after a restart the
+    counter read 0."""
+    policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
+    create_input_topic(broker.bootstrap, f"{unique_name}.in", partitions=1)
+    state = tmp_path / "s"
+
+    def run(secret: str, out: str, **extra: Any) -> Any:
+        settings = settings_for(
+            broker.bootstrap, unique_name, state, engine="thread", output_topic=out, **extra
+        )
+        w = make_worker(policy, settings, secret)
+        assert asyncio.run(run_until(w, lambda _: True, timeout=30)) == 0
+        return w
+
+    run(SECRET_A, f"{unique_name}.out")
+    rotated = run(SECRET_B, f"{unique_name}.new", rotate_secret=True)
+    assert rotated.stats.secret_rotations == 1
+    shown = [
+        orjson.loads(m.value or b"")
+        for m in consume_all(broker.bootstrap, f"{unique_name}.new.meta")
+        if is_announcement(m.key)
+    ]
+    assert [a["rotation"] for a in shown] == [True]
+    assert run(SECRET_B, f"{unique_name}.new").stats.secret_rotations == 1  # after a restart
