@@ -339,7 +339,11 @@ class WindowLifecycle:
                 self.engine_failed = True
                 raise
             self._stats.engine_since = None
-        commits = self._buffer.complete(flush, result.held if result is not None else ())
+        commits = self._buffer.complete(
+            flush,
+            result.held if result is not None else (),
+            wall_offset=self._wall_clock() - self._clock(),
+        )
         if then is not None:
             self.protect(then)
         if p.future is not None:

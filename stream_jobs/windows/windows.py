@@ -64,13 +64,14 @@ class PanelWaves:
 
     max_wave: float
     grace: float
+    k: int = 1  # a wave opened at its k-th earliest record's own timestamp
 
     @classmethod
     def of(cls, policy: Policy) -> PanelWaves | None:
         rep = policy.republication
         if rep.mode is not RepublicationMode.PANEL or rep.wave_attribute is None:
             return None
-        return cls(rep.max_wave, rep.close_grace)
+        return cls(rep.max_wave, rep.close_grace, policy.microaggregation.k)
 
 
 @dataclass(slots=True)
@@ -89,6 +90,10 @@ class WindowBuffer:
     # time its window was taken): a held deadline it saw pass is not due again
     _oldest_held: float | None = None
     _held_seen: float | None = None
+    # a panel's held records: when their wave's maximum passes by their own timestamps (the
+    # worker's clock), and the wall clock's offset from it (the engine's last window)
+    _event_due: float | None = None
+    _wall_offset: float | None = None
 
     @classmethod
     def for_policy(cls, policy: Policy) -> WindowBuffer:
@@ -144,6 +149,8 @@ class WindowBuffer:
         times: list[tuple[float, FlushReason]] = []
         if panel is not None:
             times.append((oldest + panel.max_wave, FlushReason.WAVE))
+            if self._event_due is not None:  # a wave read again after a restart
+                times.append((self._event_due, FlushReason.WAVE))
             if self.last_input is not None:
                 quiet = max(panel.grace, self.spec.max_seconds)
                 times.append((self.last_input + quiet, FlushReason.WAVE))
@@ -195,8 +202,13 @@ class WindowBuffer:
         self.opened_at = None
         return flush
 
-    def complete(self, flush: Flush, held: Sequence[ValidRecord]) -> dict[TP, int]:
-        """Keep what the engine still holds; the offsets now committable (only increases)."""
+    def complete(
+        self, flush: Flush, held: Sequence[ValidRecord], *, wall_offset: float | None = None
+    ) -> dict[TP, int]:
+        """Keep what the engine still holds; the offsets now committable (only increases).
+        ``wall_offset``: the records' timestamps' clock minus the worker's, now."""
+        if wall_offset is not None:
+            self._wall_offset = wall_offset
         # held ones first: they arrived earlier
         self._held_kept(list(held) + self.held, flush.taken_at)
         lowest: dict[TP, int] = {}
@@ -220,6 +232,15 @@ class WindowBuffer:
         self.held = held
         self._oldest_held = min((r.arrived_at for r in held), default=None)
         self._held_seen = seen if held else None
+        self._event_due = None
+        panel, offset = self.panel, self._wall_offset
+        if panel is not None and offset is not None and held:
+            # the engine dates a wave by its records' timestamps (a restart reads it again and
+            # keeps its age): without this deadline it was handed back only at its maximum
+            # counted from the read, and a wave 95 s old of a 100 s maximum waited 100 s more
+            stamps = sorted(s.timestamp_ms for r in held if (s := r.source) and s.timestamp_ms > 0)
+            if len(stamps) >= panel.k:
+                self._event_due = stamps[panel.k - 1] / 1000 - offset + panel.max_wave
 
     def committed(self, commits: dict[TP, int]) -> None:
         """The broker accepted these commits."""

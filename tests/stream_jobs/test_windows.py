@@ -315,3 +315,26 @@ def test_a_partition_batch_is_its_records_added_one_by_one(offsets: list[int], s
         batch.opened_at,
         batch.position(("in", 1)),
     )
+
+
+def test_a_wave_read_again_is_handed_over_when_its_own_timestamps_say_it_closes() -> None:
+    """After a restart the engine dates an open wave by its records' own timestamps; the
+    buffer only knew their arrival, so a wave 95 s into a 100 s maximum waited 100 s more for
+    its hand-over (the stream test passed only on a machine slow enough to start late)."""
+    policy = load_policy(ADULT)
+    rep = policy.republication.model_copy(update={"max_wave_seconds": 100.0})
+    buf = WindowBuffer.for_policy(policy.model_copy(update={"republication": rep}))
+    k = policy.microaggregation.k
+    # the records' clock runs 1,000,000 s ahead of the worker's; stamped 95 s before arrival
+    stamped = [
+        ValidRecord(f"r{i}", {}, SourceRef("in", 0, i, int((1_000_000 + 10 - 95) * 1000)), 10.0)
+        for i in range(k)
+    ]
+    for r in stamped:
+        buf.add(r)
+    flush = buf.take(FlushReason.IDLE, 10.0)
+    buf.complete(flush, stamped, wall_offset=1_000_000.0)
+    assert buf.deadline() == pytest.approx(15.0)  # 100 s after the k-th stamp, not after 10.0
+    assert buf.due(15.0) is FlushReason.WAVE
+    buf.complete(buf.take(FlushReason.WAVE, 15.0), stamped, wall_offset=1_000_000.0)
+    assert buf.deadline() == pytest.approx(20.0)  # seen: the input's quiet, then its maximum
