@@ -23,7 +23,10 @@ from stream_jobs.settings import Topics, WorkerSettings
 
 log = logging.getLogger(__name__)
 
-CHECKED = ("retention.ms", "retention.bytes", "cleanup.policy")
+CHECKED = ("retention.ms", "retention.bytes", "cleanup.policy", "message.timestamp.type")
+
+
+_STAMPS = "message.timestamp.type"
 
 
 class TopicConfigError(PrivgwError):
@@ -112,6 +115,17 @@ def _check_waiting(name: str, config: dict[str, str], wait: LongestWait) -> None
             name,
             size,
             waits,
+        )
+    if wait.setting.endswith("max_wave_seconds") and config.get(_STAMPS) == "CreateTime":
+        # a probe's five records stamped in 1970 decided an open wave at once, half of it
+        # published with its quasi-identifiers suppressed
+        log.warning(
+            "topic %s stamps records with the producer's clock (%s CreateTime): a panel "
+            "wave's maximum counts from its records' own timestamps, so k records stamped far "
+            "in the past decide the open wave at once; set %s to LogAppendTime",
+            name,
+            _STAMPS,
+            _STAMPS,
         )
 
 

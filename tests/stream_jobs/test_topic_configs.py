@@ -78,6 +78,9 @@ def test_a_topic_deleting_records_before_a_wave_may_close_is_refused(
         ({"retention.ms": "-1"}, None),  # kept for good
         ({}, None),  # this broker reports only what was set: nothing to check
         ({"retention.bytes": "1073741824"}, "deletes records by size"),
+        # a panel wave's maximum counts from the records' own timestamps: the producer's clock
+        ({"retention.ms": "-1", "message.timestamp.type": "CreateTime"}, "producer's clock"),
+        ({"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"}, None),
     ],
 )
 def test_a_topic_keeping_records_once_the_wait_starts_but_warns(
