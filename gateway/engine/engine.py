@@ -377,7 +377,8 @@ class Engine:
             self._parts if self._partition_scope else None,
         )
         read = functools.partial(self._read_states, sticky=True)
-        return self._panel.protect(window, read, encode=encode)
+        # a wave the release clock holds a stray (beyond max_wave_step): never decided
+        return self._panel.protect(window, read, encode=encode, stray=self._claims.releases.beyond)
 
     def _keys(
         self,

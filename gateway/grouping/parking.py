@@ -101,7 +101,8 @@ class Parking:
             due = {
                 r
                 for r, at in oldest.items()
-                if now - at >= hold
+                if clock.beyond(int(r))  # a stray wave number: not held, not decided
+                or now - at >= hold
                 or (_open_for(clock, r, wall) >= hold and clock.drained(int(r), now))
                 or clock.closed_after(r, now, grace)
             }

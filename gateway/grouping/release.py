@@ -85,6 +85,12 @@ class ReleaseClock:
 
     quiet_after: float = 0.0
     min_records: int = 1
+    # a panel's republication.max_wave_step: a wave further ahead of the newest wave read
+    # within that step of the first (``reach``) is never seen (a stray wave number closes no
+    # wave), and is due at once (:meth:`beyond`); a wave with few or no records of its own
+    # still extends the reach, so a small wave does not strand the next
+    max_step: int | None = None
+    reach: int | None = None
     newest: int | None = None  # the newest wave seen
     # source -> when its last record arrived, and the waves it has shown
     sources: dict[Source, float] = field(default_factory=dict)
@@ -180,6 +186,10 @@ class ReleaseClock:
         seen from then on: wave -> the position of the record that made it."""
         need, since = self.min_records, {}
         for wave in np.unique(waves[waves >= 0]).tolist():
+            if self.beyond(wave):
+                continue
+            if self.reach is None or wave > self.reach:
+                self.reach = wave
             if wave in self.seen:
                 continue
             ids = self.pending.setdefault(wave, set())
@@ -194,6 +204,11 @@ class ReleaseClock:
                 if self.newest is None or wave > self.newest:
                     self.newest = wave
         return since
+
+    def beyond(self, wave: int) -> bool:
+        """Whether ``wave`` is more than ``max_step`` ahead of the reach."""
+        step, reach = self.max_step, self.reach
+        return step is not None and reach is not None and wave > reach + step
 
     def _arrivals(
         self, waves: NDArray[np.int64], arrived: NDArray[np.float64], events: NDArray[np.float64]

@@ -18,10 +18,10 @@ carries an input position, and none is sent to an input partition's counterpart.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, cast
-
-import numpy as np
 
 from gateway.engine.columns import PublishedColumns, WindowInputs
 from gateway.engine.keyed_inputs import KeyedInputs
@@ -54,12 +54,14 @@ from gateway.panel.output import (
     unfollowed_record_id,
     waves_of,
 )
-from gateway.panel.plan import WindowPlan, batches, input_through, read_before, window_report
+from gateway.panel.plan import WindowPlan, batches, input_through, window_report
+from gateway.panel.replay import replay_wave
 from gateway.panel.roster import KeptRosters, Outcome, Roster, Sealer, roster_entries, roster_key
 from gateway.panel.weights import sampling_weights
 from gateway.policy import AttrType, Method, Policy, RepublicationMode, Role
 from gateway.state_store.state_api import StateStore
 
+log = logging.getLogger(__name__)
 CARRY_SALT = b"privgw/v1/panel-carry"
 
 
@@ -116,6 +118,7 @@ class PanelStep:
         assert rep.wave_attribute is not None
         self.policy = policy
         self.wave = rep.wave_attribute
+        self._step = rep.wave_step
         self.weight_field = rep.weight_name
         self.rules = PanelRules(
             k=spec.k,
@@ -163,6 +166,7 @@ class PanelStep:
         read_states: Callable[[Sequence[bytes | None]], StateView],
         *,
         encode: bool,
+        stray: Callable[[int], bool] | None = None,
     ) -> WindowResult:
         n = len(pw.records)
         cols = [
@@ -179,15 +183,33 @@ class PanelStep:
             if roster is None:
                 roster = rosters[scope] = self._load(scope)
             last = roster.last_wave
-            if last is None or wave > last:
+            if stray is not None and stray(wave):
+                # a stray wave number (five records of wave 2^31 - 1 closed every later wave
+                # early, and the answers after it were lost): decided, it would close them all
+                log.warning(
+                    "%d records of wave %d, more than republication.max_wave_step (%d) after "
+                    "the newest wave read: published with their quasi-identifiers "
+                    "suppressed; a panel whose wave numbers skip more sets max_wave_step higher",
+                    len(idx), wave, self._step,
+                )  # fmt: skip
+                self._unplaced(pw, idx, wave, plan)
+            elif last is None or wave > last:
                 self._decide(roster, scope, wave, idx=idx, pw=pw, cols=cols, plan=plan)
             elif roster.outcome_of(wave) is not None:
-                self._replay(roster, wave, idx, pw, plan)
+                replay_wave(roster, wave, idx, pw, plan, id_of=partial(self._id_at, pw, wave))
             else:  # a late record of a wave decided before the last one
-                plan.suppressed.extend(idx)
-                for i in idx:
-                    plan.ids[i] = self._id(pw, i, wave)
+                self._unplaced(pw, idx, wave, plan)
         return self._publish(pw, plan, rosters, waves, read_states, encode=encode)
+
+    def _unplaced(self, pw: PanelWindow, idx: list[int], wave: int, plan: WindowPlan) -> None:
+        """Records no wave decision places: published with their quasi-identifiers
+        suppressed (their class would hold them alone)."""
+        plan.suppressed.extend(idx)
+        for i in idx:
+            plan.ids[i] = self._id(pw, i, wave)
+
+    def _id_at(self, pw: PanelWindow, wave: int, i: int) -> str:
+        return self._id(pw, i, wave)
 
     def _id(self, pw: PanelWindow, i: int, wave: int | None) -> str:
         key = pw.rkeys[i]
@@ -325,56 +347,6 @@ class PanelStep:
         return sampling_weights(take_at(rows)(col))
 
     # -- replaying the last wave --------------------------------------------------------
-    def _replay(
-        self, roster: Roster, wave: int, idx: list[int], pw: PanelWindow, plan: WindowPlan
-    ) -> None:
-        """A decided wave again: when the wave's own records are read again (a restart may have
-        lost the outputs), each record its member's class as published and every imputed record
-        of it too, as stored (the same ids and bytes: a consumer keeps one). A late copy of a
-        member's record, appended after the wave was decided, is dropped as a repeat: its record
-        was published; republished alone it told that its member answered the wave, where an
-        absent member's late record is dropped (its imputed record stands for it)."""
-        outcome = roster.outcome_of(wave)
-        assert outcome is not None
-        imputed = set(outcome.imputed_members)
-        classes = np.asarray(outcome.class_of)
-        sizes = np.bincount(classes[classes >= 0])  # every member's class, imputed too
-        seen: set[bytes] = set()
-        late = 0
-        for i in idx:
-            key = pw.rkeys[i]
-            row = None if key is None else roster.row_of(key)
-            cls = -1 if row is None or row >= len(outcome.class_of) else int(outcome.class_of[row])
-            if row is not None and row in imputed:
-                plan.dropped.add(i)  # its imputed record stands for it
-                continue
-            if row is not None and not read_before(pw.records[i].source, outcome.through):
-                plan.dropped.add(i)  # a late copy: the member's record of the wave stands
-                late += 1
-                continue
-            if key is not None and key in seen:
-                plan.dropped.add(i)  # a repeat, as when the wave was decided
-                continue
-            if key is not None:
-                seen.add(key)
-            plan.ids[i] = self._id(pw, i, wave)
-            if cls < 0:
-                plan.suppressed.append(i)
-            else:
-                plan.tuples[i], plan.weights[i] = outcome.tuples[cls], outcome.weights[cls]
-                plan.release_sizes[i] = int(sizes[cls])
-        if late:
-            old = plan.measures.get("panel_repeats")
-            plan.measures["panel_repeats"] = combine_measure("panel_repeats", old, float(late))
-        # the imputed records again only when the wave's own records are read again: re-sent
-        # for a late copy, they would single out which records stand for absent members
-        if outcome.imputed_rids and any(
-            read_before(pw.records[i].source, outcome.through) for i in idx
-        ):
-            plan.replayed.append(
-                (outcome.imputed_names, outcome.imputed_rows, outcome.imputed_rids)
-            )
-
     # -- publishing ---------------------------------------------------------------------
     def _publish(
         self,

@@ -393,6 +393,7 @@ _ADDED_SETTINGS = (
     ("republication", "close_grace_seconds"),
     ("republication", "max_wave_seconds"),
     ("republication", "weight_field"),
+    ("republication", "max_wave_step"),
 )
 
 

@@ -150,6 +150,10 @@ class RepublicationSpec(StrictModel):
     # arrival; default 10 s), or at max_wave_seconds after its first record (default 7 days)
     close_grace_seconds: SFloat | None = None
     max_wave_seconds: SFloat | None = None
+    # panel: how far a wave number may run ahead of the newest wave read (default 10): records
+    # further ahead (a producer's stray wave number) close no wave and are published with
+    # their quasi-identifiers suppressed, not decided; a panel whose numbers skip more sets more
+    max_wave_step: SInt | None = None
     # the published analysis weight's field (default weight)
     weight_field: str | None = None
 
@@ -164,6 +168,10 @@ class RepublicationSpec(StrictModel):
     @property
     def max_wave(self) -> float:
         return 7 * 86400.0 if self.max_wave_seconds is None else self.max_wave_seconds
+
+    @property
+    def wave_step(self) -> int:
+        return 10 if self.max_wave_step is None else self.max_wave_step
 
     @property
     def weight_name(self) -> str:
@@ -182,6 +190,8 @@ class RepublicationSpec(StrictModel):
             raise ValueError(
                 f"republication.retire_after_waves must be >= 1, got {self.retire_after}"
             )
+        if self.wave_step < 1:
+            raise ValueError(f"republication.max_wave_step must be >= 1, got {self.wave_step}")
         if not 0 <= self.close_grace <= self.max_wave:
             raise ValueError(
                 "republication.close_grace_seconds must be between 0 and "

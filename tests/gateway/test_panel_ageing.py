@@ -56,7 +56,9 @@ def _two_waves(
         for i, v in enumerate(now)
         if i not in gone
     ]
-    engine = Engine(policy_from_yaml(KEPT), keyring=KEY, store=MemoryStore())
+    # (a panel whose wave numbers skip says by how much)
+    stepped = KEPT.replace("slack: 0,", f"slack: 0, max_wave_step: {second - 1},")
+    engine = Engine(policy_from_yaml(stepped), keyring=KEY, store=MemoryStore())
     out = two_waves(engine, w1, w2)
     who = {KEY.respondent_key(f"p{i}"): i for i in range(n)}
     wave2 = {

@@ -458,3 +458,17 @@ def test_a_policy_nested_too_deeply_is_a_policy_error_not_a_crash() -> None:
     """PyYAML composes recursively: 2 KB nested a thousand deep was an internal error."""
     with pytest.raises(PolicyError, match="nested too deeply"):
         policy_from_yaml("a: " + "[" * 1000 + "]" * 1000)
+
+
+def test_max_wave_step_is_at_least_one_and_unset_keeps_the_version() -> None:
+    text = (ROOT / "deploy" / "policies" / "adult.yaml").read_text()
+    base = policy_from_yaml(text)
+    assert base.republication.wave_step == 10
+    with pytest.raises(PolicyError, match="max_wave_step must be >= 1, got 0"):
+        policy_from_yaml(
+            text.replace("retire_after_waves: 3,", "retire_after_waves: 3, max_wave_step: 0,")
+        )
+    stepped = policy_from_yaml(
+        text.replace("retire_after_waves: 3,", "retire_after_waves: 3, max_wave_step: 2,")
+    )
+    assert stepped.republication.wave_step == 2 and stepped.version != base.version

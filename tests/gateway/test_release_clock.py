@@ -300,9 +300,9 @@ def test_seeing_a_window_at_once_is_seeing_its_records_one_by_one(
         }
 
 
-def _stray_run(tmp_path: Path, strays: int) -> list[set[bytes]]:
+def _stray_run(tmp_path: Path, strays: int, wave: int = 3) -> list[set[bytes]]:
     """The shipped panel policy, one partition sending wave 1, then half of wave 2 with
-    ``strays`` respondents of a mistyped wave 9 on another partition, a pause, the rest of
+    ``strays`` respondents of a mistyped ``wave`` on another partition, a pause, the rest of
     wave 2, then wave 3; what each window published (the strays' own records left out)."""
     policy = load_policy(ROOT / "deploy" / "policies" / "adult.yaml")
     answers, waves = _panel(respondents=120, waves=3, new_share=0)
@@ -310,12 +310,13 @@ def _stray_run(tmp_path: Path, strays: int) -> list[set[bytes]]:
     on = _Inputs().on
 
     strayed = [
-        (f"stray-{i}", {**values, "wave": 9}) for i, (_, values) in enumerate(by_wave[2][:strays])
+        (f"stray-{i}", {**values, "wave": wave})
+        for i, (_, values) in enumerate(by_wave[2][:strays])
     ]
     engine = Engine(
         policy,
         keyring=Keyring(b"release-clock-secret-0123"),
-        store=SQLiteStore(tmp_path / f"s{strays}.db"),
+        store=SQLiteStore(tmp_path / f"s{strays}-{wave}.db"),
     )
     held: list[ValidRecord] = []
     published: list[set[bytes]] = []
@@ -330,7 +331,7 @@ def _stray_run(tmp_path: Path, strays: int) -> list[set[bytes]]:
         result = engine.protect_window([*held, *new], now=now)
         held = list(result.held)
         published.append(
-            {p.value for p in result.published if p.source is None or p.source.partition == 0}
+            {p.value for p in result.published if orjson.loads(p.value)["wave"] != wave}
         )
     return published
 
@@ -342,10 +343,23 @@ def test_fewer_than_k_respondents_of_a_later_wave_close_no_wave_before_it(tmp_pa
     clean = _stray_run(tmp_path, 0)
     waves = [{orjson.loads(value)["wave"] for value in window} for window in clean]
     assert 2 not in set().union(*waves[:5]) and 2 in waves[5], "wave 2 closes once 3 arrives"
-    assert _stray_run(tmp_path, 1) == clean
-    assert _stray_run(tmp_path, k - 1) == clean
-    # k respondents of it make a wave: wave 2 closes at the pause, with half its members
-    assert 2 in {orjson.loads(value)["wave"] for value in _stray_run(tmp_path, k)[2]}
+    assert _stray_run(tmp_path, 1, wave=3) == clean
+    assert _stray_run(tmp_path, k - 1, wave=3) == clean
+    # k respondents of the next wave make it: wave 2 closes at the pause, with half its members
+    assert 2 in {orjson.loads(value)["wave"] for value in _stray_run(tmp_path, k, wave=3)[2]}
+
+
+def test_a_wave_number_far_ahead_closes_no_wave_and_is_not_decided(tmp_path: Path) -> None:
+    """Five records of wave 2^31 - 1 (the largest accepted) closed every later wave about a
+    close grace after it opened, and the members answering after that were imputed, their
+    answers never published. Beyond republication.max_wave_step (10) of the newest wave read,
+    a wave is never seen: k of it close nothing, and its records are published at once with
+    their quasi-identifiers suppressed, not decided (decided, it would close every wave)."""
+    k = load_policy(ROOT / "deploy" / "policies" / "adult.yaml").microaggregation.k
+    clean = _stray_run(tmp_path, 0)
+    for wave in (13, 2**31 - 1):
+        assert _stray_run(tmp_path, k, wave=wave) == clean
+        assert _stray_run(tmp_path, 3 * k, wave=wave) == clean
 
 
 @settings(max_examples=300, deadline=None)
