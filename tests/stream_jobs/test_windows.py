@@ -327,7 +327,7 @@ def test_a_wave_read_again_is_handed_over_when_its_own_timestamps_say_it_closes(
     k = policy.microaggregation.k
     # the records' clock runs 1,000,000 s ahead of the worker's; stamped 95 s before arrival
     stamped = [
-        ValidRecord(f"r{i}", {}, SourceRef("in", 0, i, int((1_000_000 + 10 - 95) * 1000)), 10.0)
+        ValidRecord(f"r{i}", {}, SourceRef("in", 0, i, (1_000_000 + 10 - 95) * 1000), 10.0)
         for i in range(k)
     ]
     for r in stamped:
