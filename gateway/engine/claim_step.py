@@ -131,11 +131,8 @@ class ClaimStep:
         # a partition that sent nothing for a window's max_seconds holds no wave back; a wave
         # of fewer than k respondents so far (a mistyped wave number) closes none before it
         panel = rep.mode is RepublicationMode.PANEL
-        self.releases = ReleaseClock(
-            quiet_after=policy.window.max_seconds,
-            min_records=spec.k,
-            max_step=rep.wave_step if panel else None,
-        )
+        step = rep.wave_step if panel else None
+        self.releases = ReleaseClock(window.max_seconds, min_records=spec.k, max_step=step)
         pooled = (
             (rep.pool is GroupingPool.RELEASE or panel)
             and rep.wave_attribute is not None

@@ -345,7 +345,8 @@ def _summary(worker: Any, elapsed: float) -> None:
     st = worker.stats
     log.info(
         "privgw stopped after %.0f s: %d records consumed, %d published (%d with "
-        "quasi-identifiers suppressed), %d withheld (repeats of a published record), "
+        "quasi-identifiers suppressed), %d decided but not published (repeats of a published "
+        "record), "
         "%d dead-lettered, %d windows, %d held records left uncommitted for the next run",
         elapsed,
         st.consumed,
