@@ -391,8 +391,10 @@ def main() -> None:
                             )
                             spent[side][phase] += time.perf_counter() - t0
                             digest_result(hashes[side], res)
-                            decided[side] += (
-                                res.report.published + res.report.withheld + res.report.suppressed
+                            decided[side] += (  # (a base before 2026-12-08 withholds none)
+                                res.report.published
+                                + getattr(res.report, "withheld", 0)
+                                + res.report.suppressed
                             )
                             held[side] = list(res.held)
                             kept[side] = len(held[side])
@@ -407,7 +409,9 @@ def main() -> None:
                         spent[side][phase] += time.perf_counter() - t0
                         digest_reply(hashes[side], reply, side)
                         report = report_of(reply)
-                        decided[side] += report.published + report.withheld + report.suppressed
+                        decided[side] += (
+                            report.published + getattr(report, "withheld", 0) + report.suppressed
+                        )
                         if args.feed == "worker":
                             kept[side] = report.held
                         gc.collect(0)
