@@ -85,29 +85,17 @@ def test_republication_figures_are_the_sampled_windows_measures(mode: str, tmp_p
 def test_broken_promises_are_counted_and_logged_with_counts_only(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    policy = policy_from_yaml(POLICY.replace("MODE", "cohort"))
-    with SQLiteStore(tmp_path / "s.db") as store:
-        engine = Engine(policy, keyring=SECRET, store=store)
-        worker = GatewayWorker(policy, WorkerSettings(metrics_port=0), engine)
-        registry = CollectorRegistry()
-        metrics = GatewayMetrics.create(registry)
-        metrics.attach(worker)
-        # a sampled window as the engine would report it, had it broken both promises
-        broken = {
-            "linked_records": 10.0,
-            "linked_below_k": 1.0,
-            "linked_smallest": 2.0,
-            "stale_records": 0.0,
-            "stale_age_max": 0.0,
-            "release_smallest_class": 2.0,
-        }
-        report = dataclasses.replace(
-            engine.protect_window([], now=0.0, flush_all=True).report,
-            risk_sampled=True,
-            measures=broken,
-        )
-        with caplog.at_level(logging.ERROR, logger="stream_jobs.ops.republication_metrics"):
-            metrics.observe(report, NO_FLUSH, 0.0)
+    # a sampled window as the engine would report it, had it broken both promises
+    broken = {
+        "linked_records": 10.0,
+        "linked_below_k": 1.0,
+        "linked_smallest": 2.0,
+        "stale_records": 0.0,
+        "stale_age_max": 0.0,
+        "release_smallest_class": 2.0,
+    }
+    with caplog.at_level(logging.ERROR, logger="stream_jobs.ops.republication_metrics"):
+        registry = _observed(tmp_path, POLICY.replace("MODE", "cohort"), broken)
     value = registry.get_sample_value
     assert value("privgw_release_class_violations_total") == 1
     assert value("privgw_linked_guarantee_violations_total") == 1
@@ -129,21 +117,27 @@ def test_a_panel_whose_k_rose_is_held_to_the_k_of_its_history(
     4, none of the history's can grow back to 4. Held to the new k, the critical alert fired
     for good after every such upgrade; held to the history's (``linked_promised``), only a
     set below that one is a violation."""
-    policy = policy_from_yaml(POLICY.replace("MODE", "cohort").replace("k: 3", "k: 4"))
+    measures = {"linked_records": 10.0, "linked_below_k": 0.0, "linked_smallest": smallest,
+                "linked_promised": 3.0, "stale_records": 0.0, "stale_age_max": 0.0}  # fmt: skip
+    text = POLICY.replace("MODE", "cohort").replace("k: 3", "k: 4")
+    value = _observed(tmp_path, text, measures).get_sample_value
+    assert value("privgw_k") == 4 and value("privgw_linked_candidates_promised") == 3
+    assert value("privgw_linked_guarantee_violations_total") == violations
+
+
+def _observed(tmp_path: Path, policy_text: str, measures: dict[str, float]) -> CollectorRegistry:
+    """A fresh registry after the metrics observed one sampled window reporting ``measures``."""
+    policy = policy_from_yaml(policy_text)
     with SQLiteStore(tmp_path / "s.db") as store:
         engine = Engine(policy, keyring=SECRET, store=store)
         worker = GatewayWorker(policy, WorkerSettings(metrics_port=0), engine)
         registry = CollectorRegistry()
         metrics = GatewayMetrics.create(registry)
         metrics.attach(worker)
-        measures = {"linked_records": 10.0, "linked_below_k": 0.0, "linked_smallest": smallest,
-                    "linked_promised": 3.0, "stale_records": 0.0, "stale_age_max": 0.0}  # fmt: skip
         report = dataclasses.replace(
             engine.protect_window([], now=0.0, flush_all=True).report,
             risk_sampled=True,
             measures=measures,
         )
         metrics.observe(report, NO_FLUSH, 0.0)
-    value = registry.get_sample_value
-    assert value("privgw_k") == 4 and value("privgw_linked_candidates_promised") == 3
-    assert value("privgw_linked_guarantee_violations_total") == violations
+    return registry
