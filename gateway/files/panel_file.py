@@ -119,8 +119,7 @@ def protect_waves(
         engine = Engine(policy, keyring=keyring, store=store)
         published: list[dict[str, Any]] = []  # the records' values, decoded once
         per_wave = {}
-        for w, rows in waves.items():
-            window = _in_key_order(rows, keys[w])
+        for w, window in waves.items():  # (the engine decides a wave in keyed respondent order)
             result = engine.protect_window(
                 window, now=float(w), flush_all=True, marks=InputMarks(closed_through=w)
             )
@@ -190,15 +189,6 @@ def check_new_waves(
                 "decided once, with every member it lacks imputed, and closes the waves "
                 "before it. Check the wave column, or hold the wave back until it is complete"
             )
-
-
-def _in_key_order(rows: list[ValidRecord], keys: list[bytes]) -> list[ValidRecord]:
-    """A wave's rows by keyed respondent digest (``keys``, row by row; a respondent's own rows
-    in file order, its first answer standing): what a wave publishes then depends on its rows,
-    not on how the file was sorted (MDAV's ties, the donors), and the order tells nothing of
-    the file's."""
-    order = sorted(range(len(rows)), key=keys.__getitem__)  # stable: file order within one
-    return [rows[i] for i in order]
 
 
 def _weight_total(published: Sequence[dict[str, Any]], policy: Policy) -> float:

@@ -271,7 +271,7 @@ class PanelStep:
         claim row is suppressed, as it cannot be followed or grouped. In arrival order, the
         cohorts formed depended on how the input partitions interleaved (two runs of one
         12-wave input grouped two waves' entrants differently), and the stream published other
-        tuples than the file workflow, which decides each wave in key order."""
+        tuples than the file workflow on the same rows."""
         keys = [pw.rkeys[i] for i in idx]
         incomplete = {i for col in cols if None in col for i, v in enumerate(col) if v is None}
         if None not in keys and incomplete.isdisjoint(idx) and len(set(keys)) == len(keys):
